@@ -1,0 +1,121 @@
+"""Epoch acknowledgements: ranks write ``acks/NNNNNN/rank-NNNN.json``; the coordinator waits for all."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from slurm_rl.control.atomic import atomic_write_json, read_json
+from slurm_rl.control.errors import AckTimeout, DeadRankError, TornFileError
+from slurm_rl.control.heartbeats import stale_ranks
+from slurm_rl.control.paths import RunPaths
+
+DEFAULT_ACK_POLL_INTERVAL_S = 0.005
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+DEFAULT_HEARTBEAT_CHECK_INTERVAL_S = 1.0
+
+
+def write_ack(paths: RunPaths, epoch: int, rank: int, host: str, seen_at: float, applied_at: float,
+              figures: Mapping[str, Any] | None = None) -> None:
+    """Record that ``rank`` saw ``epoch`` at ``seen_at`` and applied it at ``applied_at`` (atomic, fsynced).
+
+    ``figures`` carries transition measurements (bytes moved, seconds, ...).
+    """
+    doc = {"epoch": epoch, "rank": rank, "host": host, "pid": os.getpid(), "seen_at": seen_at,
+           "applied_at": applied_at, "figures": dict(figures or {}), "time": time.time()}
+    path = paths.ack(epoch, rank)
+    try:
+        atomic_write_json(path, doc)
+    except FileNotFoundError:  # the coordinator normally creates the directory on publish
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, doc)
+
+
+def read_ack(paths: RunPaths, epoch: int, rank: int) -> dict[str, Any] | None:
+    """The rank's ack of ``epoch``, or None if not written yet. Checks that it names that epoch and rank."""
+    path = paths.ack(epoch, rank)
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        return None
+    if doc.get("epoch") != epoch or doc.get("rank") != rank:
+        raise TornFileError(f"{path}: ack names epoch {doc.get('epoch')!r} rank {doc.get('rank')!r}, "
+                            f"expected epoch {epoch} rank {rank}")
+    return doc
+
+
+def _describe(ranks: Iterable[int], hosts: Mapping[int, str]) -> str:
+    return ", ".join(f"rank {r} (host {hosts.get(r, '?')})" for r in sorted(ranks))
+
+
+class AckWaiter:
+    """Wait until every rank in ``ranks`` has acknowledged ``epoch``.
+
+    Each poll opens one known path per still-missing rank (no directory listing). Every
+    ``heartbeat_check_interval_s`` (and at the start) the heartbeats of missing ranks are read; a
+    rank whose heartbeat is older than ``heartbeat_timeout_s`` -- or that never wrote one within
+    ``heartbeat_timeout_s`` of the wait starting -- fails the wait at once with ``DeadRankError``.
+    """
+
+    def __init__(self, paths: RunPaths, epoch: int, ranks: Iterable[int], hosts: Mapping[int, str] | None = None,
+                 poll_interval_s: float = DEFAULT_ACK_POLL_INTERVAL_S,
+                 heartbeat_timeout_s: float | None = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 heartbeat_check_interval_s: float = DEFAULT_HEARTBEAT_CHECK_INTERVAL_S) -> None:
+        self.paths = paths
+        self.epoch = epoch
+        self.ranks = sorted(set(ranks))
+        self.hosts: Mapping[int, str] = hosts or {}
+        self.poll_interval_s = poll_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.heartbeat_check_interval_s = heartbeat_check_interval_s
+        self.acks: dict[int, dict[str, Any]] = {}
+
+    def missing(self) -> list[int]:
+        """Ranks that have not acknowledged yet (as of the last poll)."""
+        return [r for r in self.ranks if r not in self.acks]
+
+    def poll(self) -> bool:
+        """Read the ack of every missing rank once; True when all are in."""
+        for rank in self.missing():
+            doc = read_ack(self.paths, self.epoch, rank)
+            if doc is not None:
+                self.acks[rank] = doc
+        return not self.missing()
+
+    def _check_heartbeats(self, waited_s: float) -> None:
+        if self.heartbeat_timeout_s is None:
+            return
+        stale = stale_ranks(self.paths, self.missing(), self.heartbeat_timeout_s)
+        dead = []
+        for rank, age in sorted(stale.items()):
+            host = self.hosts.get(rank, "?")
+            if age is not None:
+                dead.append(f"rank {rank} (host {host}) last heartbeat {age:.1f}s ago")
+            elif waited_s > self.heartbeat_timeout_s:
+                dead.append(f"rank {rank} (host {host}) has no heartbeat at {self.paths.heartbeat(rank)}")
+        if dead:
+            raise DeadRankError(f"epoch {self.epoch} cannot be acknowledged: {len(dead)} rank(s) dead "
+                                f"(heartbeat timeout {self.heartbeat_timeout_s:.1f}s): " + "; ".join(dead))
+
+    def wait(self, timeout_s: float) -> dict[int, dict[str, Any]]:
+        """Block until all acks are in; returns rank -> ack document.
+
+        Raises ``AckTimeout`` naming the epoch and each missing rank with its host, or
+        ``DeadRankError`` as soon as a missing rank's heartbeat is stale.
+        """
+        start = time.monotonic()
+        deadline = start + timeout_s
+        next_heartbeat_check = start
+        while not self.poll():
+            now = time.monotonic()
+            if now >= next_heartbeat_check:
+                self._check_heartbeats(now - start)
+                next_heartbeat_check = now + self.heartbeat_check_interval_s
+            if now >= deadline:
+                missing = self.missing()
+                raise AckTimeout(f"epoch {self.epoch} not acknowledged within {timeout_s:.1f}s by {len(missing)} "
+                                 f"of {len(self.ranks)} ranks: {_describe(missing, self.hosts)}")
+            time.sleep(min(self.poll_interval_s, max(deadline - now, 0.0)))
+        return dict(self.acks)

@@ -1,0 +1,45 @@
+"""Append-only JSONL decision log (``control/events/decisions.jsonl``) for post-hoc inspection.
+
+Only the coordinator appends. Each record is one ``write`` on an ``O_APPEND`` descriptor; a
+record cut short by a crash (no trailing newline) is skipped by :func:`read_events`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from slurm_rl.control.atomic import encode_json
+from slurm_rl.control.paths import RunPaths
+
+
+def append_event(paths: RunPaths, kind: str, doc: dict[str, Any]) -> None:
+    """Append one record ``{"kind", "time", **doc}`` to the decision log."""
+    data = encode_json({**doc, "kind": kind, "time": doc.get("time", time.time())})
+    paths.events_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(paths.decisions, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f"{paths.decisions}: short append ({written} of {len(data)} bytes)")
+    finally:
+        os.close(fd)
+
+
+def read_events(paths: RunPaths, kind: str | None = None) -> list[dict[str, Any]]:
+    """All complete records (optionally only those of ``kind``), oldest first."""
+    try:
+        data = paths.decisions.read_bytes()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.split(b"\n")[:-1]:  # the last piece is empty or an unfinished record
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and (kind is None or record.get("kind") == kind):
+            out.append(record)
+    return out

@@ -1,0 +1,132 @@
+"""Per-producer stage manifests (JSON): the only list of shards a consumer may read.
+
+Each producer rank owns ``manifest-RRRR.json`` of a stage and rewrites it atomically after every
+shard (append-only list) and once more with ``complete: true``. Several producers therefore write
+one stage concurrently without locks; the stage is complete when every expected producer's
+manifest is complete.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_rl.data.errors import InvalidManifestError
+from slurm_rl.data.layout import validate_shard_name
+
+MANIFEST_FORMAT = "slurm_rl.data.manifest/1"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as listed in a manifest."""
+
+    name: str
+    rows: int
+    bytes: int
+    tokens: int
+    xxh3_64: str
+    sample_id_min: int | None
+    sample_id_max: int | None
+    sample_count: int
+    created_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, producer_rank: int, where: Path) -> "ShardInfo":
+        """Parse and validate one manifest entry (name, types, ranges)."""
+        if not isinstance(obj, dict):
+            raise InvalidManifestError(f"{where}: shard entry is not an object: {obj!r}")
+        try:
+            name = validate_shard_name(obj["name"], producer_rank, where)
+            ints = {k: obj[k] for k in ("rows", "bytes", "tokens", "sample_count")}
+            for k, v in ints.items():
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise InvalidManifestError(f"{where}: shard {name}: {k}={v!r} is not a non-negative int")
+            digest = obj["xxh3_64"]
+            if not isinstance(digest, str) or len(digest) != 16 or any(c not in "0123456789abcdef" for c in digest):
+                raise InvalidManifestError(f"{where}: shard {name}: bad xxh3_64 {digest!r}")
+            lo, hi = obj["sample_id_min"], obj["sample_id_max"]
+            for v in (lo, hi):
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise InvalidManifestError(f"{where}: shard {name}: bad sample id bound {v!r}")
+            return cls(
+                name=name,
+                rows=ints["rows"],
+                bytes=ints["bytes"],
+                tokens=ints["tokens"],
+                xxh3_64=digest,
+                sample_id_min=lo,
+                sample_id_max=hi,
+                sample_count=ints["sample_count"],
+                created_at=float(obj["created_at"]),
+            )
+        except KeyError as e:
+            raise InvalidManifestError(f"{where}: shard entry lacks key {e}") from None
+
+
+@dataclass
+class ProducerManifest:
+    """Everything one producer rank published for one stage of one iteration."""
+
+    iteration: int
+    stage: str
+    producer_rank: int
+    schema_version: int
+    shards: list[ShardInfo] = field(default_factory=list)
+    complete: bool = False
+    updated_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "format": MANIFEST_FORMAT,
+            "iteration": self.iteration,
+            "stage": self.stage,
+            "producer_rank": self.producer_rank,
+            "schema_version": self.schema_version,
+            "shards": [s.to_json() for s in self.shards],
+            "complete": self.complete,
+            "updated_at": self.updated_at,
+            "rows": sum(s.rows for s in self.shards),
+            "tokens": sum(s.tokens for s in self.shards),
+        }
+
+    @classmethod
+    def parse(cls, raw: bytes, where: Path, *, iteration: int, stage: str, producer_rank: int) -> "ProducerManifest":
+        """Parse and validate manifest bytes; the identity fields must match what the caller expects."""
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidManifestError(f"{where}: not valid JSON: {e}") from e
+        if not isinstance(obj, dict) or obj.get("format") != MANIFEST_FORMAT:
+            raise InvalidManifestError(f"{where}: not a {MANIFEST_FORMAT} manifest")
+        for key, want in (("iteration", iteration), ("stage", stage), ("producer_rank", producer_rank)):
+            if obj.get(key) != want:
+                raise InvalidManifestError(f"{where}: {key}={obj.get(key)!r}, expected {want!r}")
+        shards_raw = obj.get("shards")
+        if not isinstance(shards_raw, list) or not isinstance(obj.get("complete"), bool):
+            raise InvalidManifestError(f"{where}: 'shards' must be a list and 'complete' a bool")
+        shards = [ShardInfo.from_json(s, producer_rank, where) for s in shards_raw]
+        names = [s.name for s in shards]
+        if len(set(names)) != len(names):
+            raise InvalidManifestError(f"{where}: duplicate shard names")
+        return cls(
+            iteration=iteration,
+            stage=stage,
+            producer_rank=producer_rank,
+            schema_version=int(obj.get("schema_version", -1)),
+            shards=shards,
+            complete=obj["complete"],
+            updated_at=float(obj.get("updated_at", 0.0)),
+        )
+
+    @classmethod
+    def load(cls, path: Path, *, iteration: int, stage: str, producer_rank: int) -> "ProducerManifest":
+        """Read and validate a manifest file."""
+        return cls.parse(path.read_bytes(), path, iteration=iteration, stage=stage, producer_rank=producer_rank)

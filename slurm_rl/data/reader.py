@@ -1,0 +1,196 @@
+"""StageReader: stream the shards of one stage as producers publish them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from slurm_rl.data._fsio import read_json
+from slurm_rl.data.errors import DataPlaneError, InvalidManifestError, ManifestTimeout
+from slurm_rl.data.layout import expected_path, manifest_path, stage_dir, validate_stage
+from slurm_rl.data.manifest import ProducerManifest, ShardInfo
+from slurm_rl.data.shardio import open_shard
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A verified shard handed to a consumer."""
+
+    producer_rank: int
+    seq: int
+    info: ShardInfo
+    path: Path
+    table: pa.Table
+    received_at: float
+
+
+class _ProducerState:
+    def __init__(self, rank: int, path: Path) -> None:
+        self.rank = rank
+        self.path = path
+        self.stat_key: tuple[int, int, int] | None = None
+        self.listed: list[ShardInfo] = []
+        self.next_seq = 0
+        self.complete = False
+
+
+class StageReader:
+    """Consumer of ``stage`` of ``iteration``, fed by ``producer_ranks``.
+
+    Polls only known manifest paths (one ``stat`` per unfinished producer per poll; no directory
+    listing), yields every listed shard exactly once, in per-producer order, as soon as it is
+    listed and verified, and stops once every producer's manifest says ``complete``.
+
+    ``producer_ranks=None`` waits for the stage's ``expected.json`` (see ``write_expected``).
+    ``timeout_s`` bounds the time without progress (no new shard, no producer completing);
+    exceeding it raises :class:`ManifestTimeout` naming the producers still missing.
+    ``on_poll`` is called on every idle poll (e.g. to check heartbeats); it may raise.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        iteration: int,
+        stage: str,
+        producer_ranks: Sequence[int] | None,
+        poll_interval_s: float = 0.05,
+        timeout_s: float = 600.0,
+        *,
+        schema: pa.Schema | None = None,
+        verify: bool = True,
+        on_poll: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.iteration = iteration
+        self.stage = validate_stage(stage)
+        self.dir = stage_dir(run_dir, iteration, stage)
+        self.poll_interval_s = poll_interval_s
+        self.timeout_s = timeout_s
+        self.schema = schema
+        self.verify = verify
+        self.on_poll = on_poll
+        self._ranks: list[int] | None = None if producer_ranks is None else sorted({int(r) for r in producer_ranks})
+        self._started = False
+
+    # -- discovery -------------------------------------------------------------------------
+    def _resolve_ranks(self, deadline: float) -> list[int]:
+        if self._ranks is not None:
+            return self._ranks
+        path = expected_path(self.run_dir, self.iteration, self.stage)
+        while True:
+            if path.exists():
+                obj = read_json(path)
+                ranks = obj.get("producer_ranks") if isinstance(obj, dict) else None
+                if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
+                    raise InvalidManifestError(f"{path}: 'producer_ranks' must be a list of non-negative ints")
+                self._ranks = sorted(set(ranks))
+                return self._ranks
+            if time.monotonic() > deadline:
+                raise ManifestTimeout(
+                    f"iteration {self.iteration} stage {self.stage!r}: no {path} after {self.timeout_s:.1f}s "
+                    "(nobody published the expected producer ranks)",
+                    iteration=self.iteration,
+                    stage=self.stage,
+                    missing_ranks=[],
+                )
+            if self.on_poll is not None:
+                self.on_poll()
+            time.sleep(self.poll_interval_s)
+
+    def _refresh(self, st: _ProducerState) -> None:
+        try:
+            s = os.stat(st.path)
+        except FileNotFoundError:
+            return
+        key = (s.st_ino, s.st_mtime_ns, s.st_size)
+        if key == st.stat_key:
+            return
+        try:
+            raw = st.path.read_bytes()
+        except FileNotFoundError:
+            return
+        m = ProducerManifest.parse(raw, st.path, iteration=self.iteration, stage=self.stage, producer_rank=st.rank)
+        # Append-only: what we already saw must be a prefix of the new list.
+        for old, new in zip(st.listed, m.shards):
+            if old != new:
+                raise InvalidManifestError(
+                    f"{st.path}: shard {old.name} changed after it was published (manifest is append-only)"
+                )
+        if len(m.shards) < len(st.listed):
+            raise InvalidManifestError(
+                f"{st.path}: lists {len(m.shards)} shards, {len(st.listed)} were listed before (manifest is append-only)"
+            )
+        st.listed = m.shards
+        st.complete = m.complete
+        st.stat_key = key
+
+    # -- public ----------------------------------------------------------------------------
+    def iter_entries(self) -> Iterator[Shard]:
+        """Yield each verified shard (with its manifest entry) once, as it becomes available."""
+        if self._started:
+            raise DataPlaneError(f"{self.dir}: a StageReader can be iterated once")
+        self._started = True
+        last_progress = time.monotonic()
+        ranks = self._resolve_ranks(last_progress + self.timeout_s)
+        states = [_ProducerState(r, manifest_path(self.run_dir, self.iteration, self.stage, r)) for r in ranks]
+        while True:
+            progressed = False
+            for st in states:
+                if st.complete and st.next_seq >= len(st.listed):
+                    continue
+                was_complete = st.complete
+                self._refresh(st)
+                progressed |= st.complete and not was_complete
+                while st.next_seq < len(st.listed):
+                    info = st.listed[st.next_seq]
+                    path = self.dir / info.name
+                    table = open_shard(
+                        path, nbytes=info.bytes, digest=info.xxh3_64 if self.verify else None, schema=self.schema
+                    )
+                    if table.num_rows != info.rows:
+                        raise DataPlaneError(f"{path}: {table.num_rows} rows, manifest says {info.rows}")
+                    st.next_seq += 1
+                    progressed = True
+                    yield Shard(st.rank, st.next_seq - 1, info, path, table, time.time())
+            if all(st.complete and st.next_seq >= len(st.listed) for st in states):
+                return
+            now = time.monotonic()
+            if progressed:
+                last_progress = now
+            elif now - last_progress > self.timeout_s:
+                missing = [st.rank for st in states if not st.complete]
+                detail = ", ".join(
+                    f"rank {st.rank}: {'no manifest' if st.stat_key is None else f'{len(st.listed)} shards, incomplete'}"
+                    for st in states
+                    if not st.complete
+                )
+                raise ManifestTimeout(
+                    f"iteration {self.iteration} stage {self.stage!r}: producers {missing} not complete after "
+                    f"{self.timeout_s:.1f}s without progress ({detail}; dir {self.dir})",
+                    iteration=self.iteration,
+                    stage=self.stage,
+                    missing_ranks=missing,
+                )
+            if not progressed:
+                if self.on_poll is not None:
+                    self.on_poll()
+                time.sleep(self.poll_interval_s)
+
+    def iter_shards(self) -> Iterator[pa.Table]:
+        """Yield each verified shard's table once, as it becomes available (zero copy)."""
+        for shard in self.iter_entries():
+            yield shard.table
+
+    def read_all(self) -> pa.Table:
+        """Wait for the whole stage and return all shards concatenated (producer rank, then seq)."""
+        entries = sorted(self.iter_entries(), key=lambda s: (s.producer_rank, s.seq))
+        if not entries:
+            if self.schema is None:
+                raise DataPlaneError(f"{self.dir}: stage is complete but empty and no schema was given")
+            return self.schema.empty_table()
+        return pa.concat_tables([e.table for e in entries])

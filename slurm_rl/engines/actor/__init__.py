@@ -1,0 +1,1 @@
+"""Actor engine: megatron-core GPT training with in-place elastic data-parallel resharding."""

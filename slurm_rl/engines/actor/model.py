@@ -1,0 +1,182 @@
+"""megatron-core GPTModel (Llama-style) built from a ModelConfig, and next-token log-probs.
+
+State-dict names (TP=1, ``L`` = layer index, ``h`` = hidden, ``d`` = head size,
+``n`` = attention heads, ``g`` = query groups (KV heads), ``f`` = ffn size, ``V`` = vocab)::
+
+    embedding.word_embeddings.weight                   [V, h]
+    decoder.layers.L.input_layernorm.weight            [h]        RMSNorm before attention
+    decoder.layers.L.self_attention.linear_qkv.weight  [(n + 2g) d, h]
+    decoder.layers.L.self_attention.linear_proj.weight [h, n d]   attention output projection
+    decoder.layers.L.pre_mlp_layernorm.weight          [h]        RMSNorm before the MLP
+    decoder.layers.L.mlp.linear_fc1.weight             [2f, h]    rows [0, f) = gate, [f, 2f) = up
+    decoder.layers.L.mlp.linear_fc2.weight             [h, f]     down projection
+    decoder.final_layernorm.weight                     [h]
+    output_layer.weight                                [V, h]     absent when embeddings are tied
+
+``linear_qkv`` interleaves Q, K and V per query group: viewed as ``[g, (n/g + 2) d, h]``, group
+``i`` holds its ``n/g`` query heads (``n/g * d`` rows), then its key head (``d`` rows), then its
+value head (``d`` rows). The HF Llama equivalents are therefore::
+
+    w = qkv.view(g, n // g + 2, d, h)
+    q_proj = w[:, : n // g].reshape(n * d, h)
+    k_proj = w[:, n // g].reshape(g * d, h)
+    v_proj = w[:, n // g + 1].reshape(g * d, h)
+    gate_proj, up_proj = fc1.chunk(2, dim=0)
+
+RoPE is the non-interleaved (rotate-half) variant, as in HF Llama. ``*._extra_state`` entries in
+``state_dict()`` are megatron bookkeeping (empty on this spec) and carry no tensors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from slurm_rl.engines.model_config import ModelConfig
+
+from .cpu_shim import apply_cpu_shim
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+
+
+def transformer_config(cfg: ModelConfig, tp_size: int = 1) -> Any:
+    """The megatron ``TransformerConfig`` for ``cfg`` (fp32, no dropout, no fused kernels)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_query_groups,
+        ffn_hidden_size=cfg.ffn_size,
+        kv_channels=cfg.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tp_size,
+    )
+
+
+def single_rank_group() -> Any:
+    """A private one-rank gloo process group (no rendezvous with any other process).
+
+    megatron-core modules read ``tp_group.size()`` / ``.rank()`` even at TP=1; a standalone
+    group over an in-memory store satisfies that without megatron's global ``parallel_state``
+    and without a collective ``new_group`` call across the world.
+    """
+    import datetime
+
+    from torch.distributed import HashStore, ProcessGroupGloo
+
+    store = HashStore()
+    return ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=60))
+
+
+def ensure_megatron_globals() -> None:
+    """Create megatron's process-wide scratch buffer used by core attention.
+
+    This is the only megatron global our code initialises (``parallel_state`` model-parallel
+    groups are *not* initialised; groups are passed explicitly). Idempotent.
+    """
+    from megatron.core import parallel_state
+
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
+        parallel_state._set_global_memory_buffer()
+
+
+def _process_groups(tp_group: Any | None) -> Any:
+    """Explicit megatron process groups (TP as given, or a one-rank group)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    one = single_rank_group()
+    return ProcessGroupCollection(tp=tp_group if tp_group is not None else one, pp=one, cp=one,
+                                  embd=None, pos_embd=None)
+
+
+def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
+                    tp_group: Any | None = None) -> "GPTModel":
+    """Build the megatron-core GPTModel for ``cfg`` with weights determined by ``seed``.
+
+    Initialisation is done on CPU from a generator seeded with ``seed`` (the global torch RNG
+    is left untouched), so every rank that builds the model gets identical weights. With a
+    ``tp_group`` of size > 1 each rank keeps its tensor-parallel shard of the same full init.
+    """
+    if device.startswith("cpu"):
+        apply_cpu_shim()
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    ensure_megatron_globals()
+    tp_size = tp_group.size() if tp_group is not None else 1
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPTModel(
+            config=transformer_config(cfg, tp_size),
+            transformer_layer_spec=spec,
+            vocab_size=cfg.vocab_size,
+            max_sequence_length=cfg.max_position_embeddings,
+            pre_process=True,
+            post_process=True,
+            share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_percent=1.0,
+            rotary_base=int(cfg.rotary_base) if float(cfg.rotary_base).is_integer()
+            else cfg.rotary_base,
+            pg_collection=_process_groups(tp_group),
+        )
+    return model.to(device)
+
+
+def attention_mask_4d(attention_mask: torch.Tensor | None, batch: int, seq: int,
+                      device: torch.device) -> torch.Tensor:
+    """Megatron boolean mask ``[B, 1, T, T]`` (True = masked): causal plus key padding."""
+    causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)
+    mask = causal.view(1, 1, seq, seq).expand(batch, 1, seq, seq)
+    if attention_mask is not None:
+        pad = ~attention_mask.to(device=device, dtype=torch.bool)
+        mask = mask | pad.view(batch, 1, 1, seq)
+    return mask
+
+
+def forward_logits(model: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits ``[B, T, V]`` for right-padded ``input_ids [B, T]``.
+
+    ``attention_mask [B, T]`` (1 = token, 0 = padding) hides padded keys; positions are
+    ``0..T-1`` for every row, so sequences must be right-padded.
+    """
+    batch, seq = input_ids.shape
+    device = input_ids.device
+    position_ids = torch.arange(seq, device=device).unsqueeze(0).expand(batch, seq)
+    mask = attention_mask_4d(attention_mask, batch, seq, device)
+    return model(input_ids, position_ids, attention_mask=mask)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probability of each next token: ``out[b, t] = log p(input_ids[b, t+1] | <= t)``.
+
+    Returns float32 ``[B, T-1]``. Entries whose target is padding are meaningless and must be
+    masked by the caller (``attention_mask[:, 1:]``).
+    """
+    logits = forward_logits(model, input_ids, attention_mask)[:, :-1].float()
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    picked = torch.gather(logits, -1, targets).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)

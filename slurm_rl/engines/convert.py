@@ -1,0 +1,185 @@
+"""Megatron-core GPT (Llama-style, local or TE spec) <-> HF Llama: names, layouts, config.
+
+Megatron layouts (megatron-core 0.16.1):
+* ``self_attention.linear_qkv.weight`` is ``[groups * (heads_per_group + 2) * head_dim, hidden]``
+  interleaved per query group as ``[q_1..q_n, k, v]`` (see ``Attention.get_query_key_value_tensors``);
+* ``mlp.linear_fc1.weight`` is ``[gate; up]`` stacked along dim 0 (gated linear unit);
+* RoPE is non-interleaved (``rotary_interleaved=False``), which is HF's ``rotate_half`` layout,
+  so q/k rows need no permutation;
+* TE specs fuse the norms into the next linear (``linear_qkv.layer_norm_weight``,
+  ``linear_fc1.layer_norm_weight``); both spellings are accepted.
+
+Conversion is streaming: each megatron tensor maps to HF tensors on its own, so an actor can
+convert and ship its parameters bucket by bucket.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+from slurm_rl.engines.model_config import ModelConfig
+
+NamedTensors = Iterable[tuple[str, Tensor]]
+
+_LAYER = re.compile(r"^(?:module\.)*decoder\.layers\.(\d+)\.(.+)$")
+_LAYER_MAP = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_MAP = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "output_layer.weight": "lm_head.weight",
+}
+
+
+def hf_llama_config(cfg: ModelConfig, **extra: object):
+    """``transformers.LlamaConfig`` with the same architecture as ``cfg`` (fp32 weights)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.ffn_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.kv_groups,
+        head_dim=cfg.head_dim, hidden_act="silu",
+        max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.norm_epsilon,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rotary_base)},
+        attention_bias=False, mlp_bias=False, **extra)
+
+
+def hf_param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """HF parameter names and shapes in the order ``megatron_to_hf`` emits them."""
+    h, d, f, v = cfg.hidden_size, cfg.head_dim, cfg.ffn_size, cfg.vocab_size
+    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (v, h))]
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (h,)),
+                (p + "self_attn.q_proj.weight", (cfg.num_attention_heads * d, h)),
+                (p + "self_attn.k_proj.weight", (cfg.kv_groups * d, h)),
+                (p + "self_attn.v_proj.weight", (cfg.kv_groups * d, h)),
+                (p + "self_attn.o_proj.weight", (h, cfg.num_attention_heads * d)),
+                (p + "post_attention_layernorm.weight", (h,)),
+                (p + "mlp.gate_proj.weight", (f, h)),
+                (p + "mlp.up_proj.weight", (f, h)),
+                (p + "mlp.down_proj.weight", (h, f))]
+    out.append(("model.norm.weight", (h,)))
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", (v, h)))
+    return out
+
+
+def split_qkv(qkv: Tensor, cfg: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """Megatron fused ``linear_qkv`` weight -> HF ``(q, k, v)`` weights."""
+    g, d = cfg.kv_groups, cfg.head_dim
+    per_group = cfg.num_attention_heads // g
+    w = qkv.reshape(g, per_group + 2, d, qkv.shape[-1])
+    q = w[:, :per_group].reshape(g * per_group * d, -1)
+    k = w[:, per_group].reshape(g * d, -1)
+    v = w[:, per_group + 1].reshape(g * d, -1)
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, cfg: ModelConfig) -> Tensor:
+    """HF ``(q, k, v)`` weights -> megatron fused ``linear_qkv`` weight."""
+    g, d = cfg.kv_groups, cfg.head_dim
+    per_group = cfg.num_attention_heads // g
+    hidden = q.shape[-1]
+    w = torch.cat([q.reshape(g, per_group, d, hidden), k.reshape(g, 1, d, hidden),
+                   v.reshape(g, 1, d, hidden)], dim=1)
+    return w.reshape(g * (per_group + 2) * d, hidden)
+
+
+def megatron_to_hf(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str, Tensor]]:
+    """Stream megatron ``(name, tensor)`` pairs as HF Llama pairs.
+
+    ``_extra_state`` entries are skipped; a tied model's ``output_layer.weight`` is dropped;
+    unknown names raise ``KeyError`` naming them.
+    """
+    for name, t in named:
+        if name.endswith("_extra_state"):
+            continue
+        name = re.sub(r"^(?:module\.)+", "", name)
+        if name in _GLOBAL_MAP:
+            if name == "output_layer.weight" and cfg.tie_word_embeddings:
+                continue
+            yield _GLOBAL_MAP[name], t
+            continue
+        m = _LAYER.match(name)
+        if not m:
+            raise KeyError(f"megatron_to_hf: unknown megatron parameter {name!r}")
+        i, rest = m.group(1), m.group(2)
+        p = f"model.layers.{i}."
+        if rest == "self_attention.linear_qkv.weight":
+            q, k, v = split_qkv(t, cfg)
+            yield p + "self_attn.q_proj.weight", q
+            yield p + "self_attn.k_proj.weight", k
+            yield p + "self_attn.v_proj.weight", v
+        elif rest == "mlp.linear_fc1.weight":
+            gate, up = torch.chunk(t, 2, dim=0)
+            yield p + "mlp.gate_proj.weight", gate.contiguous()
+            yield p + "mlp.up_proj.weight", up.contiguous()
+        elif rest in _LAYER_MAP:
+            yield p + _LAYER_MAP[rest], t
+        else:
+            raise KeyError(f"megatron_to_hf: unknown megatron layer parameter {name!r}")
+
+
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_HF_TO_MEG_LAYER = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
+    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+}
+
+
+def hf_to_megatron(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str, Tensor]]:
+    """Stream HF Llama pairs as megatron (local spec) pairs.
+
+    q/k/v and gate/up are buffered per layer until complete, so memory stays at one layer.
+    A tied HF ``lm_head.weight`` is dropped. Incomplete fused groups raise ``KeyError``.
+    """
+    inverse_global = {v: k for k, v in _GLOBAL_MAP.items()}
+    pending: dict[str, dict[str, Tensor]] = {}
+    for name, t in named:
+        if name in inverse_global:
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            yield inverse_global[name], t
+            continue
+        m = _HF_LAYER.match(name)
+        if not m:
+            raise KeyError(f"hf_to_megatron: unknown HF parameter {name!r}")
+        i, rest = m.group(1), m.group(2)
+        p = f"decoder.layers.{i}."
+        if rest in _HF_TO_MEG_LAYER:
+            yield p + _HF_TO_MEG_LAYER[rest], t
+            continue
+        part = rest.split(".")[-2]
+        if part in ("q_proj", "k_proj", "v_proj"):
+            key, parts, target = p + "qkv", ("q_proj", "k_proj", "v_proj"), "linear_qkv"
+        elif part in ("gate_proj", "up_proj"):
+            key, parts, target = p + "fc1", ("gate_proj", "up_proj"), "linear_fc1"
+        else:
+            raise KeyError(f"hf_to_megatron: unknown HF layer parameter {name!r}")
+        buf = pending.setdefault(key, {})
+        buf[part] = t
+        if all(x in buf for x in parts):
+            del pending[key]
+            if target == "linear_qkv":
+                yield p + "self_attention.linear_qkv.weight", fuse_qkv(
+                    buf["q_proj"], buf["k_proj"], buf["v_proj"], cfg)
+            else:
+                yield p + "mlp.linear_fc1.weight", torch.cat([buf["gate_proj"], buf["up_proj"]])
+    if pending:
+        missing = {k: sorted(v) for k, v in pending.items()}
+        raise KeyError(f"hf_to_megatron: incomplete fused parameters (have only): {missing}")

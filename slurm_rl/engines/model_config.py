@@ -1,0 +1,92 @@
+"""Architecture of the Llama-style GPT model shared by the actor, rollout and inference engines."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Llama-style decoder: RMSNorm, SwiGLU, RoPE, no biases.
+
+    ``num_query_groups=None`` means multi-head attention (one KV head per query head);
+    ``ffn_hidden_size=None`` means the Llama rule: 8/3 * hidden rounded up to a multiple of 64.
+    The head size ``hidden_size // num_attention_heads`` must be at least 32 (vLLM CPU kernels).
+    """
+
+    vocab_size: int = 64
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None
+    ffn_hidden_size: int | None = None
+    max_position_embeddings: int = 256
+    rotary_base: float = 10000.0
+    norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"model.{name}: got {value!r}, expected a positive integer")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.hidden_size: {self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        if self.head_dim < 32:
+            raise ValueError(
+                f"model.num_attention_heads: head size {self.hidden_size}/"
+                f"{self.num_attention_heads}={self.head_dim} < 32 (vLLM CPU needs >= 32)")
+        if self.head_dim % 2:
+            raise ValueError(f"model.hidden_size: head size {self.head_dim} must be even for RoPE")
+        if self.num_query_groups is not None and (
+                self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups):
+            raise ValueError(
+                f"model.num_query_groups: got {self.num_query_groups!r}, expected a positive "
+                f"divisor of num_attention_heads={self.num_attention_heads} or null")
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
+            raise ValueError(
+                f"model.ffn_hidden_size: got {self.ffn_hidden_size!r}, expected a positive "
+                "integer or null")
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_groups(self) -> int:
+        """Number of key/value heads (query groups)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        """Intermediate size of the SwiGLU MLP (resolved default)."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        return ((8 * self.hidden_size // 3) + 63) // 64 * 64
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a plain mapping; unknown keys are an error naming the key."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"model.{unknown[0]}: unknown key; allowed: {sorted(known)}")
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    def num_parameters(self) -> int:
+        """Parameter count of the model built from this config."""
+        h, f, v = self.hidden_size, self.ffn_size, self.vocab_size
+        qkv = h * (self.num_attention_heads + 2 * self.kv_groups) * self.head_dim
+        layer = h + qkv + h * h + h + 2 * h * f + f * h
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return emb + self.num_layers * layer + h

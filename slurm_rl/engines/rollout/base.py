@@ -1,0 +1,76 @@
+"""Rollout engine interface shared by the hf and vllm backends.
+
+"Sampled logprobs" everywhere in this package means ``log p_theta(token | prefix)`` of the
+*unmodified* model (temperature 1, no top-p / top-k), in fp32 — the quantity GRPO's policy ratio
+compares against the actor — regardless of the temperature / top-p used to draw the token.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Sequence
+
+from torch import Tensor
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature=0`` means greedy; ``seed`` makes sampling reproducible."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens: got {self.max_new_tokens}, expected >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature: got {self.temperature}, expected >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p: got {self.top_p}, expected in (0, 1]")
+
+
+@dataclass
+class Generation:
+    """One completion: sampled ids (stop token included), their fp32 logprobs, provenance."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: int
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+class RolloutEngine(abc.ABC):
+    """Generates completions with a model whose weights the actor replaces in place."""
+
+    weight_version: int
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+                 ) -> list[Generation]:
+        """One completion per prompt, in prompt order."""
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Copy HF-named tensors into the model (all of them in one call) and set the version."""
+
+    @abc.abstractmethod
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
+        """fp32 logprob of each token given its prefix: ``len(seq) - 1`` values per sequence."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Free the engine's accelerator memory (the epoch takes the device away)."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Restore what ``release`` freed; weights are those of the last ``update_weights``."""
+
+    def close(self) -> None:
+        """Shut the engine down for good (default: nothing to do)."""

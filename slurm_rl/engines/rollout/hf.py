@@ -1,0 +1,144 @@
+"""``transformers.LlamaForCausalLM`` rollout backend (the CPU default).
+
+The model is built from ``ModelConfig`` with random init (no hub). ``generate`` uses HF
+``generate`` with left padding; the returned logprobs are recomputed from the *raw* logits
+(``output_logits``), so they are the temperature-1 model logprobs of the sampled tokens (see
+``base``), independent of the temperature / top-p used for sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from slurm_rl.engines.convert import hf_llama_config
+from slurm_rl.engines.model_config import ModelConfig
+from slurm_rl.engines.rollout.base import Generation, RolloutEngine, SamplingParams
+from slurm_rl.rl.tokenizer import pad_batch
+
+
+def build_hf_llama(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32,
+                   attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """Random-init ``LlamaForCausalLM`` with ``cfg``'s architecture, in eval mode."""
+    from transformers import LlamaForCausalLM
+
+    hf_cfg = hf_llama_config(cfg, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    hf_cfg._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(hf_cfg)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def score_sequences(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
+                    device: torch.device, pad_id: int = 0) -> list[Tensor]:
+    """Per-token fp32 logprobs of ``sequences`` under an HF causal LM (right padding)."""
+    if not sequences:
+        return []
+    ids, mask = pad_batch(sequences, pad_id, left=False)
+    input_ids = torch.tensor(ids, device=device)
+    attn = torch.tensor(mask, device=device)
+    logits = model(input_ids=input_ids, attention_mask=attn).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    tok = torch.gather(logp, 2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1).cpu()
+    return [tok[i, : len(s) - 1].clone() for i, s in enumerate(sequences)]
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Rollout with HF ``generate``; weights are replaced in place by ``update_weights``."""
+
+    def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
+                 pad_id: int = 0, attn_implementation: str = "sdpa") -> None:
+        self.model_cfg = model_cfg
+        self.device = torch.device(device)
+        self.pad_id = pad_id
+        self.model = build_hf_llama(model_cfg, seed, self.device,
+                                    attn_implementation=attn_implementation)
+        self.weight_version = 0
+        self._released = False
+
+    def _check_live(self, what: str) -> None:
+        if self._released:
+            raise RuntimeError(f"HFRolloutEngine.{what}: engine is released; call resume() first")
+
+    def _generation_config(self, sampling: SamplingParams):
+        from transformers import GenerationConfig
+
+        greedy = sampling.temperature == 0
+        stop = list(sampling.stop_token_ids) or None
+        return GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p, top_k=None,
+            eos_token_id=stop, pad_token_id=self.pad_id, bos_token_id=None,
+            return_dict_in_generate=True, output_logits=True, use_cache=True)
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+                 ) -> list[Generation]:
+        """Sample one completion per prompt (stop token included in ``token_ids``)."""
+        self._check_live("generate")
+        if not prompts:
+            return []
+        ids, mask = pad_batch(prompts, self.pad_id, left=True)
+        input_ids = torch.tensor(ids, device=self.device)
+        attn = torch.tensor(mask, device=self.device)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attn,
+                                      generation_config=self._generation_config(sampling))
+        new = out.sequences[:, input_ids.shape[1]:].cpu()
+        logits = torch.stack(out.logits, dim=1).float()  # [B, T, V] raw model logits
+        logp = torch.gather(torch.log_softmax(logits, dim=-1), 2,
+                            new.to(logits.device).unsqueeze(-1)).squeeze(-1).cpu()
+        stops = set(sampling.stop_token_ids)
+        result = []
+        for i, prompt in enumerate(prompts):
+            row = new[i].tolist()
+            end = next((j + 1 for j, t in enumerate(row) if t in stops), None)
+            n = end if end is not None else len(row)
+            result.append(Generation(token_ids=row[:n], logprobs=logp[i, :n].tolist(),
+                                     finish_reason="stop" if end is not None else "length",
+                                     weight_version=self.weight_version,
+                                     prompt_ids=list(prompt)))
+        return result
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Copy HF-named tensors into the model; unknown names or shapes raise naming them."""
+        self._check_live("update_weights")
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"HFRolloutEngine.update_weights: unknown parameter {name!r}")
+            p = params[name]
+            if tuple(p.shape) != tuple(tensor.shape):
+                raise ValueError(f"HFRolloutEngine.update_weights: {name} has shape "
+                                 f"{tuple(tensor.shape)}, model expects {tuple(p.shape)}")
+            p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+        self.weight_version = version
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
+        """fp32 logprob of every token after the first, per sequence."""
+        self._check_live("score")
+        return score_sequences(self.model, sequences, self.device, self.pad_id)
+
+    def release(self) -> None:
+        """Offload the weights to host memory (a no-op move on CPU)."""
+        if not self._released:
+            self.model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self._released = True
+
+    def resume(self) -> None:
+        """Move the weights back to the engine's device."""
+        if self._released:
+            self.model.to(self.device)
+            self._released = False

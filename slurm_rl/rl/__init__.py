@@ -1,0 +1,1 @@
+"""RL pieces that know nothing about placement: tokenizer, toy task, GRPO math."""

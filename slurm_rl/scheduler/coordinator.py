@@ -1,0 +1,185 @@
+"""The live coordinator: read progress, run the policy, publish epochs, wait for acks.
+
+It runs as its own process on the node of rank 0 (started by rank 0, so it never slows rank 0's
+work) and holds the coordinator lease for the whole run. Desired state is the epoch it publishes;
+observed state is acks and progress files (level-triggered, like a Kubernetes controller).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from slurm_rl.config import Config, load_config
+from slurm_rl.control.acks import AckWaiter
+from slurm_rl.control.epochs import Epoch, EpochStore
+from slurm_rl.control.events import append_event
+from slurm_rl.control.heartbeats import stale_ranks
+from slurm_rl.control.lease import CoordinatorLease
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import read_all_progress
+from slurm_rl.control.status import write_coordinator_status
+from slurm_rl.control.errors import DeadRankError, WaitTimeout
+from slurm_rl.scheduler.live_state import Decision, PolicyFn, build_policy, gate_state, running_state
+
+
+@dataclass
+class CoordinatorLoop:
+    """One coordinator generation driving one run."""
+
+    cfg: Config
+    paths: RunPaths
+    generation: int
+    policy: PolicyFn
+    log: Callable[[str], None] = lambda msg: print(msg, flush=True)
+
+    def __post_init__(self) -> None:
+        self.store = EpochStore(self.paths)
+        self.world = list(range(self.cfg.placement.world_size))
+        self.runtime = self.cfg.runtime
+        self.released = -1
+        self.current: Epoch | None = self.store.latest()  # not None when a coordinator restarts
+
+    # -- publishing -----------------------------------------------------------------------------
+    def _hosts(self) -> dict[int, str]:
+        progress = read_all_progress(self.paths, self.world)
+        return {r: str(doc.get("host", "?")) for r, doc in progress.items()}
+
+    def publish(self, decision: Decision, iteration: int, state_read_at: float) -> Epoch:
+        """Publish the decision as the next epoch and wait until every rank acknowledged it."""
+        number = 0 if self.current is None else self.current.epoch + 1
+        epoch = Epoch(
+            epoch=number,
+            generation=self.generation,
+            created_at=time.time(),
+            reason=decision.reason,
+            iteration=iteration,
+            boundary=decision.boundary,
+            placement=decision.placement_json(),
+            previous=None if self.current is None else self.current.epoch,
+            extra={"migrate_from": list(decision.migrate_from)},
+        )
+        self.store.publish(epoch, generation=self.generation)
+        published = time.time()
+        acks = AckWaiter(
+            self.paths,
+            number,
+            self.world,
+            hosts=self._hosts(),
+            heartbeat_timeout_s=self.runtime.heartbeat_timeout_s,
+            poll_interval_s=self.runtime.poll_interval_s,
+        ).wait(self.runtime.ack_timeout_s)
+        last_ack = max(float(a.get("applied_at", published)) for a in acks.values())
+        append_event(
+            self.paths,
+            "decision",
+            {
+                "epoch": number,
+                "generation": self.generation,
+                "iteration": iteration,
+                "reason": decision.reason,
+                "decision_latency_s": published - state_read_at,
+                "switch_latency_s": max(0.0, last_ack - published),
+                "published_at": published,
+            },
+        )
+        self.current = epoch
+        return epoch
+
+    def status(self, state: str, **extra: Any) -> None:
+        doc = {"generation": self.generation, "state": state, "released_iteration": self.released,
+               "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+        doc.update(extra)
+        write_coordinator_status(self.paths, doc)
+
+    # -- loop -----------------------------------------------------------------------------------
+    def check_alive(self) -> None:
+        stale = stale_ranks(self.paths, self.world, self.runtime.heartbeat_timeout_s, time.time())
+        if stale:
+            hosts = self._hosts()
+            described = ", ".join(
+                f"rank {r} (host {hosts.get(r, '?')}, last heartbeat "
+                + ("never" if age is None else f"{age:.1f}s ago")
+                + ")"
+                for r, age in sorted(stale.items())
+            )
+            raise DeadRankError(f"dead ranks (heartbeat older than {self.runtime.heartbeat_timeout_s}s): {described}")
+
+    def run(self) -> None:
+        """Drive the run from epoch 0 to the release of the final gate."""
+        num_iterations = self.cfg.train.num_iterations
+        self.status("starting")
+        if self.current is None:
+            self.publish(Decision.initial(self.cfg), iteration=0, state_read_at=time.time())
+        else:  # a new generation re-publishes the placement in force, which fences the old one
+            restart = Decision.from_epoch(self.current, f"coordinator restarted (generation {self.generation})")
+            self.publish(restart, iteration=self.current.iteration, state_read_at=time.time())
+        self.status("running")
+        started = time.monotonic()
+        last_liveness = 0.0
+        while self.released < num_iterations:
+            read_at = time.time()
+            progress = read_all_progress(self.paths, self.world)
+            gate = _all_at_gate(progress, self.world)
+            if gate is not None and gate > self.released:
+                decision = self.policy(gate_state(self.cfg, self.current, progress, gate))
+                if decision is not None and gate < num_iterations:
+                    self.publish(decision, iteration=gate, state_read_at=read_at)
+                self.released = gate
+                self.status("running")
+                continue
+            if self.released >= 0:
+                decision = self.policy(running_state(self.cfg, self.current, progress, self.released))
+                if decision is not None:
+                    self.publish(decision, iteration=self.released, state_read_at=read_at)
+                    continue
+            if time.monotonic() - last_liveness > self.runtime.heartbeat_interval_s:
+                self.check_alive()
+                last_liveness = time.monotonic()
+            if time.monotonic() - started > self.runtime.run_timeout_s:
+                raise WaitTimeout(f"run did not finish within runtime.run_timeout_s={self.runtime.run_timeout_s}s")
+            time.sleep(self.runtime.poll_interval_s)
+        self.status("finished")
+
+
+def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:
+    """The gate every rank waits at, or None while some rank is elsewhere."""
+    gates = set()
+    for rank in world:
+        doc = progress.get(rank)
+        if doc is None or doc.get("state") != "at_gate":
+            return None
+        gates.add(int(doc["gate"]))
+    return gates.pop() if len(gates) == 1 else None
+
+
+def run_coordinator(run_dir: Path) -> int:
+    """Entry point: take the lease and drive the run; returns a process exit code."""
+    cfg = load_config(run_dir / "config.yaml")
+    paths = RunPaths(run_dir)
+    with CoordinatorLease(paths) as lease:
+        loop = CoordinatorLoop(cfg, paths, lease.generation, build_policy(cfg))
+        try:
+            loop.run()
+        except Exception as exc:  # record why, then fail the run
+            loop.status("failed", error=f"{type(exc).__name__}: {exc}")
+            print(f"coordinator failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm_rl.scheduler.coordinator")
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    return run_coordinator(args.run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Every default of the scheduler, in one place.
+
+RLinf's own code disagrees with itself about some of these (``use_wait_before_last_iter_policy``
+defaults to ``True`` in its managers but ``False`` in its documented example); ours are set here
+once, and ``PolicyConfig`` / the simulator read them from here.
+
+Policy
+    POLICY                          ``static``: the disaggregated baseline; nothing moves unless asked.
+    MAX_RUNNING_REQUESTS            concurrent requests one rollout instance decodes (RLinf
+                                    ``rollout.max_running_requests``); the auto policy keeps
+                                    ``ceil(outstanding / MAX_RUNNING_REQUESTS)`` instances.
+    PRE_PROCESS_THRESHOLD           pre-process ends when the outstanding rollout requests fall to
+                                    this fraction of the iteration's samples (RLinf: 0.5).
+    PRE_PROCESS_MIN_FINISHED        ... and at least this fraction of samples has finished (RLinf: 0.1).
+    USE_PRE_PROCESS_POLICY          off: rollout does not borrow the actor's GPUs at iteration start.
+    USE_WAIT_BEFORE_LAST_ITER_POLICY off: the actor's last mini-batch does not wait for every GPU.
+    RANKS_PER_INSTANCE              GPUs per rollout instance / per actor model replica (TP x PP).
+
+Simulator
+    SWITCH_LATENCY_S                publish-to-applied latency of one placement epoch.
+    TICK_S                          simulated seconds between policy calls when nothing happens.
+    SEED                            seed of the response-length sampler.
+    RESPONSE_LEN_DIST               ``lognormal`` (``pareto`` and ``fixed`` also accepted).
+    RESPONSE_LEN_SIGMA              lognormal shape; the mean is ``emulated.response_len_mean``.
+    PARETO_ALPHA                    Pareto shape when ``RESPONSE_LEN_DIST == "pareto"``.
+"""
+
+from __future__ import annotations
+
+POLICY = "static"
+MAX_RUNNING_REQUESTS = 64
+PRE_PROCESS_THRESHOLD = 0.5
+PRE_PROCESS_MIN_FINISHED = 0.1
+USE_PRE_PROCESS_POLICY = False
+USE_WAIT_BEFORE_LAST_ITER_POLICY = False
+RANKS_PER_INSTANCE = 1
+
+SWITCH_LATENCY_S = 0.5
+TICK_S = 0.5
+SEED = 0
+RESPONSE_LEN_DIST = "lognormal"
+RESPONSE_LEN_SIGMA = 1.0
+PARETO_ALPHA = 1.5
+
+COMPONENTS = ("actor", "rollout", "inference")

@@ -1,0 +1,232 @@
+"""What a scheduling policy sees (``SchedState``) and what it returns (``Decision``).
+
+Frozen dataclasses, no I/O. The live coordinator builds a ``SchedState`` from progress files,
+the simulator from its event model; both call the same policy functions on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from slurm_rl.scheduler import defaults
+
+Ranks = tuple[int, ...]
+Placement = dict[str, Ranks]
+
+#: Phases of one iteration, in order. ``start``: nothing generated yet; ``rollout``: samples are
+#: being generated, the actor has not trained yet; ``train``: the actor has started its mini-batches;
+#: ``end``: the actor finished every mini-batch of the iteration.
+PHASES = ("start", "rollout", "train", "end")
+
+#: When a decision is applied. ``now``: at the next generation chunk / inference batch (rollout and
+#: inference changes only); ``minibatch``: at the actor's next mini-batch boundary (the actor's
+#: ranks change); ``iteration``: before the next iteration starts (return to the initial placement).
+BOUNDARIES = ("now", "minibatch", "iteration")
+
+
+def valid_dp_sizes(global_batch_size: int, micro_batch_size: int, max_dp: int) -> list[int]:
+    """Data-parallel sizes the actor may take, ascending.
+
+    The rule: a DP size ``dp`` is valid when the samples of one mini-batch divide evenly over the
+    replicas in whole micro-batches, i.e. ``global_batch_size % (micro_batch_size * dp) == 0``.
+    Changing DP then only changes gradient accumulation, never the global batch (training math does
+    not depend on placement). The actor engine checks the same rule for its own error message.
+    """
+    if global_batch_size <= 0 or micro_batch_size <= 0:
+        raise ValueError(
+            f"valid_dp_sizes: global_batch_size={global_batch_size} and "
+            f"micro_batch_size={micro_batch_size} must be positive")
+    return [dp for dp in range(1, max_dp + 1)
+            if global_batch_size % (micro_batch_size * dp) == 0]
+
+
+def normalize_placement(placement: Mapping[str, Sequence[int]]) -> Placement:
+    """Sorted rank tuples for every component (missing components get ``()``)."""
+    out: Placement = {c: () for c in defaults.COMPONENTS}
+    for comp, ranks in placement.items():
+        out[comp] = tuple(sorted(int(r) for r in ranks))
+    return out
+
+
+@dataclass(frozen=True)
+class ScriptStep:
+    """One step of the ``scripted`` policy: at ``at_iteration`` (``None``: every iteration) and
+    ``at_phase``, switch to ``placement``."""
+
+    at_phase: str
+    placement: Mapping[str, Ranks]
+    at_iteration: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.at_phase not in PHASES:
+            raise ValueError(f"scheduler.script.at_phase: got {self.at_phase!r}, allowed {PHASES}")
+        object.__setattr__(self, "placement", normalize_placement(self.placement))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ScriptStep":
+        """Build from ``{at_iteration, at_phase, placement}`` (the config form)."""
+        unknown = set(d) - {"at_iteration", "at_phase", "placement"}
+        if unknown:
+            raise ValueError(f"scheduler.script: unknown keys {sorted(unknown)}")
+        return cls(at_phase=str(d.get("at_phase", "start")), placement=d["placement"],
+                   at_iteration=None if d.get("at_iteration") is None else int(d["at_iteration"]))
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs of the policies; defaults come from ``scheduler.defaults``."""
+
+    max_running_requests: int = defaults.MAX_RUNNING_REQUESTS
+    rollout_ranks_per_instance: int = defaults.RANKS_PER_INSTANCE
+    actor_ranks_per_instance: int = defaults.RANKS_PER_INSTANCE
+    pre_process_threshold: float = defaults.PRE_PROCESS_THRESHOLD
+    pre_process_min_finished: float = defaults.PRE_PROCESS_MIN_FINISHED
+    use_pre_process_policy: bool = defaults.USE_PRE_PROCESS_POLICY
+    use_wait_before_last_iter_policy: bool = defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY
+    script: tuple[ScriptStep, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_running_requests", "rollout_ranks_per_instance",
+                     "actor_ranks_per_instance"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"scheduler.{name}: got {value!r}, expected a positive integer")
+        for name in ("pre_process_threshold", "pre_process_min_finished"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"scheduler.{name}: got {value!r}, expected 0 <= x < 1")
+        object.__setattr__(self, "script", tuple(
+            s if isinstance(s, ScriptStep) else ScriptStep.from_dict(s) for s in self.script))
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """Rollout requests (one request = one response) of the current iteration."""
+
+    running: int
+    pending: int
+    finished: int
+    total: int
+
+    @property
+    def outstanding(self) -> int:
+        """Requests not finished yet (running or not started)."""
+        return self.running + self.pending
+
+
+@dataclass(frozen=True)
+class InferenceProgress:
+    """Samples of the current iteration that went through inference (reference logprobs)."""
+
+    done: int
+    total: int
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+
+@dataclass(frozen=True)
+class ActorProgress:
+    """Actor training progress of the current iteration; ``busy`` while inside a mini-batch."""
+
+    samples_done: int
+    samples_total: int
+    minibatches_done: int
+    minibatches_total: int
+    busy: bool = False
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Batch sizes fixed by the config (``samples_per_iteration = rollout_batch_size * group_size``)."""
+
+    global_batch_size: int
+    micro_batch_size: int
+    samples_per_iteration: int
+
+    def __post_init__(self) -> None:
+        if self.samples_per_iteration % self.global_batch_size:
+            raise ValueError(
+                f"train.global_batch_size: {self.global_batch_size} does not divide the "
+                f"{self.samples_per_iteration} samples of an iteration "
+                "(rollout_batch_size * group_size)")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.micro_batch_size: {self.micro_batch_size} does not divide "
+                f"global_batch_size={self.global_batch_size}")
+
+    @property
+    def minibatches_per_iteration(self) -> int:
+        return self.samples_per_iteration // self.global_batch_size
+
+
+def derive_phase(rollout: RolloutProgress, actor: ActorProgress) -> str:
+    """The iteration phase implied by progress (see ``PHASES``)."""
+    if actor.minibatches_done >= actor.minibatches_total:
+        return "end"
+    if actor.minibatches_done > 0 or actor.busy:
+        return "train"
+    if rollout.finished == 0 and rollout.running == 0:
+        return "start"
+    return "rollout"
+
+
+@dataclass(frozen=True)
+class SchedState:
+    """Everything a policy may look at. ``initial`` is the configured placement, ``current`` the
+    placement of the latest published epoch; both are normalized to sorted rank tuples."""
+
+    iteration: int
+    num_iterations: int
+    phase: str
+    world_ranks: Ranks
+    initial: Placement
+    current: Placement
+    rollout: RolloutProgress
+    inference: InferenceProgress
+    actor: ActorProgress
+    batch: BatchSpec
+    cfg: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"SchedState.phase: got {self.phase!r}, allowed {PHASES}")
+        object.__setattr__(self, "world_ranks", tuple(sorted(self.world_ranks)))
+        object.__setattr__(self, "initial", normalize_placement(self.initial))
+        object.__setattr__(self, "current", normalize_placement(self.current))
+
+    def actor_valid_dp_sizes(self) -> list[int]:
+        """Valid actor DP sizes that fit in the allocation."""
+        max_dp = len(self.world_ranks) // self.cfg.actor_ranks_per_instance
+        return valid_dp_sizes(self.batch.global_batch_size, self.batch.micro_batch_size, max_dp)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A new placement, why, which rollout ranks must migrate their running requests out, and
+    at which boundary it applies (see ``BOUNDARIES``)."""
+
+    placement: Placement
+    reason: str
+    migrate_from: Ranks = ()
+    boundary: str = "now"
+
+    def __post_init__(self) -> None:
+        if self.boundary not in BOUNDARIES:
+            raise ValueError(f"Decision.boundary: got {self.boundary!r}, allowed {BOUNDARIES}")
+        object.__setattr__(self, "placement", normalize_placement(self.placement))
+        object.__setattr__(self, "migrate_from", tuple(sorted(self.migrate_from)))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (for epoch ``reason`` fields and logs)."""
+        return {"placement": {c: list(r) for c, r in self.placement.items()},
+                "reason": self.reason, "migrate_from": list(self.migrate_from),
+                "boundary": self.boundary}
+
+
+def instances_needed(outstanding: int, max_running_requests: int) -> int:
+    """Rollout instances that suffice for ``outstanding`` requests (RLinf: ceil(running / max))."""
+    return math.ceil(outstanding / max_running_requests)

@@ -1,0 +1,109 @@
+"""Start one rank: discover it, start its heartbeat (and the coordinator on rank 0), run the loop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from slurm_rl.config import Config, load_config
+from slurm_rl.control.heartbeats import HeartbeatWriter
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.launch.rank_env import RankInfo, discover_rank
+from slurm_rl.worker.runtime import Roles, WorkerRuntime
+
+COORDINATOR_RANK = 0
+
+
+def make_roles(cfg: Config, info: RankInfo, paths: RunPaths) -> Roles:
+    """The roles implementation for ``runtime.device`` (engines are imported lazily)."""
+    if cfg.runtime.device == "emulated":
+        from slurm_rl.worker.emulated_roles import EmulatedRoles
+
+        return EmulatedRoles(cfg, info, paths)
+    from slurm_rl.worker.real_roles import RealRoles  # torch and the engines load only here
+
+    return RealRoles(cfg, info, paths)
+
+
+def start_coordinator(run_dir: Path, log_dir: Path) -> subprocess.Popen:
+    """The coordinator as its own process next to rank 0 (separate interpreter: no GIL sharing)."""
+    log = open(log_dir / "coordinator.log", "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_rl.scheduler.coordinator", str(run_dir)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _coordinator_watchdog(proc: subprocess.Popen):
+    def check() -> None:
+        rc = proc.poll()
+        if rc not in (None, 0):
+            raise RuntimeError(f"coordinator process {proc.pid} exited with code {rc} (see logs/coordinator.log)")
+
+    return check
+
+
+def run_worker(run_dir: Path) -> int:
+    """Run one rank to the end; returns its exit code (0 on success)."""
+    info = discover_rank()
+    cfg = load_config(run_dir / "config.yaml")
+    paths = RunPaths(run_dir)
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[rank {info.rank}/{info.world_size} host {info.host} source {info.source}] run dir {run_dir}", flush=True)
+    if info.world_size != cfg.placement.world_size:
+        print(
+            f"rank {info.rank}: the launcher started {info.world_size} ranks but the placement needs "
+            f"{cfg.placement.world_size} (cluster.component_placement)",
+            file=sys.stderr,
+        )
+        return 2
+    heartbeat = HeartbeatWriter(paths, info.rank, info.host, cfg.runtime.heartbeat_interval_s)
+    heartbeat.start()
+    coordinator = start_coordinator(run_dir, log_dir) if info.rank == COORDINATOR_RANK else None
+    roles = make_roles(cfg, info, paths)
+    runtime = WorkerRuntime(
+        info=info,
+        paths=paths,
+        poll_interval_s=cfg.runtime.poll_interval_s,
+        wait_timeout_s=cfg.runtime.wait_timeout_s,
+        num_iterations=cfg.train.num_iterations,
+        roles_impl=roles,
+        watchdog=None if coordinator is None else _coordinator_watchdog(coordinator),
+    )
+    try:
+        runtime.run()
+        if coordinator is not None:
+            rc = coordinator.wait(timeout=cfg.runtime.ack_timeout_s)
+            if rc != 0:
+                print(f"rank {info.rank}: coordinator exited with code {rc} (see logs/coordinator.log)", file=sys.stderr)
+                return 1
+        return 0
+    except Exception as exc:
+        traceback.print_exc()
+        try:
+            runtime.report("failed", error=f"{type(exc).__name__}: {exc}")
+        except Exception:
+            pass
+        return 1
+    finally:
+        heartbeat.stop()
+        _stop(coordinator)
+        time.sleep(0)

@@ -1,0 +1,137 @@
+"""The per-rank runtime: poll epochs, apply them at safe points, run the roles, report progress.
+
+A rank's roles at epoch ``e`` are a pure function of the epoch-``e`` file (invariant 3): the rank
+reads ``placement[component]["ranks"]`` and nothing else. Epochs are applied only at safe points
+(between work units) and at iteration gates, where the rank waits for the coordinator to release
+the next iteration (on-policy: iteration ``k+1`` starts after iteration ``k`` is done everywhere).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from slurm_rl.control.acks import write_ack
+from slurm_rl.control.epochs import Epoch, EpochWatcher
+from slurm_rl.control.errors import WaitTimeout
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import write_progress
+from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.launch.rank_env import RankInfo
+
+COMPONENTS = ("actor", "rollout", "inference")
+
+
+def roles_in(epoch: Epoch, rank: int) -> tuple[str, ...]:
+    """Components that include ``rank`` in ``epoch`` (empty: the rank is idle)."""
+    return tuple(c for c in COMPONENTS if rank in epoch.placement.get(c, {}).get("ranks", ()))
+
+
+class Roles(Protocol):
+    """What a rank does for its roles: the emulated cost model or the real engines."""
+
+    def transition(self, old: Epoch | None, new: Epoch, rt: "WorkerRuntime") -> dict[str, Any]:
+        """Carry out an epoch change (reshard, release, resume); return figures for the ack."""
+
+    def run_iteration(self, iteration: int, rt: "WorkerRuntime") -> None:
+        """Do this rank's share of ``iteration`` for its current roles, calling ``rt.safe_point()``."""
+
+    def close(self) -> None:
+        """Free what the roles hold."""
+
+
+@dataclass
+class WorkerRuntime:
+    """State of one rank: its identity, the epoch in force, and how it reports."""
+
+    info: RankInfo
+    paths: RunPaths
+    poll_interval_s: float
+    wait_timeout_s: float
+    num_iterations: int
+    roles_impl: Roles
+    epoch: Epoch | None = None
+    roles: tuple[str, ...] = ()
+    iteration: int = -1
+    counters: dict[str, Any] = field(default_factory=dict)
+    watchdog: Callable[[], None] | None = None  # raises when something this rank depends on died
+
+    def __post_init__(self) -> None:
+        self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s)
+
+    # -- epochs ---------------------------------------------------------------------------------
+    def _describe(self) -> str:
+        return f"rank {self.info.rank} (host {self.info.host})"
+
+    def wait_first_epoch(self) -> None:
+        epoch = self._watcher.wait_next(self.wait_timeout_s, f"epoch 0 from the coordinator, awaited by {self._describe()}")
+        self.apply(epoch)
+
+    def apply(self, epoch: Epoch) -> None:
+        """Apply one epoch: role change and transition work, then acknowledge it."""
+        seen_at = time.time()
+        old = self.epoch
+        figures = self.roles_impl.transition(old, epoch, self)
+        self.epoch = epoch
+        self.roles = roles_in(epoch, self.info.rank)
+        figures = dict(figures, roles=list(self.roles))
+        write_ack(self.paths, epoch.epoch, self.info.rank, self.info.host, seen_at, time.time(), figures)
+        self.report("applied-epoch")
+
+    def safe_point(self) -> bool:
+        """Apply every epoch published since the last poll; True when one was applied."""
+        applied = False
+        while (epoch := self._watcher.poll()) is not None:
+            self.apply(epoch)
+            applied = True
+        return applied
+
+    # -- progress -------------------------------------------------------------------------------
+    def report(self, state: str, **extra: Any) -> None:
+        doc = {
+            "rank": self.info.rank,
+            "host": self.info.host,
+            "state": state,
+            "iteration": self.iteration,
+            "epoch": self.epoch.epoch if self.epoch else None,
+            "roles": list(self.roles),
+        }
+        doc.update(self.counters)
+        doc.update(extra)
+        write_progress(self.paths, self.info.rank, doc)
+
+    def gate(self, iteration: int) -> None:
+        """Wait at the start of ``iteration`` until the coordinator releases it, applying epochs."""
+        self.report("at_gate", gate=iteration)
+        deadline = time.monotonic() + self.wait_timeout_s
+        while True:
+            self.safe_point()
+            if self.watchdog is not None:
+                self.watchdog()
+            status = read_coordinator_status(self.paths)
+            if status is not None:
+                if status.get("state") == "failed":
+                    raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
+                if status.get("released_iteration", -1) >= iteration:
+                    self.safe_point()
+                    return
+            if time.monotonic() > deadline:
+                raise WaitTimeout(
+                    f"{self._describe()} waited {self.wait_timeout_s:.0f}s at the gate of iteration {iteration} "
+                    f"for the coordinator to release it (epoch in force: {self.epoch.epoch if self.epoch else None})"
+                )
+            time.sleep(self.poll_interval_s)
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """All iterations of the run, from the first epoch to the final report."""
+        self.wait_first_epoch()
+        for iteration in range(self.num_iterations):
+            self.gate(iteration)
+            self.iteration = iteration
+            self.report("working")
+            self.roles_impl.run_iteration(iteration, self)
+        self.gate(self.num_iterations)
+        self.report("finished")
+        self.roles_impl.close()

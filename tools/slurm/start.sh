@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Start (or confirm) the local Slurm test cluster: SLURM_TEST_NODES nodes x SLURM_TEST_GPUS
+# fake GPUs on this host, all state under SLURM_TEST_DIR. Idempotent: installs missing packages,
+# rewrites the config, starts only daemons that are not running, and waits until every node is idle.
+# Usage: tools/slurm/start.sh        (then: source tools/slurm/env.sh)
+set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
+
+export SLURM_CONF="${SLURM_TEST_CONF}"
+export DEBIAN_FRONTEND=noninteractive
+t_start=$(date +%s.%N)
+
+log() { echo "[slurm-test] $*" >&2; }
+
+die() {
+  # Print an error, the tail of every log that exists, and exit 1.
+  local f
+  echo "[slurm-test] ERROR: $*" >&2
+  for f in "${SLURM_TEST_LOG}"/*.log; do
+    [[ -s "${f}" ]] || continue
+    echo "----- tail ${f} -----" >&2
+    tail -n 25 "${f}" >&2 || true
+  done
+  exit 1
+}
+
+wait_for() {
+  # wait_for SECONDS WHAT CMD...: poll CMD every 0.2 s until it succeeds, else die naming WHAT.
+  local timeout="$1" what="$2"; shift 2
+  local deadline=$(( $(date +%s) + timeout ))
+  until "$@" >/dev/null 2>&1; do
+    if (( $(date +%s) >= deadline )); then
+      die "timed out after ${timeout}s waiting for ${what}"
+    fi
+    sleep 0.2
+  done
+}
+
+[[ "$(uname -s)" == "Linux" ]] || die "the local test cluster needs Linux"
+[[ "$(id -u)" == "0" ]] || die "the local test cluster needs root (daemons, mknod)"
+
+# ---------------------------------------------------------------- packages
+ensure_packages() {
+  local -a want=() missing=()
+  want=(slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client munged:munge)
+  if [[ "${SLURM_TEST_ACCOUNTING}" == "1" ]]; then
+    want+=(slurmdbd:slurmdbd mariadbd:mariadb-server mariadb:mariadb-client)
+  fi
+  local item
+  for item in "${want[@]}"; do
+    command -v "${item%%:*}" >/dev/null 2>&1 || PATH="${PATH}:/usr/sbin" command -v "${item%%:*}" \
+      >/dev/null 2>&1 || missing+=("${item##*:}")
+  done
+  (( ${#missing[@]} == 0 )) && return 0
+  log "installing ${missing[*]} with apt-get"
+  local apt_log="${SLURM_TEST_LOG}/apt.log"
+  if ! apt-get install -y -q --no-install-recommends "${missing[@]}" >"${apt_log}" 2>&1; then
+    log "apt-get install failed; running apt-get update once and retrying"
+    apt-get update -q >>"${apt_log}" 2>&1 || die "apt-get update failed (see ${apt_log})"
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >>"${apt_log}" 2>&1 \
+      || die "apt-get install ${missing[*]} failed (see ${apt_log})"
+  fi
+}
+
+# ---------------------------------------------------------------- config
+any_daemon_running() {
+  local f
+  for f in "${SLURM_TEST_RUN}"/*.pid; do
+    [[ -e "${f}" ]] || continue
+    slurm_test_pidfile_alive "${f}" "" && return 0
+  done
+  return 1
+}
+
+write_config() {
+  # Write config into a temp dir; restart running daemons only if the config changed.
+  local tmp changed=0 f
+  tmp=$(mktemp -d "${SLURM_TEST_DIR}/.etc.XXXXXX")
+  "$(dirname "${BASH_SOURCE[0]}")/write_conf.sh" "${tmp}"
+  # plugstack path inside slurm.conf points at the final directory, not the temp one
+  sed -i "s#^PlugStackConfig=.*#PlugStackConfig=${SLURM_TEST_ETC}/plugstack.conf#" "${tmp}/slurm.conf"
+  for f in slurm.conf gres.conf slurmdbd.conf plugstack.conf; do
+    if [[ -e "${tmp}/${f}" || -e "${SLURM_TEST_ETC}/${f}" ]]; then
+      cmp -s "${tmp}/${f}" "${SLURM_TEST_ETC}/${f}" || changed=1
+    fi
+  done
+  if (( changed )) && any_daemon_running; then
+    log "config changed: restarting the running daemons"
+    "$(dirname "${BASH_SOURCE[0]}")/stop.sh"
+  fi
+  if (( changed )); then
+    rm -rf "${SLURM_TEST_ETC}"
+    mv "${tmp}" "${SLURM_TEST_ETC}"
+    chmod 755 "${SLURM_TEST_ETC}"
+  else
+    rm -rf "${tmp}"
+  fi
+}
+
+prepare_dirs() {
+  mkdir -p "${SLURM_TEST_DIR}" "${SLURM_TEST_RUN}" "${SLURM_TEST_LOG}" "${SLURM_TEST_STATE}/slurmctld" \
+    "${SLURM_TEST_DIR}/dev" "${SLURM_TEST_MUNGE_DIR}"
+  chmod 755 "${SLURM_TEST_DIR}"
+  chmod 711 "${SLURM_TEST_MUNGE_DIR}"   # munged refuses 700 for clients; 711 works
+  local n i
+  for n in $(slurm_test_node_names); do mkdir -p "${SLURM_TEST_STATE}/slurmd-${n}"; done
+  # Fake GPUs: slurmd accepts GRES files only if they are character devices.
+  for (( i = 0; i < SLURM_TEST_GPUS; i++ )); do
+    [[ -c "${SLURM_TEST_DIR}/dev/gpu${i}" ]] || { rm -f "${SLURM_TEST_DIR}/dev/gpu${i}"; \
+      mknod -m 666 "${SLURM_TEST_DIR}/dev/gpu${i}" c 1 3 || die "mknod ${SLURM_TEST_DIR}/dev/gpu${i} failed"; }
+  done
+  if [[ ! -s "${SLURM_TEST_MUNGE_DIR}/munge.key" ]]; then
+    (umask 077 && dd if=/dev/urandom of="${SLURM_TEST_MUNGE_DIR}/munge.key" bs=1024 count=1 status=none)
+  fi
+  chmod 400 "${SLURM_TEST_MUNGE_DIR}/munge.key"
+}
+
+# ---------------------------------------------------------------- daemons
+start_munged() {
+  if slurm_test_pidfile_alive "${SLURM_TEST_RUN}/munged.pid" munged; then return 0; fi
+  rm -f "${SLURM_TEST_MUNGE_SOCKET}" "${SLURM_TEST_MUNGE_SOCKET}.lock"
+  log "starting munged"
+  munged --force -S "${SLURM_TEST_MUNGE_SOCKET}" --key-file="${SLURM_TEST_MUNGE_DIR}/munge.key" \
+    --pid-file="${SLURM_TEST_RUN}/munged.pid" --log-file="${SLURM_TEST_LOG}/munged.log" \
+    --seed-file="${SLURM_TEST_MUNGE_DIR}/munged.seed" </dev/null >>"${SLURM_TEST_LOG}/munged.log" 2>&1 \
+    || die "munged failed to start"
+  wait_for 15 "munged socket ${SLURM_TEST_MUNGE_SOCKET}" \
+    bash -c "munge -S '${SLURM_TEST_MUNGE_SOCKET}' -n | unmunge -S '${SLURM_TEST_MUNGE_SOCKET}'"
+}
+
+db_sql() {
+  mariadb --no-defaults --protocol=socket -S "${SLURM_TEST_DB_SOCKET}" -u root -e "$1"
+}
+
+start_mariadb() {
+  if slurm_test_pidfile_alive "${SLURM_TEST_RUN}/mariadb.pid" mariadbd; then return 0; fi
+  if [[ ! -d "${SLURM_TEST_DB_DIR}/mysql" ]]; then
+    log "initialising MariaDB in ${SLURM_TEST_DB_DIR}"
+    rm -rf "${SLURM_TEST_DB_DIR}"
+    mkdir -p "${SLURM_TEST_DB_DIR}"
+    mariadb-install-db --no-defaults --user=root --datadir="${SLURM_TEST_DB_DIR}" \
+      --auth-root-authentication-method=socket --skip-test-db \
+      >"${SLURM_TEST_LOG}/mariadb-install.log" 2>&1 || die "mariadb-install-db failed"
+  fi
+  log "starting mariadbd"
+  rm -f "${SLURM_TEST_DB_SOCKET}"
+  setsid mariadbd --no-defaults --user=root --datadir="${SLURM_TEST_DB_DIR}" \
+    --socket="${SLURM_TEST_DB_SOCKET}" --port="${SLURM_TEST_DB_PORT}" --bind-address=127.0.0.1 \
+    --skip-name-resolve --pid-file="${SLURM_TEST_RUN}/mariadb.pid" \
+    --log-error="${SLURM_TEST_LOG}/mariadb.log" --innodb-buffer-pool-size=32M \
+    --innodb-log-file-size=16M --innodb-flush-log-at-trx-commit=2 --performance-schema=OFF \
+    </dev/null >>"${SLURM_TEST_LOG}/mariadb.log" 2>&1 &
+  wait_for 30 "MariaDB socket ${SLURM_TEST_DB_SOCKET}" db_sql "SELECT 1"
+  db_sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmtest';
+    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmtest';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';" || die "creating the accounting database failed"
+}
+
+start_slurmdbd() {
+  if ! slurm_test_pidfile_alive "${SLURM_TEST_RUN}/slurmdbd.pid" slurmdbd; then
+    log "starting slurmdbd"
+    slurmdbd </dev/null >>"${SLURM_TEST_LOG}/slurmdbd.log" 2>&1 || die "slurmdbd failed to start"
+  fi
+  wait_for 30 "slurmdbd on port ${SLURM_TEST_DBD_PORT}" sacctmgr -n -P show cluster format=cluster
+  if ! sacctmgr -n -P show cluster format=cluster | grep -qx "${SLURM_TEST_CLUSTER_NAME}"; then
+    sacctmgr -i add cluster "${SLURM_TEST_CLUSTER_NAME}" >/dev/null || die "sacctmgr add cluster failed"
+  fi
+}
+
+start_slurmctld() {
+  if slurm_test_pidfile_alive "${SLURM_TEST_RUN}/slurmctld.pid" slurmctld; then return 0; fi
+  log "starting slurmctld"
+  slurmctld -f "${SLURM_CONF}" </dev/null >>"${SLURM_TEST_LOG}/slurmctld.log" 2>&1 \
+    || die "slurmctld failed to start"
+  wait_for 30 "slurmctld on port ${SLURM_TEST_CTLD_PORT}" scontrol ping
+}
+
+start_slurmd() {
+  local n
+  for n in $(slurm_test_node_names); do
+    if slurm_test_pidfile_alive "${SLURM_TEST_RUN}/slurmd-${n}.pid" slurmd; then continue; fi
+    log "starting slurmd -N ${n}"
+    slurmd -f "${SLURM_CONF}" -N "${n}" </dev/null >>"${SLURM_TEST_LOG}/slurmd-${n}.log" 2>&1 \
+      || die "slurmd -N ${n} failed to start"
+  done
+}
+
+nodes_idle() {
+  # True when every configured node is idle (or busy with jobs of an earlier run).
+  local states bad
+  states=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+  [[ $(wc -l <<<"${states}") -ge ${SLURM_TEST_NODES} ]] || return 1
+  bad=$(awk '$2 !~ /^(idle|mixed|allocated|completing)$/' <<<"${states}")
+  [[ -z "${bad}" ]]
+}
+
+wait_nodes_idle() {
+  local deadline=$(( $(date +%s) + SLURM_TEST_START_TIMEOUT )) resumed=0
+  until nodes_idle; do
+    if (( $(date +%s) >= deadline )); then
+      die "timed out after ${SLURM_TEST_START_TIMEOUT}s waiting for nodes $(slurm_test_node_names | paste -sd,) to be idle; sinfo: $(sinfo -h -N -o '%N=%T(%E)' 2>&1 | paste -sd' ')"
+    fi
+    # Nodes left drained/down by an earlier run: resume them once they have registered.
+    if (( ! resumed )) && sinfo -h -N -o '%T' 2>/dev/null | grep -Eq '^(drained|down|drain)'; then
+      sleep 1
+      scontrol update nodename="$(slurm_test_node_names | paste -sd,)" state=resume >/dev/null 2>&1 || true
+      resumed=1
+    fi
+    sleep 0.2
+  done
+}
+
+mkdir -p "${SLURM_TEST_LOG}"
+ensure_packages
+prepare_dirs
+write_config
+start_munged
+if [[ "${SLURM_TEST_ACCOUNTING}" == "1" ]]; then
+  start_mariadb
+  start_slurmdbd
+fi
+start_slurmctld
+start_slurmd
+wait_nodes_idle
+log "cluster up in $(awk -v a="${t_start}" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')s: $(sinfo -h -N -o '%N:%T:%G' | paste -sd' ') (SLURM_CONF=${SLURM_CONF})"
