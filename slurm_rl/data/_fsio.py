@@ -66,5 +66,11 @@ def read_json(path: Path) -> Any:
 
 
 def makedirs_private(path: Path) -> None:
-    """Create ``path`` and missing parents with mode 0700."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``path`` and its missing parents, each with mode 0700."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)

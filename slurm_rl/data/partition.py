@@ -43,7 +43,8 @@ def _unit_rows(table: pa.Table, group_column: str | None) -> tuple[list[np.ndarr
         return [np.array([i]) for i in range(table.num_rows)], tokens
     groups = table.column(group_column).to_numpy()
     uniq, inverse = np.unique(groups, return_inverse=True)
-    members = [np.flatnonzero(inverse == g) for g in range(len(uniq))]
+    order = np.argsort(inverse, kind="stable")
+    members = np.split(order, np.cumsum(np.bincount(inverse, minlength=len(uniq)))[:-1])
     return members, np.array([tokens[m].sum() for m in members], dtype=np.int64)
 
 

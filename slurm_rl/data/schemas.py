@@ -166,7 +166,11 @@ def check_schema(actual: pa.Schema, expected: pa.Schema | None, where: str | Pat
 def conform(data: pa.Table | pa.RecordBatch | dict, schema: pa.Schema) -> pa.Table:
     """Build/cast ``data`` into a table with exactly ``schema`` (including its metadata)."""
     if isinstance(data, dict):
-        table = pa.Table.from_pydict(data, schema=schema)
+        _check_names(list(data), schema)
+        try:
+            table = pa.Table.from_pydict(data, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+            raise DataPlaneError(f"cannot build a {schema_name(schema)!r} table from the given columns: {e}") from e
     elif isinstance(data, pa.RecordBatch):
         table = pa.Table.from_batches([data])
     elif isinstance(data, pa.Table):
@@ -174,10 +178,7 @@ def conform(data: pa.Table | pa.RecordBatch | dict, schema: pa.Schema) -> pa.Tab
     else:
         raise DataPlaneError(f"expected pa.Table, pa.RecordBatch or dict of columns, got {type(data).__name__}")
     if table.schema.names != schema.names:
-        missing = [n for n in schema.names if n not in table.schema.names]
-        extra = [n for n in table.schema.names if n not in schema.names]
-        if missing or extra:
-            raise DataPlaneError(f"columns do not match schema {schema_name(schema)!r}: missing {missing}, unexpected {extra}")
+        _check_names(table.schema.names, schema)
         table = table.select(schema.names)
     if not table.schema.remove_metadata().equals(schema.remove_metadata()):
         try:
@@ -185,6 +186,13 @@ def conform(data: pa.Table | pa.RecordBatch | dict, schema: pa.Schema) -> pa.Tab
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise DataPlaneError(f"cannot cast data to schema {schema_name(schema)!r}: {e}") from e
     return table.replace_schema_metadata(schema.metadata)
+
+
+def _check_names(names: list[str], schema: pa.Schema) -> None:
+    missing = [n for n in schema.names if n not in names]
+    extra = [n for n in names if n not in schema.names]
+    if missing or extra:
+        raise DataPlaneError(f"columns do not match schema {schema_name(schema)!r}: missing {missing}, unexpected {extra}")
 
 
 def schema_name(schema: pa.Schema) -> str:

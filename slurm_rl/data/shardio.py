@@ -60,6 +60,7 @@ def write_shard(final: Path, table: pa.Table, *, fsync: bool = True) -> tuple[in
         with pa.OSFile(str(tmp), "wb") as sink:
             with pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
+        os.chmod(tmp, 0o600)
         size, digest = file_digest(tmp)
         if fsync:
             fd = os.open(tmp, os.O_RDONLY)

@@ -99,7 +99,7 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(width=max(Console().width, 140))
     table = Table(title="placement epochs")
     for column in ("epoch", "gen", "iter", "published", "reason", *COMPONENT_ORDER, "acks", "switch s", "bytes moved"):
         table.add_column(column, justify="right" if column not in ("reason",) else "left")

@@ -26,7 +26,15 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import write_coordinator_status
 from slurm_rl.control.errors import DeadRankError, WaitTimeout
-from slurm_rl.scheduler.live_state import Decision, PolicyFn, build_policy, gate_state, running_state
+from slurm_rl.scheduler.live_state import (
+    PolicyFn,
+    build_policy,
+    build_state,
+    initial_decision,
+    placement_json,
+    restart_decision,
+)
+from slurm_rl.scheduler.state import Decision
 
 
 @dataclass
@@ -61,7 +69,7 @@ class CoordinatorLoop:
             reason=decision.reason,
             iteration=iteration,
             boundary=decision.boundary,
-            placement=decision.placement_json(),
+            placement=placement_json(decision),
             previous=None if self.current is None else self.current.epoch,
             extra={"migrate_from": list(decision.migrate_from)},
         )
@@ -116,9 +124,9 @@ class CoordinatorLoop:
         num_iterations = self.cfg.train.num_iterations
         self.status("starting")
         if self.current is None:
-            self.publish(Decision.initial(self.cfg), iteration=0, state_read_at=time.time())
+            self.publish(initial_decision(self.cfg), iteration=0, state_read_at=time.time())
         else:  # a new generation re-publishes the placement in force, which fences the old one
-            restart = Decision.from_epoch(self.current, f"coordinator restarted (generation {self.generation})")
+            restart = restart_decision(self.current, f"coordinator restarted (generation {self.generation})")
             self.publish(restart, iteration=self.current.iteration, state_read_at=time.time())
         self.status("running")
         started = time.monotonic()
@@ -128,17 +136,15 @@ class CoordinatorLoop:
             progress = read_all_progress(self.paths, self.world)
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
-                decision = self.policy(gate_state(self.cfg, self.current, progress, gate))
-                if decision is not None and gate < num_iterations:
-                    self.publish(decision, iteration=gate, state_read_at=read_at)
+                # Policies are consulted at iteration gates; mid-iteration epochs are applied by
+                # ranks at safe points, but the live loop only decides at gates for now.
+                if gate < num_iterations:
+                    decision = self.policy(build_state(self.cfg, self.current, progress, gate, at_gate=True))
+                    if decision is not None:
+                        self.publish(decision, iteration=gate, state_read_at=read_at)
                 self.released = gate
                 self.status("running")
                 continue
-            if self.released >= 0:
-                decision = self.policy(running_state(self.cfg, self.current, progress, self.released))
-                if decision is not None:
-                    self.publish(decision, iteration=self.released, state_read_at=read_at)
-                    continue
             if time.monotonic() - last_liveness > self.runtime.heartbeat_interval_s:
                 self.check_alive()
                 last_liveness = time.monotonic()

@@ -25,12 +25,20 @@ die() {
 }
 
 wait_for() {
-  # wait_for SECONDS WHAT CMD...: poll CMD every 0.2 s until it succeeds, else die naming WHAT.
+  # wait_for SECONDS WHAT [--pidfile FILE NAME] CMD...: poll CMD (10 s cap per try) every 0.2 s until it succeeds;
+  # die naming WHAT on timeout, or as soon as the daemon behind FILE has exited (after 2 s grace).
   local timeout="$1" what="$2"; shift 2
-  local deadline=$(( $(date +%s) + timeout ))
-  until "$@" >/dev/null 2>&1; do
+  local pidfile="" name="" start deadline
+  if [[ "$1" == "--pidfile" ]]; then pidfile="$2"; name="$3"; shift 3; fi
+  start=$(date +%s)
+  deadline=$(( start + timeout ))
+  until timeout 10 "$@" >/dev/null 2>&1; do
     if (( $(date +%s) >= deadline )); then
       die "timed out after ${timeout}s waiting for ${what}"
+    fi
+    if [[ -n "${pidfile}" ]] && (( $(date +%s) - start >= 2 )) \
+        && ! slurm_test_pidfile_alive "${pidfile}" "${name}"; then
+      die "${name} exited while waiting for ${what} (port in use? see its log below)"
     fi
     sleep 0.2
   done
@@ -124,7 +132,7 @@ start_munged() {
     --pid-file="${SLURM_TEST_RUN}/munged.pid" --log-file="${SLURM_TEST_LOG}/munged.log" \
     --seed-file="${SLURM_TEST_MUNGE_DIR}/munged.seed" </dev/null >>"${SLURM_TEST_LOG}/munged.log" 2>&1 \
     || die "munged failed to start"
-  wait_for 15 "munged socket ${SLURM_TEST_MUNGE_SOCKET}" \
+  wait_for 15 "munged socket ${SLURM_TEST_MUNGE_SOCKET}" --pidfile "${SLURM_TEST_RUN}/munged.pid" munged \
     bash -c "munge -S '${SLURM_TEST_MUNGE_SOCKET}' -n | unmunge -S '${SLURM_TEST_MUNGE_SOCKET}'"
 }
 
@@ -150,7 +158,9 @@ start_mariadb() {
     --log-error="${SLURM_TEST_LOG}/mariadb.log" --innodb-buffer-pool-size=32M \
     --innodb-log-file-size=16M --innodb-flush-log-at-trx-commit=2 --performance-schema=OFF \
     </dev/null >>"${SLURM_TEST_LOG}/mariadb.log" 2>&1 &
-  wait_for 30 "MariaDB socket ${SLURM_TEST_DB_SOCKET}" db_sql "SELECT 1"
+  echo "$!" > "${SLURM_TEST_RUN}/mariadb.pid"   # mariadbd rewrites it with the same pid
+  wait_for 30 "MariaDB socket ${SLURM_TEST_DB_SOCKET}" --pidfile "${SLURM_TEST_RUN}/mariadb.pid" mariadbd \
+    mariadb --no-defaults --protocol=socket -S "${SLURM_TEST_DB_SOCKET}" -u root -e "SELECT 1"
   db_sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
     CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmtest';
     CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmtest';
@@ -163,9 +173,10 @@ start_slurmdbd() {
     log "starting slurmdbd"
     slurmdbd </dev/null >>"${SLURM_TEST_LOG}/slurmdbd.log" 2>&1 || die "slurmdbd failed to start"
   fi
-  wait_for 30 "slurmdbd on port ${SLURM_TEST_DBD_PORT}" sacctmgr -n -P show cluster format=cluster
-  if ! sacctmgr -n -P show cluster format=cluster | grep -qx "${SLURM_TEST_CLUSTER_NAME}"; then
-    sacctmgr -i add cluster "${SLURM_TEST_CLUSTER_NAME}" >/dev/null || die "sacctmgr add cluster failed"
+  wait_for 30 "slurmdbd on port ${SLURM_TEST_DBD_PORT}" --pidfile "${SLURM_TEST_RUN}/slurmdbd.pid" slurmdbd \
+    sacctmgr -n -P show cluster format=cluster
+  if ! timeout 30 sacctmgr -n -P show cluster format=cluster | grep -qx "${SLURM_TEST_CLUSTER_NAME}"; then
+    timeout 30 sacctmgr -i add cluster "${SLURM_TEST_CLUSTER_NAME}" >/dev/null || die "sacctmgr add cluster failed"
   fi
 }
 
@@ -174,7 +185,8 @@ start_slurmctld() {
   log "starting slurmctld"
   slurmctld -f "${SLURM_CONF}" </dev/null >>"${SLURM_TEST_LOG}/slurmctld.log" 2>&1 \
     || die "slurmctld failed to start"
-  wait_for 30 "slurmctld on port ${SLURM_TEST_CTLD_PORT}" scontrol ping
+  wait_for 30 "slurmctld on port ${SLURM_TEST_CTLD_PORT}" --pidfile "${SLURM_TEST_RUN}/slurmctld.pid" slurmctld \
+    scontrol ping
 }
 
 start_slurmd() {
@@ -190,18 +202,22 @@ start_slurmd() {
 nodes_idle() {
   # True when every configured node is idle (or busy with jobs of an earlier run).
   local states bad
-  states=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+  states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
   [[ $(wc -l <<<"${states}") -ge ${SLURM_TEST_NODES} ]] || return 1
   bad=$(awk '$2 !~ /^(idle|mixed|allocated|completing)$/' <<<"${states}")
   [[ -z "${bad}" ]]
 }
 
 wait_nodes_idle() {
-  local deadline=$(( $(date +%s) + SLURM_TEST_START_TIMEOUT )) resumed=0
+  local deadline=$(( $(date +%s) + SLURM_TEST_START_TIMEOUT )) resumed=0 n
   until nodes_idle; do
     if (( $(date +%s) >= deadline )); then
       die "timed out after ${SLURM_TEST_START_TIMEOUT}s waiting for nodes $(slurm_test_node_names | paste -sd,) to be idle; sinfo: $(sinfo -h -N -o '%N=%T(%E)' 2>&1 | paste -sd' ')"
     fi
+    for n in $(slurm_test_node_names); do
+      slurm_test_pidfile_alive "${SLURM_TEST_RUN}/slurmd-${n}.pid" slurmd \
+        || die "slurmd -N ${n} exited while waiting for the nodes to be idle (port in use? see its log)"
+    done
     # Nodes left drained/down by an earlier run: resume them once they have registered.
     if (( ! resumed )) && sinfo -h -N -o '%T' 2>/dev/null | grep -Eq '^(drained|down|drain)'; then
       sleep 1

@@ -88,6 +88,20 @@ def single_rank_group() -> Any:
     return ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=60))
 
 
+def init_local_process_group() -> bool:
+    """Initialise a one-process gloo world (in-memory store) if torch.distributed is not.
+
+    megatron-core modules only work with torch.distributed initialised; standalone users of
+    the model (converters, tests, tools) call this first. Returns True if it initialised.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
 def ensure_megatron_globals() -> None:
     """Create megatron's process-wide scratch buffer used by core attention.
 
@@ -117,6 +131,12 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     is left untouched), so every rank that builds the model gets identical weights. With a
     ``tp_group`` of size > 1 each rank keeps its tensor-parallel shard of the same full init.
     """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "build_gpt_model: torch.distributed is not initialised; megatron-core needs it "
+            "(call init_local_process_group() for a single process)")
     if device.startswith("cpu"):
         apply_cpu_shim()
     from megatron.core.models.gpt import GPTModel

@@ -1,0 +1,59 @@
+#!/bin/bash
+# Train with slurm_rl inside one Slurm allocation: one task per accelerator slot.
+#
+#   sbatch sbatch/train.sh CONFIG [key=value ...]
+#   sbatch --nodes=2 --ntasks-per-node=4 --gres=gpu:4 sbatch/train.sh configs/examples/slurm_2x4.yaml
+#
+# Every #SBATCH line below is a default: options given on the sbatch command line win.
+# SLURM_RL_PYTHON picks the interpreter (default: .venv/bin/python of the submit dir, else python3).
+#SBATCH --job-name=slurm-rl
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=8
+#SBATCH --cpus-per-task=1
+#SBATCH --time=04:00:00
+#SBATCH --signal=B:USR1@120
+#SBATCH --output=slurm-rl-%j.out
+set -euo pipefail
+
+if [ $# -lt 1 ]; then
+  echo "usage: sbatch sbatch/train.sh CONFIG [key=value ...]" >&2
+  exit 2
+fi
+cd "${SLURM_SUBMIT_DIR:-.}"
+if [ -n "${SLURM_RL_PYTHON:-}" ]; then PY="$SLURM_RL_PYTHON"
+elif [ -x .venv/bin/python ]; then PY="$PWD/.venv/bin/python"
+else PY=python3; fi
+
+# Validate and create the run dir before any rank starts; a bad config ends here with exit 2.
+set +e
+RUN_DIR=$("$PY" -m slurm_rl.cli prepare "$@")
+rc=$?
+set -e
+if [ $rc -ne 0 ]; then
+  echo "slurm_rl: config rejected (exit $rc); nothing launched" >&2
+  exit $rc
+fi
+echo "slurm_rl run dir: $RUN_DIR"
+echo "slurm_rl job $SLURM_JOB_ID: ${SLURM_NNODES:-1} nodes, ${SLURM_NTASKS} tasks, nodes ${SLURM_JOB_NODELIST}"
+
+# Preemption: Slurm sends USR1 to this shell 120 s before the end; forward it to every rank.
+srun_pid=""
+on_usr1() {
+  echo "slurm_rl: USR1 (preemption/time limit) received at $(date +%s); forwarding to ranks"
+  [ -n "$srun_pid" ] && kill -USR1 "$srun_pid" 2>/dev/null || true
+}
+trap on_usr1 USR1
+
+srun --kill-on-bad-exit=1 --ntasks="$SLURM_NTASKS" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+  "$PY" -m slurm_rl.worker "$RUN_DIR" &
+srun_pid=$!
+set +e
+while true; do
+  wait "$srun_pid"
+  rc=$?
+  # wait returns >128 when interrupted by the trapped signal; keep waiting for srun itself.
+  if [ $rc -gt 128 ] && kill -0 "$srun_pid" 2>/dev/null; then continue; fi
+  break
+done
+echo "slurm_rl: ranks finished with exit code $rc; inspect with: slurm-rl inspect $RUN_DIR"
+exit $rc

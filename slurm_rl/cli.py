@@ -1,0 +1,165 @@
+"""``slurm-rl run | submit | prepare | validate | inspect | simulate``.
+
+Bad config or arguments: a message naming the key, the value and what is allowed, exit code 2,
+nothing launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slurm-rl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run locally: one process per rank on this machine (no Slurm)")
+    _config_args(p)
+    p.add_argument("--no-inspect", action="store_true", help="do not print the epoch log at the end")
+
+    p = sub.add_parser("submit", help="submit with submitit (slurm or local executor)")
+    _config_args(p)
+    p.add_argument("--executor", default="slurm", help="slurm | local")
+    p.add_argument("--wait", action="store_true", help="wait for the job and print the epoch log")
+
+    p = sub.add_parser("prepare", help="validate, create the run dir, write config.yaml; print the run dir")
+    _config_args(p)
+
+    p = sub.add_parser("validate", help="check a config and print the resolved placement")
+    _config_args(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("inspect", help="print a run's epoch log")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("simulate", help="run the scheduling policies on a discrete-event model")
+    _config_args(p)
+    p.add_argument("--gpus", type=int, default=None, help="simulate this many GPUs instead of the config's")
+    p.add_argument("--policy", default=None, help="static | auto (default: from the config)")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _bad(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from slurm_rl.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    doc = cfg.placement.to_json()
+    if args.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    print(f"config {args.config}: valid; world size {doc['world_size']} on {cfg.placement.num_slots} slots")
+    for name, comp in doc["components"].items():
+        from slurm_rl.inspect.epoch_log import compress_ranks
+
+        print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
+    return EXIT_OK
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from slurm_rl.launch.prepare import prepare_run
+
+    _, run_dir = prepare_run(args.config, args.overrides)
+    print(run_dir)
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from slurm_rl.launch.local import LaunchError, run_local
+    from slurm_rl.launch.prepare import prepare_run
+
+    cfg, run_dir = prepare_run(args.config, args.overrides)
+    print(f"run dir: {run_dir}", flush=True)
+    print(f"starting {cfg.placement.world_size} ranks locally (device {cfg.runtime.device})", flush=True)
+    try:
+        result = run_local(run_dir, cfg.placement.world_size, timeout_s=cfg.runtime.run_timeout_s)
+    except LaunchError as exc:
+        print(f"run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"run finished in {result.seconds:.1f}s", flush=True)
+    if not args.no_inspect:
+        return cmd_inspect(argparse.Namespace(run_dir=run_dir, json=False))
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from slurm_rl.launch.submit import submit
+
+    job = submit(args.config, args.overrides, executor=args.executor)
+    if args.wait:
+        job.results()
+        run_dir = Path(job.submission().args[0])
+        return cmd_inspect(argparse.Namespace(run_dir=run_dir, json=False))
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from slurm_rl.inspect.report import print_report, report_json
+
+    if not (args.run_dir / "control").is_dir():
+        return _bad(f"run_dir: got {str(args.run_dir)!r}; allowed: a run directory holding control/epochs")
+    if args.json:
+        print(json.dumps(report_json(args.run_dir)["epochs"], indent=1))
+    else:
+        print_report(args.run_dir)
+    return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from slurm_rl.config import load_config
+    from slurm_rl.scheduler.cli_bridge import run_simulation
+
+    cfg = load_config(args.config, args.overrides)
+    return run_simulation(cfg, gpus=args.gpus, policy=args.policy, as_json=args.json)
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "submit": cmd_submit,
+    "prepare": cmd_prepare,
+    "validate": cmd_validate,
+    "inspect": cmd_inspect,
+    "simulate": cmd_simulate,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code."""
+    from slurm_rl.config import ConfigError
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"invalid config:\n{exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (FileNotFoundError, FileExistsError) as exc:
+        return _bad(str(exc))
+    except ValueError as exc:  # SubmitError and other argument errors
+        if type(exc).__name__ in ("SubmitError",):
+            return _bad(str(exc))
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

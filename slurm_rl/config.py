@@ -1,0 +1,640 @@
+"""Typed configuration: OmegaConf schema, loading with overrides, validation.
+
+``load_config`` merges a YAML file and ``key=value`` overrides onto the dataclass schema below,
+resolves interpolations (``${now:%Y%m%d-%H%M%S}``), resolves ``cluster.gpus_per_node`` from the
+Slurm allocation when it is not given, validates everything, and returns an immutable
+:class:`Config`. Every problem is collected into one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from slurm_rl.placement import (
+    COMPONENTS,
+    MISSING_VALUE,
+    ComponentPlacement,
+    ConfigError,
+    ConfigIssue,
+    Placement,
+    parse_placement,
+    placement_from_ranks,
+)
+
+__all__ = [
+    "COMPONENTS", "ClusterConfig", "ComponentPlacement", "Config", "ConfigError", "ConfigIssue",
+    "EmulatedConfig", "Placement", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
+    "TrainConfig", "config_from_yaml_text", "load_config", "parse_placement",
+    "placement_from_ranks", "resolve_gpus_per_node",
+]
+
+DEVICES = ("emulated", "cpu", "cuda")
+POLICIES = ("static", "scripted", "auto")
+PHASES = ("start", "after_rollout")
+FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
+
+
+@dataclass
+class ClusterConfig:
+    """RLinf-compatible ``cluster`` section."""
+
+    num_nodes: int = 1  # nodes in the allocation
+    # accelerator slots per node; under Slurm defaults to the allocation
+    # (SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE); required locally
+    gpus_per_node: Optional[int] = None
+    auto_scheduler: bool = False  # RLinf: enable the automatic (online) scheduler
+    use_pre_process_policy: bool = False  # RLinf: let idle actor GPUs pre-process rollouts
+    use_wait_before_last_iter_policy: bool = False  # RLinf: hold placement in the last iteration
+    component_placement: Dict[str, Any] = MISSING  # RLinf placement forms; see configs/examples
+
+
+@dataclass
+class RuntimeConfig:
+    """How the run executes: backend device, run directory, timeouts."""
+
+    device: str = "emulated"  # emulated | cpu | cuda
+    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"  # RUN_DIR on shared storage
+    poll_interval_s: float = 0.01  # epoch poll period of idle/working ranks
+    heartbeat_interval_s: float = 1.0  # how often each rank rewrites its heartbeat
+    heartbeat_timeout_s: float = 30.0  # a rank whose heartbeat is older is dead
+    ack_timeout_s: float = 60.0  # coordinator waits this long for all acks of an epoch
+    wait_timeout_s: float = 600.0  # any other wait (batch manifests, collectives, weight sync)
+    run_timeout_s: float = 14400.0  # the whole run (local launcher, coordinator, submitit time limit)
+    seed: int = 1234  # global seed
+    keep_iterations: int = 2  # data-plane GC keeps the last K iterations
+
+
+@dataclass
+class TrainConfig:
+    """Batch sizes and iteration count; independent of the placement."""
+
+    num_iterations: int = 4  # RL iterations (rollout -> inference -> actor update)
+    rollout_batch_size: int = 16  # prompts per iteration
+    group_size: int = 4  # responses per prompt (GRPO group)
+    global_batch_size: int = 32  # samples per optimizer step (mini-batch); fixed whatever the placement
+    micro_batch_size: int = 4  # samples per forward/backward
+    max_tokens_per_microbatch: Optional[int] = None  # dynamic batching cap; None = fixed micro-batches
+
+
+@dataclass
+class ScriptStep:
+    """One placement change of the ``scripted`` policy."""
+
+    at_iteration: int = MISSING  # iteration at which the change happens
+    placement: Dict[str, Any] = MISSING  # RLinf component_placement mapping
+    reason: str = "scripted"  # recorded in the epoch file
+    at_phase: str = "start"  # start | after_rollout
+
+
+@dataclass
+class SchedulerConfig:
+    """Which policy decides placement epochs, and its knobs."""
+
+    policy: str = "static"  # static | scripted | auto
+    script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
+    max_running_requests: int = 64  # per rollout instance (used by auto)
+    pre_process_threshold: float = 0.5  # fraction of rollout done before actor GPUs pre-process
+
+
+@dataclass
+class EmulatedConfig:
+    """Calibrated cost model: seconds = fixed + per_unit * units / gpus**scaling."""
+
+    rollout_s_per_token: float = 2.0e-5  # per generated token on one GPU
+    inference_s_per_token: float = 2.0e-6  # per scored token on one GPU
+    actor_s_per_token: float = 6.0e-6  # per trained token on one GPU
+    response_len_mean: int = 256  # mean generated tokens per response
+    response_len_max: int = 1024  # cap on generated tokens per response
+    prompt_len: int = 128  # tokens per prompt
+    scaling: float = 0.9  # throughput grows as gpus**scaling
+    reshard_s_per_gb: float = 0.5  # seconds per GB moved on reshard
+    model_params: int = 1_000_000_000  # parameters, for bytes moved on reshard
+
+
+@dataclass
+class RootSchema:
+    """Top-level schema; free-form sections belong to other modules and are not validated here."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    emulated: EmulatedConfig = field(default_factory=EmulatedConfig)
+    model: Dict[str, Any] = field(default_factory=dict)  # model definition (engines)
+    actor: Dict[str, Any] = field(default_factory=dict)  # actor engine settings
+    rollout: Dict[str, Any] = field(default_factory=dict)  # rollout engine settings
+    inference: Dict[str, Any] = field(default_factory=dict)  # inference engine settings
+    algorithm: Dict[str, Any] = field(default_factory=dict)  # RL algorithm settings
+    task: Dict[str, Any] = field(default_factory=dict)  # task / reward settings
+    data: Dict[str, Any] = field(default_factory=dict)  # dataset settings
+
+
+@dataclass(frozen=True)
+class Config:
+    """Resolved, validated configuration.
+
+    ``raw`` is the resolved read-only DictConfig (``gpus_per_node`` and ``run_dir`` filled in);
+    typed sections are dataclasses; ``placement`` is the initial placement and
+    ``script_placements[i]`` the placement of ``scheduler.script[i]`` over the same world.
+    """
+
+    raw: DictConfig
+    cluster: ClusterConfig
+    runtime: RuntimeConfig
+    train: TrainConfig
+    scheduler: SchedulerConfig
+    emulated: EmulatedConfig
+    placement: Placement
+    script_placements: tuple[Placement, ...]
+    model: Dict[str, Any]
+    actor: Dict[str, Any]
+    rollout: Dict[str, Any]
+    inference: Dict[str, Any]
+    algorithm: Dict[str, Any]
+    task: Dict[str, Any]
+    data: Dict[str, Any]
+
+    @property
+    def num_slots(self) -> int:
+        """Accelerator slots in the allocation (num_nodes * gpus_per_node)."""
+        return self.placement.num_slots
+
+    def to_yaml(self) -> str:
+        """The resolved configuration as YAML; loading it again gives an equal Config."""
+        return OmegaConf.to_yaml(self.raw)
+
+
+def _now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _register_resolvers() -> None:
+    """Register ``${now:FMT}`` (Hydra's resolver) once per process."""
+    if OmegaConf.has_resolver("now"):
+        return
+    register = getattr(OmegaConf, "register_resolver", None)  # OmegaConf >= 2.4
+    if register is None:
+        register = OmegaConf.register_new_resolver
+    register("now", _now)
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def _type_text(tp: Any) -> str:
+    """Human text for a schema type, used as the 'allowed' part of an issue."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return f"{_type_text(inner[0])} or null"
+    if origin in (list, List):
+        if args and dataclasses.is_dataclass(args[0]):
+            keys = ", ".join(f.name for f in dataclasses.fields(args[0]))
+            return f"a list of mappings with keys {keys}"
+        return "a list"
+    if origin in (dict, Dict) or tp is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping with keys " + ", ".join(f.name for f in dataclasses.fields(tp))
+    return {int: "int", float: "float", bool: "bool", str: "str"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _hints(node: DictConfig) -> dict[str, Any] | None:
+    """Field types of a structured node, or None for a free-form mapping."""
+    obj_type = OmegaConf.get_type(node)
+    if obj_type is None or not dataclasses.is_dataclass(obj_type):
+        return None
+    return typing.get_type_hints(obj_type)
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=False)
+    return value
+
+
+def _struct_list(dc_type: type, items: Any, key: str, issues: list[ConfigIssue]) -> list[DictConfig] | None:
+    """Validate each element of a list of structured items separately, so all errors surface.
+
+    Invalid elements become empty (all-missing) items so that later indices keep their keys.
+    """
+    if not isinstance(items, (list, tuple, ListConfig)):
+        issues.append(ConfigIssue(key, _plain(items), _type_text(List[dc_type])))
+        return None
+    nodes: list[DictConfig] = []
+    for i, item in enumerate(items):
+        node = OmegaConf.structured(dc_type)
+        if isinstance(item, (Mapping, DictConfig)):
+            _merge_into(node, item, f"{key}[{i}]", issues)
+        else:
+            issues.append(ConfigIssue(f"{key}[{i}]", _plain(item), _type_text(dc_type)))
+        nodes.append(node)
+    return nodes
+
+
+def _set(node: DictConfig, key: Any, value: Any, full_key: str, tp: Any, issues: list[ConfigIssue],
+         replace: bool) -> None:
+    """Assign one value, turning any OmegaConf error into a ConfigIssue."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (list, List) and args and dataclasses.is_dataclass(args[0]):
+        nodes = _struct_list(args[0], value, full_key, issues)
+        if nodes is None:
+            return
+        value = nodes
+        replace = True
+    try:
+        if replace:
+            OmegaConf.update(node, str(key), value, merge=False)
+        else:
+            node.merge_with({key: value})
+    except OmegaConfBaseException as exc:
+        issues.append(ConfigIssue(full_key, _plain(value), _type_text(tp) if tp is not None else str(exc)))
+
+
+def _merge_into(node: DictConfig, update: Any, prefix: str, issues: list[ConfigIssue]) -> None:
+    """Merge ``update`` into ``node`` key by key, collecting issues instead of stopping."""
+    hints = _hints(node)
+    for key, value in update.items():
+        full_key = _join(prefix, key)
+        if hints is not None and key not in hints:
+            issues.append(ConfigIssue(full_key, _plain(value), "one of the keys " + ", ".join(hints)))
+            continue
+        tp = hints.get(key) if hints is not None else None
+        child = node._get_node(key) if key in node else None
+        if (
+            isinstance(child, DictConfig) and isinstance(value, (Mapping, DictConfig))
+            and _hints(child) is not None
+        ):
+            _merge_into(child, value, full_key, issues)
+        else:
+            _set(node, key, value, full_key, tp, issues, replace=False)
+
+
+def _parse_override(item: str, issues: list[ConfigIssue]) -> tuple[list[str], Any] | None:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip() or not re.fullmatch(r"[\w,\-]+(\.[\w,\-]+)*", key.strip()):
+        issues.append(ConfigIssue(f"override {item!r}", item, "key.path=value"))
+        return None
+    try:
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
+    except (yaml.YAMLError, OmegaConfBaseException):
+        value = text
+    return key.strip().split("."), value
+
+
+def _apply_override(root: DictConfig, item: str, issues: list[ConfigIssue]) -> None:
+    """Apply one ``a.b.c=value`` override; mappings replace free-form mappings wholesale."""
+    parsed = _parse_override(item, issues)
+    if parsed is None:
+        return
+    path, value = parsed
+    node: Any = root
+    for depth, part in enumerate(path[:-1]):
+        full_key = ".".join(path[: depth + 1])
+        if isinstance(node, ListConfig):
+            if not part.isdigit() or int(part) >= len(node):
+                issues.append(ConfigIssue(full_key, part, f"an index below {len(node)}"))
+                return
+            node = node[int(part)]
+            continue
+        hints = _hints(node)
+        if hints is not None and part not in hints:
+            issues.append(ConfigIssue(full_key, value, "one of the keys " + ", ".join(hints)))
+            return
+        if part not in node or not isinstance(node._get_node(part), (DictConfig, ListConfig)):
+            if hints is not None:
+                issues.append(ConfigIssue(full_key, value, _type_text(hints[part])))
+                return
+            node[part] = {}
+        node = node._get_node(part)
+    last = path[-1]
+    full_key = ".".join(path)
+    if isinstance(node, ListConfig):
+        issues.append(ConfigIssue(full_key, value, "an override of a whole list item field"))
+        return
+    hints = _hints(node)
+    if hints is not None and last not in hints:
+        issues.append(ConfigIssue(full_key, value, "one of the keys " + ", ".join(hints)))
+        return
+    tp = hints.get(last) if hints is not None else None
+    child = node._get_node(last) if last in node else None
+    if isinstance(child, DictConfig) and _hints(child) is not None and isinstance(value, Mapping):
+        _merge_into(child, value, full_key, issues)
+    else:
+        _set(node, last, value, full_key, tp, issues, replace=True)
+
+
+# --------------------------------------------------------------------------- gpus per node
+
+_TASKS_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def _tasks_per_node(text: str) -> list[int] | None:
+    """Expand Slurm's ``"4(x2),3"`` into ``[4, 4, 3]``; None if malformed."""
+    counts: list[int] = []
+    for part in text.split(","):
+        m = _TASKS_RE.match(part.strip())
+        if m is None:
+            return None
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def resolve_gpus_per_node(cfg_value: int | None, env: Mapping[str, str]) -> int:
+    """Accelerator slots per node: the explicit value, else the Slurm allocation.
+
+    Reads SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE
+    (``"4(x2)"``; every node must have the same count). Raises :class:`ConfigError` naming
+    ``cluster.gpus_per_node`` when nothing gives a positive value.
+    """
+    key = "cluster.gpus_per_node"
+    if cfg_value is not None:
+        if isinstance(cfg_value, bool) or not isinstance(cfg_value, int) or cfg_value < 1:
+            raise ConfigError([ConfigIssue(key, cfg_value, "a positive int")])
+        return cfg_value
+    for var in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        text = env.get(var)
+        if text is None or not text.strip():
+            continue
+        counts = _tasks_per_node(text)
+        if not counts or min(counts) < 1 or len(set(counts)) != 1:
+            raise ConfigError([ConfigIssue(key, f"{var}={text!r}", (
+                "a positive int, or a Slurm allocation with the same positive count on every node"))])
+        return counts[0]
+    raise ConfigError([ConfigIssue(key, None, (
+        "a positive int; required outside Slurm (under Slurm it defaults to SLURM_GPUS_ON_NODE, "
+        "SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE)"))])
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _positive(issues: list[ConfigIssue], section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        if value < 0 or (value == 0 and not allow_zero):
+            kind = "int" if isinstance(value, int) else "number"
+            issues.append(ConfigIssue(f"{section}.{name}", value,
+                                      f"a non-negative {kind}" if allow_zero else f"a positive {kind}"))
+
+
+def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
+    """Semantic checks on the typed sections (placement is checked separately)."""
+    c, r, t, s, e = root.cluster, root.runtime, root.train, root.scheduler, root.emulated
+    _positive(issues, "cluster", c, "num_nodes")
+    if r.device not in DEVICES:
+        issues.append(ConfigIssue("runtime.device", r.device, "one of " + ", ".join(DEVICES)))
+    if not r.run_dir.strip():
+        issues.append(ConfigIssue("runtime.run_dir", r.run_dir, "a non-empty path"))
+    _positive(issues, "runtime", r, "poll_interval_s", "heartbeat_interval_s", "heartbeat_timeout_s",
+              "ack_timeout_s", "wait_timeout_s", "keep_iterations")
+    if 0 < r.heartbeat_interval_s and r.heartbeat_timeout_s <= r.heartbeat_interval_s:
+        issues.append(ConfigIssue("runtime.heartbeat_timeout_s", r.heartbeat_timeout_s,
+                                  f"more than runtime.heartbeat_interval_s ({r.heartbeat_interval_s})"))
+    _positive(issues, "train", t, "num_iterations", "rollout_batch_size", "group_size",
+              "global_batch_size", "micro_batch_size", "max_tokens_per_microbatch")
+    if t.global_batch_size > 0 and t.micro_batch_size > 0 and t.global_batch_size % t.micro_batch_size:
+        issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size,
+                                  f"a multiple of train.micro_batch_size ({t.micro_batch_size})"))
+    samples = t.rollout_batch_size * t.group_size
+    if t.global_batch_size > 0 and samples > 0 and samples % t.global_batch_size:
+        issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size, (
+            "a divisor of train.rollout_batch_size * train.group_size "
+            f"({t.rollout_batch_size} * {t.group_size} = {samples})")))
+    if s.policy not in POLICIES:
+        issues.append(ConfigIssue("scheduler.policy", s.policy, "one of " + ", ".join(POLICIES)))
+    _positive(issues, "scheduler", s, "max_running_requests")
+    if not 0.0 <= s.pre_process_threshold <= 1.0:
+        issues.append(ConfigIssue("scheduler.pre_process_threshold", s.pre_process_threshold,
+                                  "a number in [0, 1]"))
+    seen: dict[tuple[int, str], int] = {}
+    for i, step in enumerate(s.script):
+        key = f"scheduler.script[{i}]"
+        if step.at_iteration is MISSING_VALUE:
+            continue
+        if not 0 <= step.at_iteration < max(t.num_iterations, 1):
+            issues.append(ConfigIssue(f"{key}.at_iteration", step.at_iteration,
+                                      f"an iteration in 0-{t.num_iterations - 1} (train.num_iterations)"))
+        if step.at_phase not in PHASES:
+            issues.append(ConfigIssue(f"{key}.at_phase", step.at_phase, "one of " + ", ".join(PHASES)))
+        when = (step.at_iteration, step.at_phase)
+        if when in seen:
+            issues.append(ConfigIssue(f"{key}.at_iteration", step.at_iteration, (
+                f"one step per (at_iteration, at_phase); scheduler.script[{seen[when]}] is also at "
+                f"{when}")))
+        seen.setdefault(when, i)
+    _positive(issues, "emulated", e, "rollout_s_per_token", "inference_s_per_token",
+              "actor_s_per_token", "reshard_s_per_gb", allow_zero=True)
+    _positive(issues, "emulated", e, "response_len_mean", "response_len_max", "prompt_len",
+              "model_params")
+    if e.response_len_max < e.response_len_mean:
+        issues.append(ConfigIssue("emulated.response_len_max", e.response_len_max,
+                                  f"at least emulated.response_len_mean ({e.response_len_mean})"))
+    if not 0.0 < e.scaling <= 1.0:
+        issues.append(ConfigIssue("emulated.scaling", e.scaling, "a number in (0, 1]"))
+
+
+def _placements(
+    root: RootSchema, gpus: int | None, issues: list[ConfigIssue]
+) -> tuple[Placement | None, tuple[Placement, ...]]:
+    """Parse the initial placement and every scripted placement over the same world."""
+    c = root.cluster
+    if gpus is None or c.num_nodes < 1 or c.component_placement is MISSING_VALUE:
+        return None, ()
+    num_slots = c.num_nodes * gpus
+    try:
+        base = parse_placement(c.component_placement, num_slots, auto_scheduler=c.auto_scheduler,
+                               num_nodes=c.num_nodes)
+    except ConfigError as err:
+        issues.extend(err.issues)
+        return None, ()
+    scripted: list[Placement] = []
+    for i, step in enumerate(root.scheduler.script):
+        if step.placement is MISSING_VALUE:
+            continue
+        try:
+            scripted.append(parse_placement(step.placement, num_slots,
+                                            key=f"scheduler.script[{i}].placement",
+                                            num_nodes=c.num_nodes, world=base))
+        except ConfigError as err:
+            issues.extend(err.issues)
+    return base, tuple(scripted)
+
+
+# --------------------------------------------------------------------------- loading
+
+_MISSING_TEXT = {  # by last key segment
+    "component_placement": "a mapping of components (actor, rollout, inference) to placements (required)",
+    "placement": "a mapping of components (actor, rollout, inference) to placements (required)",
+    "at_iteration": "an iteration index (required)",
+}
+
+
+def _raw_at(root: DictConfig, key: str) -> Any:
+    """Unresolved value at a full key such as ``scheduler.script[0].reason`` (None if absent)."""
+    node: Any = OmegaConf.to_container(root, resolve=False)
+    for part in re.findall(r"[^.\[\]]+", key):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def _resolve(root: DictConfig, issues: list[ConfigIssue], max_failures: int = 32) -> bool:
+    """Resolve interpolations in place; each failing one becomes an issue and is then kept as
+    inert text (``$ {``) so the others are still checked. False if resolution could not complete."""
+    for _ in range(max_failures):
+        try:
+            OmegaConf.resolve(root)
+            return True
+        except OmegaConfBaseException as exc:
+            key = getattr(exc, "full_key", None) or ""
+            raw = _raw_at(root, key) if key else None
+            reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+            issues.append(ConfigIssue(key or "<config>", raw, f"a resolvable interpolation ({reason})"))
+            if not isinstance(raw, str):
+                return False
+            try:
+                OmegaConf.update(root, key, raw.replace("${", "$ {"), merge=False)
+            except OmegaConfBaseException:
+                return False
+    return False
+
+
+def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Mapping[str, str] | None) -> Config:
+    _register_resolvers()
+    env = os.environ if env is None else env
+    issues: list[ConfigIssue] = []
+    root = OmegaConf.structured(RootSchema)
+    for source, data in layers:
+        if data is None:
+            continue
+        if not isinstance(data, Mapping):
+            issues.append(ConfigIssue(source, data, "a YAML mapping at the top level"))
+            continue
+        _merge_into(root, data, "", issues)
+    for item in overrides:
+        _apply_override(root, item, issues)
+    if not _resolve(root, issues):
+        raise ConfigError(_dedupe(issues))
+    for key in sorted(OmegaConf.missing_keys(root)):
+        last = re.split(r"[.\]]", key)[-1] or key
+        issues.append(ConfigIssue(key, MISSING_VALUE, _MISSING_TEXT.get(last, "a value (required)")))
+    loading_issues = len(issues)
+    typed = _typed(RootSchema, OmegaConf.to_container(root, resolve=True))
+    gpus: int | None = None
+    try:
+        gpus = resolve_gpus_per_node(typed.cluster.gpus_per_node, env)
+    except ConfigError as err:
+        issues.extend(err.issues)
+    _validate(typed, issues)
+    placement, scripted = _placements(typed, gpus, issues)
+    if issues:
+        raise ConfigError(_dedupe(issues, loading_issues))
+    assert placement is not None and gpus is not None
+    root.cluster.gpus_per_node = gpus
+    typed.cluster.gpus_per_node = gpus
+    OmegaConf.set_readonly(root, True)
+    sections = {name: getattr(typed, name) for name in FREE_FORM_SECTIONS}
+    return Config(raw=root, cluster=typed.cluster, runtime=typed.runtime, train=typed.train,
+                  scheduler=typed.scheduler, emulated=typed.emulated, placement=placement,
+                  script_placements=scripted, **sections)
+
+
+def _typed(dc_type: Any, data: Mapping[str, Any]) -> Any:
+    """Build schema dataclasses from a resolved container; missing values become MISSING_VALUE."""
+    hints = typing.get_type_hints(dc_type)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(dc_type):
+        value = data.get(f.name, MISSING_VALUE)
+        tp = hints[f.name]
+        args = typing.get_args(tp)
+        if value == "???":
+            value = MISSING_VALUE
+        elif dataclasses.is_dataclass(tp):
+            value = _typed(tp, value)
+        elif typing.get_origin(tp) in (list, List) and args and dataclasses.is_dataclass(args[0]):
+            value = [_typed(args[0], item) for item in value]
+        kwargs[f.name] = value
+    return dc_type(**kwargs)
+
+
+def _dedupe(issues: Sequence[ConfigIssue], first_stage: int | None = None) -> list[ConfigIssue]:
+    """Drop repeats and follow-up issues: anything below a key that already has an issue, a
+    "missing" for a key whose value was rejected, and (from index ``first_stage`` on) semantic
+    issues at keys whose value was already rejected while loading."""
+    first_stage = len(issues) if first_stage is None else first_stage
+    rejected = {i.key for i in issues[:first_stage]}
+    seen: set[str] = set()
+    keys: set[str] = set()
+    out: list[ConfigIssue] = []
+    for n, issue in enumerate(issues):
+        text = str(issue)
+        parents = [issue.key[:i] for i, ch in enumerate(issue.key) if ch in ".["]
+        if text in seen or any(p in keys for p in parents):
+            continue
+        if (issue.value is MISSING_VALUE or n >= first_stage) and issue.key in (keys if n < first_stage else rejected):
+            continue
+        seen.add(text)
+        keys.add(issue.key)
+        out.append(issue)
+    return out
+
+
+def _read_yaml(text: str, source: str) -> Any:
+    try:
+        return OmegaConf.to_container(OmegaConf.create(text), resolve=False) if text.strip() else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        raise ConfigError([ConfigIssue(where, getattr(exc, "problem", str(exc)), "valid YAML")]) from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError([ConfigIssue(source, text[:80], f"a YAML mapping ({exc.msg})")]) from None
+
+
+def config_from_yaml_text(
+    text: str, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Config:
+    """Build a :class:`Config` from YAML text (e.g. the output of :meth:`Config.to_yaml`)."""
+    return _build([("<yaml>", _read_yaml(text, "<yaml>"))], overrides, env)
+
+
+def load_config(
+    path: str | Path | None, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Config:
+    """Load YAML at ``path`` (or only the schema defaults when None), apply ``key=value``
+    ``overrides``, resolve and validate. ``env`` defaults to ``os.environ`` (Slurm variables).
+    Raises :class:`ConfigError` listing every problem.
+    """
+    layers: list[tuple[str, Any]] = []
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([ConfigIssue("config file", str(p), f"a readable YAML file ({exc.strerror})")]) from None
+        layers.append((str(p), _read_yaml(text, str(p))))
+    return _build(layers, overrides, env)

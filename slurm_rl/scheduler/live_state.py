@@ -1,0 +1,104 @@
+"""Bridge between the live run and the pure policies: build ``SchedState`` from config + progress.
+
+The coordinator reads progress files and the epoch in force, turns them into the same
+``SchedState`` the simulator builds, and calls the same policy function (invariant 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from slurm_rl.config import Config
+from slurm_rl.control.epochs import Epoch
+from slurm_rl.scheduler.policies import make_policy
+from slurm_rl.scheduler.state import (
+    ActorProgress,
+    BatchSpec,
+    Decision,
+    InferenceProgress,
+    PolicyConfig,
+    RolloutProgress,
+    SchedState,
+    ScriptStep,
+)
+
+PolicyFn = Callable[[SchedState], "Decision | None"]
+COMPONENTS = ("actor", "rollout", "inference")
+
+
+def initial_decision(cfg: Config) -> Decision:
+    """Epoch 0: the configured placement."""
+    return Decision(placement=_ranks(cfg.placement), reason="initial placement", boundary="iteration")
+
+
+def restart_decision(epoch: Epoch, reason: str) -> Decision:
+    """Re-publish the placement in force under a new coordinator generation."""
+    return Decision(placement={c: tuple(s["ranks"]) for c, s in epoch.placement.items()}, reason=reason, boundary="iteration")
+
+
+def placement_json(decision: Decision, tp: int = 1, pp: int = 1) -> dict[str, dict[str, Any]]:
+    """The ``placement`` object of an epoch file: ranks and parallel layout per component."""
+    out = {}
+    for component, ranks in decision.placement.items():
+        if ranks:
+            out[component] = {"ranks": list(ranks), "dp": max(1, len(ranks) // (tp * pp)), "tp": tp, "pp": pp}
+    return out
+
+
+def _ranks(placement: Any) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(comp.ranks) for name, comp in placement.components.items()}
+
+
+def policy_config(cfg: Config) -> PolicyConfig:
+    """The policies' knobs from the resolved config (defaults live in ``scheduler.defaults``)."""
+    steps = tuple(
+        ScriptStep(at_phase=step.at_phase, placement=_ranks(parsed), at_iteration=step.at_iteration)
+        for step, parsed in zip(cfg.scheduler.script, cfg.script_placements)
+    )
+    return PolicyConfig(
+        max_running_requests=cfg.scheduler.max_running_requests,
+        pre_process_threshold=cfg.scheduler.pre_process_threshold,
+        use_pre_process_policy=cfg.cluster.use_pre_process_policy,
+        use_wait_before_last_iter_policy=cfg.cluster.use_wait_before_last_iter_policy,
+        script=steps,
+    )
+
+
+def build_policy(cfg: Config) -> PolicyFn:
+    """The configured policy, bound to its config."""
+    return make_policy(cfg.scheduler.policy, policy_config(cfg))
+
+
+def _sum(progress: Mapping[int, dict], role: str, key: str) -> int:
+    return sum(int(doc.get(key, 0)) for doc in progress.values() if doc.get("role") == role)
+
+
+def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], iteration: int, at_gate: bool) -> SchedState:
+    """A ``SchedState`` of the live run (at an iteration gate: phase ``start``)."""
+    samples = cfg.train.rollout_batch_size * cfg.train.group_size
+    batch = BatchSpec(cfg.train.global_batch_size, cfg.train.micro_batch_size, samples)
+    if at_gate:
+        rollout = RolloutProgress(running=0, pending=samples, finished=0, total=samples)
+        inference = InferenceProgress(done=0, total=samples)
+        actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration)
+        phase = "start"
+    else:
+        finished = min(samples, _sum(progress, "rollout", "samples_done"))
+        rollout = RolloutProgress(running=0, pending=samples - finished, finished=finished, total=samples)
+        inference = InferenceProgress(done=min(samples, _sum(progress, "inference", "samples_done")), total=samples)
+        steps = max((int(d.get("minibatches_done", 0)) for d in progress.values() if d.get("role") == "actor"), default=0)
+        actor = ActorProgress(min(samples, steps * cfg.train.global_batch_size), samples, steps, batch.minibatches_per_iteration)
+        phase = "end" if steps >= batch.minibatches_per_iteration else ("train" if steps else ("rollout" if finished else "start"))
+    return SchedState(
+        iteration=iteration,
+        num_iterations=cfg.train.num_iterations,
+        phase=phase,
+        world_ranks=tuple(range(cfg.placement.world_size)),
+        initial=_ranks(cfg.placement),
+        current={c: tuple(s["ranks"]) for c, s in current.placement.items()},
+        rollout=rollout,
+        inference=inference,
+        actor=actor,
+        batch=batch,
+        cfg=policy_config(cfg),
+    )

@@ -1,0 +1,30 @@
+"""``scripted``: switch to fixed placements at given (iteration, phase) points."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from slurm_rl.scheduler.state import Decision, SchedState, ScriptStep
+
+
+def decide_scripted(state: SchedState, steps: Sequence[ScriptStep]) -> Decision | None:
+    """Apply the last step matching the state's iteration and phase, if it changes anything.
+
+    A step with ``at_iteration=None`` matches every iteration. Level-triggered: calling again in
+    the same phase after the switch returns ``None``.
+    """
+    match: ScriptStep | None = None
+    for step in steps:
+        if step.at_phase == state.phase and step.at_iteration in (None, state.iteration):
+            match = step
+    if match is None or dict(match.placement) == state.current:
+        return None
+    old_rollout = set(state.current["rollout"])
+    migrate = tuple(r for r in old_rollout if r not in set(match.placement["rollout"]))
+    actor_changes = match.placement["actor"] != state.current["actor"]
+    boundary = "iteration" if state.phase in ("start", "end") else (
+        "minibatch" if actor_changes else "now")
+    return Decision(placement=dict(match.placement),
+                    reason=f"script: iteration {state.iteration} phase {state.phase}",
+                    migrate_from=migrate if state.rollout.outstanding else (),
+                    boundary=boundary)

@@ -1,0 +1,366 @@
+"""Discrete-event model of one allocation running rollout -> inference -> actor.
+
+The pipeline is fine-grained: a GRPO group goes to inference as soon as its last response is
+done, and the actor trains a mini-batch as soon as ``global_batch_size`` samples came out of
+inference. Costs follow ``cost_model.SimCostModel``. After every change of progress (at most once
+per ``tick_s`` simulated seconds, and always at stage boundaries) the simulator builds a
+``SchedState`` and calls the same policy function the live coordinator calls, then applies the
+decision: ranks that change role are unavailable for ``switch_latency_s``; the actor also waits
+for its reshard; rollout instances that are released migrate their running requests back to the
+queue, keeping the tokens already generated. A decision that changes the actor's ranks while it
+is inside a mini-batch is held until that mini-batch ends. Iterations are sequential (on-policy).
+Deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.lengths import LengthModel
+from slurm_rl.scheduler.placement_ops import placement_problems, rollout_instances
+from slurm_rl.scheduler.policies import Policy
+from slurm_rl.scheduler.report import IterationReport, SimReport
+from slurm_rl.scheduler.state import (
+    ActorProgress,
+    BatchSpec,
+    Decision,
+    InferenceProgress,
+    Placement,
+    PolicyConfig,
+    RolloutProgress,
+    SchedState,
+    derive_phase,
+    normalize_placement,
+)
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything one simulated run needs."""
+
+    gpus: int
+    initial: Placement
+    batch: BatchSpec
+    group_size: int
+    num_iterations: int
+    prompt_len: int
+    lengths: LengthModel
+    cost: SimCostModel
+    policy_cfg: PolicyConfig = field(default_factory=PolicyConfig)
+    switch_latency_s: float = defaults.SWITCH_LATENCY_S
+    tick_s: float = defaults.TICK_S
+    seed: int = defaults.SEED
+    max_sim_s: float = 1e7
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial", normalize_placement(self.initial))
+        problems = placement_problems(self.initial, range(self.gpus), self.policy_cfg,
+                                      self.batch.global_batch_size, self.batch.micro_batch_size)
+        if problems:
+            raise ValueError("cluster.component_placement: " + "; ".join(problems))
+        if self.batch.samples_per_iteration % self.group_size:
+            raise ValueError(f"train.group_size: {self.group_size} does not divide "
+                             f"{self.batch.samples_per_iteration} samples")
+
+
+@dataclass
+class _Request:
+    rid: int
+    group: int
+    length: int
+    generated: float = 0.0
+    start: float = 0.0
+    instance: tuple[int, ...] | None = None
+    version: int = 0
+
+
+@dataclass
+class _Instance:
+    ranks: tuple[int, ...]
+    ready_at: float
+    running: set[int] = field(default_factory=set)
+
+
+class Simulation:
+    """One run of ``SimSetup`` under ``policy``; call ``run()`` once."""
+
+    def __init__(self, setup: SimSetup, policy: Policy, policy_name: str = "custom") -> None:
+        self.s = setup
+        self.policy = policy
+        self.policy_name = policy_name
+        self.rng = random.Random(setup.seed)
+        self.t = 0.0
+        self.events: list[tuple[float, int, str, int, int]] = []
+        self.seq = itertools.count()
+        self.placement: Placement = dict(setup.initial)
+        self.ready_at: dict[str, float] = {c: 0.0 for c in defaults.COMPONENTS}
+        self.rate = setup.cost.decode_tokens_per_s(setup.policy_cfg.rollout_ranks_per_instance,
+                                                   setup.policy_cfg.max_running_requests)
+        self.instances: dict[tuple[int, ...], _Instance] = {}
+        self._rebuild_instances(0.0)
+        self.pending_decision: Decision | None = None
+        self.last_policy_t = -1e18
+        self.tick_scheduled = False
+
+    # ---------------------------------------------------------------- iteration state
+    def _start_iteration(self, it: int) -> None:
+        self.it = it
+        self.events.clear()
+        self.tick_scheduled = False
+        self.wakes: set[float] = set()
+        n = self.s.batch.samples_per_iteration
+        lens = self.s.lengths.sample(self.rng, n)
+        self.requests = [_Request(i, i // self.s.group_size, ln) for i, ln in enumerate(lens)]
+        self.pending: deque[int] = deque(range(n))
+        self.finished = 0
+        self.group_left = [self.s.group_size] * (n // self.s.group_size)
+        self.inf_queue: deque[int] = deque()
+        self.inf_batch: list[int] = []
+        self.inf_done = 0
+        self.actor_queue: deque[int] = deque()
+        self.actor_busy = False
+        self.actor_samples_done = 0
+        self.mb_done = 0
+
+    def _new_report(self, it: int) -> None:
+        self.report = IterationReport(iteration=it, time_s=0.0,
+                                      busy_gpu_s={c: 0.0 for c in defaults.COMPONENTS},
+                                      idle_gpu_s={c: 0.0 for c in defaults.COMPONENTS})
+        self.t_start = self.t
+
+    def _tokens(self, rid: int) -> int:
+        return self.s.prompt_len + self.requests[rid].length
+
+    def state(self) -> SchedState:
+        """The ``SchedState`` the policy sees now."""
+        running = sum(len(i.running) for i in self.instances.values())
+        rollout = RolloutProgress(running=running, pending=len(self.pending),
+                                  finished=self.finished, total=len(self.requests))
+        actor = ActorProgress(self.actor_samples_done, len(self.requests), self.mb_done,
+                              self.s.batch.minibatches_per_iteration, busy=self.actor_busy)
+        return SchedState(
+            iteration=self.it, num_iterations=self.s.num_iterations,
+            phase=derive_phase(rollout, actor), world_ranks=tuple(range(self.s.gpus)),
+            initial=self.s.initial, current=self.placement, rollout=rollout,
+            inference=InferenceProgress(self.inf_done, len(self.requests)), actor=actor,
+            batch=self.s.batch, cfg=self.s.policy_cfg)
+
+    # ---------------------------------------------------------------- time and accounting
+    def _push(self, t: float, kind: str, key: int = 0, version: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, key, version))
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.t
+        if dt <= 0:
+            return
+        rep = self.report
+        tp = self.s.policy_cfg.rollout_ranks_per_instance
+        busy = {
+            "rollout": tp * sum(1 for i in self.instances.values() if i.running),
+            "inference": len(self.placement["inference"]) if self.inf_batch else 0,
+            "actor": len(self.placement["actor"]) if self.actor_busy else 0,
+        }
+        assigned = 0
+        for comp in defaults.COMPONENTS:
+            n = len(self.placement[comp])
+            assigned += n
+            rep.busy_gpu_s[comp] += busy[comp] * dt
+            rep.idle_gpu_s[comp] += (n - busy[comp]) * dt
+        rep.unassigned_gpu_s += (self.s.gpus - assigned) * dt
+        self.t = t
+
+    # ---------------------------------------------------------------- rollout
+    def _rebuild_instances(self, ready_at: float) -> None:
+        wanted = rollout_instances(self.placement["rollout"],
+                                   self.s.policy_cfg.rollout_ranks_per_instance)
+        for key in list(self.instances):
+            if key not in wanted:
+                self._migrate_out(self.instances.pop(key))
+        for key in wanted:
+            if key not in self.instances:
+                self.instances[key] = _Instance(key, ready_at)
+
+    def _migrate_out(self, inst: _Instance) -> None:
+        for rid in sorted(inst.running, reverse=True):
+            req = self.requests[rid]
+            req.generated += max(0.0, self.t - req.start) * self.rate
+            req.generated = min(req.generated, req.length - 1e-9)
+            req.version += 1
+            req.instance = None
+            self.pending.appendleft(rid)
+            self.report.migrated_requests += 1
+        inst.running.clear()
+
+    def _dispatch(self) -> None:
+        cap = self.s.policy_cfg.max_running_requests
+        heap = [(len(i.running), k) for k, i in self.instances.items() if len(i.running) < cap]
+        heapq.heapify(heap)
+        while self.pending and heap:
+            load, key = heapq.heappop(heap)
+            inst = self.instances[key]
+            rid = self.pending.popleft()
+            req = self.requests[rid]
+            req.start = max(self.t, inst.ready_at)
+            req.instance = key
+            inst.running.add(rid)
+            self._push(req.start + (req.length - req.generated) / self.rate, "req", rid,
+                       req.version)
+            if load + 1 < cap:
+                heapq.heappush(heap, (load + 1, key))
+
+    def _finish_request(self, rid: int) -> None:
+        req = self.requests[rid]
+        self.instances[req.instance].running.discard(rid)
+        req.instance = None
+        self.finished += 1
+        self.group_left[req.group] -= 1
+        if self.group_left[req.group] == 0:
+            first = req.group * self.s.group_size
+            self.inf_queue.extend(range(first, first + self.s.group_size))
+        self._dispatch()
+
+    # ---------------------------------------------------------------- inference and actor
+    def _start_stages(self) -> None:
+        inf = self.placement["inference"]
+        if inf and not self.inf_batch and self.inf_queue and self.t >= self.ready_at["inference"]:
+            n = min(len(self.inf_queue), self.s.batch.global_batch_size)
+            self.inf_batch = [self.inf_queue.popleft() for _ in range(n)]
+            tokens = sum(self._tokens(r) for r in self.inf_batch)
+            self._push(self.t + self.s.cost.seconds("inference", tokens, len(inf)), "inf")
+        elif inf and self.inf_queue and self.t < self.ready_at["inference"]:
+            self._wake(self.ready_at["inference"])
+        actor = self.placement["actor"]
+        gbs = self.s.batch.global_batch_size
+        if actor and not self.actor_busy and len(self.actor_queue) >= gbs:
+            if self.t < self.ready_at["actor"]:
+                self._wake(self.ready_at["actor"])
+                return
+            tokens = sum(self._tokens(self.actor_queue[i]) for i in range(gbs))
+            self.actor_busy = True
+            self._push(self.t + self.s.cost.seconds("actor", tokens, len(actor)), "actor")
+
+    def _wake(self, t: float) -> None:
+        if t not in self.wakes:
+            self.wakes.add(t)
+            self._push(t, "wake")
+
+    def _finish_inference(self) -> None:
+        self.inf_done += len(self.inf_batch)
+        self.actor_queue.extend(self.inf_batch)
+        self.inf_batch = []
+
+    def _finish_minibatch(self) -> None:
+        for _ in range(self.s.batch.global_batch_size):
+            self.actor_queue.popleft()
+        self.actor_samples_done += self.s.batch.global_batch_size
+        self.mb_done += 1
+        self.actor_busy = False
+        if self.pending_decision is not None:
+            decision, self.pending_decision = self.pending_decision, None
+            self._apply(decision)
+
+    # ---------------------------------------------------------------- decisions
+    def _call_policy(self, force: bool) -> None:
+        if self.pending_decision is not None:
+            return
+        if not force and self.t - self.last_policy_t < self.s.tick_s:
+            if not self.tick_scheduled:
+                self.tick_scheduled = True
+                self._push(self.last_policy_t + self.s.tick_s, "tick")
+            return
+        self.last_policy_t = self.t
+        decision = self.policy(self.state())
+        if decision is None:
+            return
+        if decision.placement["actor"] != self.placement["actor"] and self.actor_busy:
+            self.pending_decision = decision
+            return
+        self._apply(decision)
+
+    def _apply(self, d: Decision) -> None:
+        new = normalize_placement(d.placement)
+        problems = placement_problems(new, range(self.s.gpus), self.s.policy_cfg,
+                                      self.s.batch.global_batch_size,
+                                      self.s.batch.micro_batch_size, allow_empty_actor=True)
+        if problems:
+            raise RuntimeError(f"policy {self.policy_name} at t={self.t:.1f}s iteration "
+                               f"{self.it}: unusable placement: {'; '.join(problems)}")
+        if new == self.placement:
+            return
+        old = self.placement
+        ready = self.t + self.s.switch_latency_s
+        if new["inference"] != old["inference"]:
+            if self.inf_batch:
+                self.inf_queue.extendleft(reversed(self.inf_batch))
+                self.inf_batch = []
+            self.ready_at["inference"] = ready
+        if new["actor"] != old["actor"]:
+            tp = self.s.policy_cfg.actor_ranks_per_instance
+            reshard = self.s.cost.reshard_seconds(len(old["actor"]) // tp, len(new["actor"]) // tp)
+            self.ready_at["actor"] = ready + reshard
+        self.placement = new
+        self._rebuild_instances(ready)
+        self.report.placement_changes += 1
+        self.report.decisions.append({"t": round(self.t - self.t_start, 3), "reason": d.reason,
+                                      "boundary": d.boundary,
+                                      "placement": {c: len(r) for c, r in new.items()}})
+        self._dispatch()
+        self._start_stages()
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> SimReport:
+        """Simulate every iteration and return the report."""
+        cfg = self.s.policy_cfg
+        out = SimReport(policy=self.policy_name, gpus=self.s.gpus,
+                        use_pre_process_policy=cfg.use_pre_process_policy,
+                        use_wait_before_last_iter_policy=cfg.use_wait_before_last_iter_policy,
+                        seed=self.s.seed)
+        self._new_report(0)
+        for it in range(self.s.num_iterations):
+            self._start_iteration(it)
+            self._call_policy(force=True)
+            self._dispatch()
+            self._start_stages()
+            self._run_iteration()
+            self.report.time_s = self.t - self.t_start
+            total = self.s.gpus * self.report.time_s
+            self.report.bubble_gpu_s = total - sum(self.report.busy_gpu_s.values())
+            out.iterations.append(self.report)
+            # The end-of-iteration decision (back to the initial placement) is paid by the next.
+            self._new_report(it + 1)
+            self._call_policy(force=True)
+        return out
+
+    def _run_iteration(self) -> None:
+        total_mb = self.s.batch.minibatches_per_iteration
+        while self.mb_done < total_mb:
+            if not self.events:
+                raise RuntimeError(
+                    f"simulation stalled at t={self.t:.1f}s, iteration {self.it}: "
+                    f"placement {self.placement}, {len(self.pending)} pending, "
+                    f"{self.finished} finished, inference done {self.inf_done}, "
+                    f"actor mini-batches {self.mb_done}/{total_mb}")
+            t, _, kind, key, version = heapq.heappop(self.events)
+            if t > self.s.max_sim_s:
+                raise RuntimeError(f"simulation passed max_sim_s={self.s.max_sim_s}")
+            self._advance(t)
+            force = kind in ("inf", "actor")
+            if kind == "req":
+                if version != self.requests[key].version or self.requests[key].instance is None:
+                    continue
+                self._finish_request(key)
+                force = self.group_left[self.requests[key].group] == 0
+            elif kind == "inf":
+                self._finish_inference()
+            elif kind == "actor":
+                self._finish_minibatch()
+            elif kind == "tick":
+                self.tick_scheduled = False
+            self._start_stages()
+            self._call_policy(force=force)

@@ -1,0 +1,129 @@
+"""Session fixture that starts the local Slurm test cluster (tools/slurm/start.sh).
+
+Import it from a conftest or a test module::
+
+    from slurm_fixture import slurm_cluster  # noqa: F401
+
+The fixture yields a :class:`SlurmCluster`; pass ``cluster.env`` as ``env=`` to subprocesses, or
+``monkeypatch.setenv`` its items for in-process clients such as submitit.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SLURM_TOOLS = REPO_ROOT / "tools" / "slurm"
+# apt-get install of the Slurm + MariaDB packages takes ~40 s cold; leave room for apt-get update.
+START_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """A running local test cluster and the environment its clients need."""
+
+    env: Mapping[str, str]
+    test_dir: Path
+    conf: Path
+    nodes: int
+    gpus_per_node: int
+    accounting: bool
+
+    def run(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command against this cluster; on failure the error names the command."""
+        try:
+            proc = subprocess.run(
+                list(args), env=dict(self.env), capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise TimeoutError(f"{shlex.join(args)} did not finish within {timeout}s (SLURM_CONF={self.conf})") from exc
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"{shlex.join(args)} exited {proc.returncode} (SLURM_CONF={self.conf}):\n"
+                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
+        return proc
+
+    def wait_sacct_state(self, job_id: str, timeout: float = 30.0) -> str:
+        """Return the final accounting State of job_id; sacct lags the job end by up to a few seconds."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            out = self.run("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State", check=False).stdout
+            state = out.strip().splitlines()[0].split()[0] if out.strip() else ""
+            if state and state not in {"PENDING", "RUNNING", "COMPLETING", "REQUEUED"}:
+                return state
+            time.sleep(0.3)
+        raise TimeoutError(f"sacct gave no final state for job {job_id} within {timeout}s (last: {state!r})")
+
+
+def _client_env(test_dir: Path) -> dict[str, str]:
+    """Environment for Slurm clients of the cluster in test_dir, as tools/slurm/env.sh exports it."""
+    script = f"source {shlex.quote(str(SLURM_TOOLS / 'env.sh'))} && env -0"
+    env = dict(os.environ, SLURM_TEST_DIR=str(test_dir))
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, check=True, timeout=30).stdout
+    pairs = (item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    return {k: v for k, v in pairs if not k.startswith("BASH_FUNC_")}
+
+
+def start_cluster(test_dir: Path | None = None) -> SlurmCluster:
+    """Run tools/slurm/start.sh (idempotent) and describe the cluster; raise with its output on failure."""
+    env = dict(os.environ)
+    if test_dir is not None:
+        env["SLURM_TEST_DIR"] = str(test_dir)
+    test_dir = Path(env.get("SLURM_TEST_DIR", REPO_ROOT / ".slurm-test"))
+    env["SLURM_TEST_DIR"] = str(test_dir)
+    try:
+        proc = subprocess.run(
+            ["bash", str(SLURM_TOOLS / "start.sh")],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"tools/slurm/start.sh did not finish within {START_TIMEOUT_S}s ({test_dir})") from exc
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"tools/slurm/start.sh failed (rc={proc.returncode}, SLURM_TEST_DIR={test_dir}):\n{proc.stderr}{proc.stdout}"
+        )
+    client_env = _client_env(test_dir)
+    return SlurmCluster(
+        env=client_env,
+        test_dir=test_dir,
+        conf=Path(client_env["SLURM_CONF"]),
+        nodes=int(env.get("SLURM_TEST_NODES", "2")),
+        gpus_per_node=int(env.get("SLURM_TEST_GPUS", "4")),
+        accounting=env.get("SLURM_TEST_ACCOUNTING", "1") == "1",
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """Start the local Slurm cluster once per session (skipped only off Linux or without root).
+
+    The cluster keeps running after the session (start.sh is idempotent and a warm start takes
+    ~1 s); stop it with tools/slurm/stop.sh, or set SLURM_TEST_STOP=1 to stop it at session end.
+    """
+    if platform.system() != "Linux" or os.geteuid() != 0:
+        pytest.skip("the local Slurm test cluster needs Linux and root")
+    cluster = start_cluster()
+    yield cluster
+    if os.environ.get("SLURM_TEST_STOP") == "1":
+        subprocess.run(
+            ["bash", str(SLURM_TOOLS / "stop.sh")],
+            env={**os.environ, "SLURM_TEST_DIR": str(cluster.test_dir)},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=120,
+        )
