@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 DEVICES = ("emulated", "cpu", "cuda")
+LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 POLICIES = ("static", "scripted", "auto")
 PHASES = ("start", "after_rollout")
 FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
@@ -105,7 +106,12 @@ class SchedulerConfig:
     policy: str = "static"  # static | scripted | auto
     script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
     max_running_requests: int = 64  # per rollout instance (used by auto)
-    pre_process_threshold: float = 0.5  # fraction of rollout done before actor GPUs pre-process
+    pre_process_threshold: float = 0.5  # pre-process ends when outstanding requests fall to this fraction
+    rollout_ranks_per_instance: int = 1  # GPUs per rollout instance (TP x PP), used by auto
+    actor_ranks_per_instance: int = 1  # GPUs per actor model replica (TP x PP), used by auto
+    switch_latency_s: float = 0.5  # simulator: publish-to-applied latency of one epoch
+    tick_s: float = 0.5  # simulator: simulated seconds between policy calls when idle
+    seed: int = 0  # simulator: seed of the response-length sampler
 
 
 @dataclass
@@ -117,10 +123,14 @@ class EmulatedConfig:
     actor_s_per_token: float = 6.0e-6  # per trained token on one GPU
     response_len_mean: int = 256  # mean generated tokens per response
     response_len_max: int = 1024  # cap on generated tokens per response
+    response_len_dist: str = "lognormal"  # lognormal | pareto | fixed
+    response_len_sigma: float = 1.0  # lognormal shape (median = mean * exp(-sigma**2 / 2))
+    response_len_alpha: float = 1.5  # pareto shape, > 1
     prompt_len: int = 128  # tokens per prompt
     scaling: float = 0.9  # throughput grows as gpus**scaling
     reshard_s_per_gb: float = 0.5  # seconds per GB moved on reshard
     model_params: int = 1_000_000_000  # parameters, for bytes moved on reshard
+    decode_fixed_fraction: float = 1.0  # part of a decode step that does not shrink with the batch
 
 
 @dataclass
@@ -407,7 +417,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     if not r.run_dir.strip():
         issues.append(ConfigIssue("runtime.run_dir", r.run_dir, "a non-empty path"))
     _positive(issues, "runtime", r, "poll_interval_s", "heartbeat_interval_s", "heartbeat_timeout_s",
-              "ack_timeout_s", "wait_timeout_s", "keep_iterations")
+              "ack_timeout_s", "wait_timeout_s", "run_timeout_s", "keep_iterations")
     if 0 < r.heartbeat_interval_s and r.heartbeat_timeout_s <= r.heartbeat_interval_s:
         issues.append(ConfigIssue("runtime.heartbeat_timeout_s", r.heartbeat_timeout_s,
                                   f"more than runtime.heartbeat_interval_s ({r.heartbeat_interval_s})"))
@@ -423,7 +433,9 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
             f"({t.rollout_batch_size} * {t.group_size} = {samples})")))
     if s.policy not in POLICIES:
         issues.append(ConfigIssue("scheduler.policy", s.policy, "one of " + ", ".join(POLICIES)))
-    _positive(issues, "scheduler", s, "max_running_requests")
+    _positive(issues, "scheduler", s, "max_running_requests", "rollout_ranks_per_instance",
+              "actor_ranks_per_instance", "tick_s")
+    _positive(issues, "scheduler", s, "switch_latency_s", "seed", allow_zero=True)
     if not 0.0 <= s.pre_process_threshold <= 1.0:
         issues.append(ConfigIssue("scheduler.pre_process_threshold", s.pre_process_threshold,
                                   "a number in [0, 1]"))
@@ -444,9 +456,17 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
                 f"{when}")))
         seen.setdefault(when, i)
     _positive(issues, "emulated", e, "rollout_s_per_token", "inference_s_per_token",
-              "actor_s_per_token", "reshard_s_per_gb", allow_zero=True)
-    _positive(issues, "emulated", e, "response_len_mean", "response_len_max", "prompt_len",
-              "model_params")
+              "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma",
+              "prompt_len", "model_params")
+    _positive(issues, "emulated", e, "reshard_s_per_gb", allow_zero=True)
+    if e.response_len_dist not in LENGTH_DISTRIBUTIONS:
+        issues.append(ConfigIssue("emulated.response_len_dist", e.response_len_dist,
+                                  "one of " + ", ".join(LENGTH_DISTRIBUTIONS)))
+    if e.response_len_alpha <= 1.0:
+        issues.append(ConfigIssue("emulated.response_len_alpha", e.response_len_alpha, "a number > 1"))
+    if not 0.0 < e.decode_fixed_fraction <= 1.0:
+        issues.append(ConfigIssue("emulated.decode_fixed_fraction", e.decode_fixed_fraction,
+                                  "a number in (0, 1]"))
     if e.response_len_max < e.response_len_mean:
         issues.append(ConfigIssue("emulated.response_len_max", e.response_len_max,
                                   f"at least emulated.response_len_mean ({e.response_len_mean})"))

@@ -146,6 +146,8 @@ class EpochStore:
         if generation < current:
             raise FencedEpochError(f"cannot publish epoch {epoch.epoch} ({path}) as generation {generation}: "
                                    f"{self.paths.lease} is at generation {current} (a newer coordinator took over)")
+        if epoch.previous is not None and epoch.previous != epoch.epoch - 1:
+            raise EpochOrderError(f"epoch {epoch.epoch}: 'previous' is {epoch.previous}, expected {epoch.epoch - 1}")
         if epoch.epoch > 0:
             try:
                 prev = read_epoch_file(self.paths, epoch.epoch - 1)
@@ -155,8 +157,6 @@ class EpochStore:
             if prev.generation > generation:
                 raise FencedEpochError(f"cannot publish epoch {epoch.epoch} as generation {generation}: "
                                        f"epoch {prev.epoch} already has generation {prev.generation}")
-        if epoch.previous is not None and epoch.previous != epoch.epoch - 1:
-            raise EpochOrderError(f"epoch {epoch.epoch}: 'previous' is {epoch.previous}, expected {epoch.epoch - 1}")
         self.paths.acks_dir(epoch.epoch).mkdir(parents=True, exist_ok=True)
         try:
             write_json_exclusive(path, epoch.to_json())

@@ -23,6 +23,8 @@ Simulator
     RESPONSE_LEN_DIST               ``lognormal`` (``pareto`` and ``fixed`` also accepted).
     RESPONSE_LEN_SIGMA              lognormal shape; the mean is ``emulated.response_len_mean``.
     PARETO_ALPHA                    Pareto shape when ``RESPONSE_LEN_DIST == "pareto"``.
+    DECODE_FIXED_FRACTION           part of a decode step that does not shrink with the batch
+                                    (1: per-request speed independent of the batch).
 """
 
 from __future__ import annotations
@@ -41,5 +43,6 @@ SEED = 0
 RESPONSE_LEN_DIST = "lognormal"
 RESPONSE_LEN_SIGMA = 1.0
 PARETO_ALPHA = 1.5
+DECODE_FIXED_FRACTION = 1.0
 
 COMPONENTS = ("actor", "rollout", "inference")

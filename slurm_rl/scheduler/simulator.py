@@ -75,16 +75,21 @@ class _Request:
     group: int
     length: int
     generated: float = 0.0
-    start: float = 0.0
-    instance: tuple[int, ...] | None = None
-    version: int = 0
+    instance: int | None = None
 
 
 @dataclass
 class _Instance:
+    """A rollout instance; ``counter`` counts tokens decoded per running request so far."""
+
+    uid: int
     ranks: tuple[int, ...]
     ready_at: float
-    running: set[int] = field(default_factory=set)
+    counter: float = 0.0
+    counter_t: float = 0.0
+    version: int = 0
+    running: dict[int, float] = field(default_factory=dict)  # rid -> counter at finish
+    heap: list[tuple[float, int]] = field(default_factory=list)
 
 
 class Simulation:
@@ -100,9 +105,9 @@ class Simulation:
         self.seq = itertools.count()
         self.placement: Placement = dict(setup.initial)
         self.ready_at: dict[str, float] = {c: 0.0 for c in defaults.COMPONENTS}
-        self.rate = setup.cost.decode_tokens_per_s(setup.policy_cfg.rollout_ranks_per_instance,
-                                                   setup.policy_cfg.max_running_requests)
-        self.instances: dict[tuple[int, ...], _Instance] = {}
+        self.it = 0
+        self.uids = itertools.count()
+        self.instances: dict[int, _Instance] = {}
         self._rebuild_instances(0.0)
         self.pending_decision: Decision | None = None
         self.last_policy_t = -1e18
@@ -176,54 +181,101 @@ class Simulation:
         self.t = t
 
     # ---------------------------------------------------------------- rollout
+    def _rate(self, inst: _Instance) -> float:
+        cfg = self.s.policy_cfg
+        return self.s.cost.decode_tokens_per_s(len(inst.ranks), cfg.max_running_requests,
+                                               len(inst.running))
+
+    def _sync(self, inst: _Instance) -> None:
+        """Bring the instance's token counter up to now."""
+        begin = max(inst.counter_t, inst.ready_at)
+        if self.t > begin and inst.running:
+            inst.counter += (self.t - begin) * self._rate(inst)
+        inst.counter_t = max(inst.counter_t, self.t)
+
+    def _reschedule(self, inst: _Instance) -> None:
+        inst.version += 1
+        if inst.heap:
+            begin = max(self.t, inst.ready_at)
+            left = max(0.0, inst.heap[0][0] - inst.counter)
+            self._push(begin + left / self._rate(inst), "inst", inst.uid, inst.version)
+
     def _rebuild_instances(self, ready_at: float) -> None:
         wanted = rollout_instances(self.placement["rollout"],
                                    self.s.policy_cfg.rollout_ranks_per_instance)
-        for key in list(self.instances):
-            if key not in wanted:
-                self._migrate_out(self.instances.pop(key))
-        for key in wanted:
-            if key not in self.instances:
-                self.instances[key] = _Instance(key, ready_at)
+        by_ranks = {i.ranks: i for i in self.instances.values()}
+        for ranks, inst in by_ranks.items():
+            if ranks not in wanted:
+                self._migrate_out(inst)
+                del self.instances[inst.uid]
+        for ranks in wanted:
+            if ranks not in by_ranks:
+                uid = next(self.uids)
+                self.instances[uid] = _Instance(uid, ranks, ready_at, counter_t=self.t)
 
     def _migrate_out(self, inst: _Instance) -> None:
+        self._sync(inst)
         for rid in sorted(inst.running, reverse=True):
             req = self.requests[rid]
-            req.generated += max(0.0, self.t - req.start) * self.rate
-            req.generated = min(req.generated, req.length - 1e-9)
-            req.version += 1
+            req.generated = req.length - max(1e-9, inst.running[rid] - inst.counter)
             req.instance = None
             self.pending.appendleft(rid)
             self.report.migrated_requests += 1
         inst.running.clear()
+        inst.heap.clear()
+        inst.version += 1
 
     def _dispatch(self) -> None:
         cap = self.s.policy_cfg.max_running_requests
-        heap = [(len(i.running), k) for k, i in self.instances.items() if len(i.running) < cap]
+        heap = [(len(i.running), uid) for uid, i in self.instances.items()
+                if len(i.running) < cap]
+        if not self.pending or not heap:
+            return
         heapq.heapify(heap)
+        touched: dict[int, _Instance] = {}
         while self.pending and heap:
-            load, key = heapq.heappop(heap)
-            inst = self.instances[key]
+            load, uid = heapq.heappop(heap)
+            inst = self.instances[uid]
+            if uid not in touched:
+                self._sync(inst)
+                touched[uid] = inst
             rid = self.pending.popleft()
             req = self.requests[rid]
-            req.start = max(self.t, inst.ready_at)
-            req.instance = key
-            inst.running.add(rid)
-            self._push(req.start + (req.length - req.generated) / self.rate, "req", rid,
-                       req.version)
+            req.instance = uid
+            finish = inst.counter + (req.length - req.generated)
+            inst.running[rid] = finish
+            heapq.heappush(inst.heap, (finish, rid))
             if load + 1 < cap:
-                heapq.heappush(heap, (load + 1, key))
+                heapq.heappush(heap, (load + 1, uid))
+        for inst in touched.values():
+            self._reschedule(inst)
 
-    def _finish_request(self, rid: int) -> None:
+    def _instance_event(self, uid: int, version: int) -> bool:
+        """Finish the requests of instance ``uid`` that are done; True when a group completed."""
+        inst = self.instances.get(uid)
+        if inst is None or inst.version != version:
+            return False
+        self._sync(inst)
+        group_done = False
+        while inst.heap and inst.heap[0][0] <= inst.counter + 1e-6:
+            _, rid = heapq.heappop(inst.heap)
+            del inst.running[rid]
+            group_done |= self._finish_request(rid)
+        self._reschedule(inst)
+        self._dispatch()
+        return group_done
+
+    def _finish_request(self, rid: int) -> bool:
         req = self.requests[rid]
-        self.instances[req.instance].running.discard(rid)
         req.instance = None
+        req.generated = req.length
         self.finished += 1
         self.group_left[req.group] -= 1
         if self.group_left[req.group] == 0:
             first = req.group * self.s.group_size
             self.inf_queue.extend(range(first, first + self.s.group_size))
-        self._dispatch()
+            return True
+        return False
 
     # ---------------------------------------------------------------- inference and actor
     def _start_stages(self) -> None:
@@ -351,11 +403,8 @@ class Simulation:
                 raise RuntimeError(f"simulation passed max_sim_s={self.s.max_sim_s}")
             self._advance(t)
             force = kind in ("inf", "actor")
-            if kind == "req":
-                if version != self.requests[key].version or self.requests[key].instance is None:
-                    continue
-                self._finish_request(key)
-                force = self.group_left[self.requests[key].group] == 0
+            if kind == "inst":
+                force = self._instance_event(key, version)
             elif kind == "inf":
                 self._finish_inference()
             elif kind == "actor":

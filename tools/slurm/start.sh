@@ -8,6 +8,7 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/common.sh"
 
 export SLURM_CONF="${SLURM_TEST_CONF}"
 export DEBIAN_FRONTEND=noninteractive
+export PATH="${PATH}:/usr/sbin:/sbin"
 t_start=$(date +%s.%N)
 
 log() { echo "[slurm-test] $*" >&2; }
@@ -132,7 +133,7 @@ start_munged() {
     --pid-file="${SLURM_TEST_RUN}/munged.pid" --log-file="${SLURM_TEST_LOG}/munged.log" \
     --seed-file="${SLURM_TEST_MUNGE_DIR}/munged.seed" </dev/null >>"${SLURM_TEST_LOG}/munged.log" 2>&1 \
     || die "munged failed to start"
-  wait_for 15 "munged socket ${SLURM_TEST_MUNGE_SOCKET}" --pidfile "${SLURM_TEST_RUN}/munged.pid" munged \
+  wait_for "${SLURM_TEST_START_TIMEOUT}" "munged socket ${SLURM_TEST_MUNGE_SOCKET}" --pidfile "${SLURM_TEST_RUN}/munged.pid" munged \
     bash -c "munge -S '${SLURM_TEST_MUNGE_SOCKET}' -n | unmunge -S '${SLURM_TEST_MUNGE_SOCKET}'"
 }
 
@@ -159,7 +160,7 @@ start_mariadb() {
     --innodb-log-file-size=16M --innodb-flush-log-at-trx-commit=2 --performance-schema=OFF \
     </dev/null >>"${SLURM_TEST_LOG}/mariadb.log" 2>&1 &
   echo "$!" > "${SLURM_TEST_RUN}/mariadb.pid"   # mariadbd rewrites it with the same pid
-  wait_for 30 "MariaDB socket ${SLURM_TEST_DB_SOCKET}" --pidfile "${SLURM_TEST_RUN}/mariadb.pid" mariadbd \
+  wait_for "${SLURM_TEST_START_TIMEOUT}" "MariaDB socket ${SLURM_TEST_DB_SOCKET}" --pidfile "${SLURM_TEST_RUN}/mariadb.pid" mariadbd \
     mariadb --no-defaults --protocol=socket -S "${SLURM_TEST_DB_SOCKET}" -u root -e "SELECT 1"
   db_sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
     CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmtest';
@@ -173,7 +174,7 @@ start_slurmdbd() {
     log "starting slurmdbd"
     slurmdbd </dev/null >>"${SLURM_TEST_LOG}/slurmdbd.log" 2>&1 || die "slurmdbd failed to start"
   fi
-  wait_for 30 "slurmdbd on port ${SLURM_TEST_DBD_PORT}" --pidfile "${SLURM_TEST_RUN}/slurmdbd.pid" slurmdbd \
+  wait_for "${SLURM_TEST_START_TIMEOUT}" "slurmdbd on port ${SLURM_TEST_DBD_PORT}" --pidfile "${SLURM_TEST_RUN}/slurmdbd.pid" slurmdbd \
     sacctmgr -n -P show cluster format=cluster
   if ! timeout 30 sacctmgr -n -P show cluster format=cluster | grep -qx "${SLURM_TEST_CLUSTER_NAME}"; then
     timeout 30 sacctmgr -i add cluster "${SLURM_TEST_CLUSTER_NAME}" >/dev/null || die "sacctmgr add cluster failed"
@@ -185,7 +186,7 @@ start_slurmctld() {
   log "starting slurmctld"
   slurmctld -f "${SLURM_CONF}" </dev/null >>"${SLURM_TEST_LOG}/slurmctld.log" 2>&1 \
     || die "slurmctld failed to start"
-  wait_for 30 "slurmctld on port ${SLURM_TEST_CTLD_PORT}" --pidfile "${SLURM_TEST_RUN}/slurmctld.pid" slurmctld \
+  wait_for "${SLURM_TEST_START_TIMEOUT}" "slurmctld on port ${SLURM_TEST_CTLD_PORT}" --pidfile "${SLURM_TEST_RUN}/slurmctld.pid" slurmctld \
     scontrol ping
 }
 

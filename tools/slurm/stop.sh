@@ -45,6 +45,26 @@ fi
 for pidfile in "${SLURM_TEST_RUN}"/slurmd-*.pid; do
   [[ -e "${pidfile}" ]] && stop_pidfile "${pidfile}" slurmd
 done
+# Job steps that outlived slurmd (e.g. slurmctld was already down, so nothing was cancelled):
+# slurmstepd and job processes of this cluster carry SLURM_CONF=<our conf>; jobs also SLURM_JOB_ID.
+ancestors=" "
+p=$$
+while [[ "${p}" =~ ^[0-9]+$ ]] && (( p > 1 )); do
+  ancestors+="${p} "
+  p=$(awk '/^PPid:/ {print $2; exit}' "/proc/${p}/status" 2>/dev/null)
+done
+for proc in /proc/[0-9]*; do
+  pid="${proc#/proc/}"
+  [[ "${ancestors}" == *" ${pid} "* ]] && continue
+  environ=$(tr '\0' '\n' < "${proc}/environ" 2>/dev/null) || continue
+  grep -qxF "SLURM_CONF=${SLURM_TEST_CONF}" <<<"${environ}" || continue
+  comm=$(cat "${proc}/comm" 2>/dev/null) || continue
+  [[ "${comm}" == "slurmstepd" ]] || grep -q '^SLURM_JOB_ID=' <<<"${environ}" || continue
+  slurm_test_pid_alive "${pid}" || continue
+  log "killing leftover job process ${comm} (pid ${pid})"
+  kill -KILL "${pid}" 2>/dev/null || true
+done
+
 stop_pidfile "${SLURM_TEST_RUN}/slurmctld.pid" slurmctld
 stop_pidfile "${SLURM_TEST_RUN}/slurmdbd.pid" slurmdbd
 stop_pidfile "${SLURM_TEST_RUN}/mariadb.pid" mariadbd

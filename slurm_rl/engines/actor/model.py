@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
 
-def transformer_config(cfg: ModelConfig, tp_size: int = 1) -> Any:
+def transformer_config(cfg: ModelConfig, tp_size: int = 1, initialize: bool = True) -> Any:
     """The megatron ``TransformerConfig`` for ``cfg`` (fp32, no dropout, no fused kernels)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -63,7 +63,7 @@ def transformer_config(cfg: ModelConfig, tp_size: int = 1) -> Any:
         attention_dropout=0.0,
         params_dtype=torch.float32,
         use_cpu_initialization=True,
-        perform_initialization=True,
+        perform_initialization=initialize,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
@@ -124,12 +124,14 @@ def _process_groups(tp_group: Any | None) -> Any:
 
 
 def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
-                    tp_group: Any | None = None) -> "GPTModel":
+                    tp_group: Any | None = None, initialize: bool = True) -> "GPTModel":
     """Build the megatron-core GPTModel for ``cfg`` with weights determined by ``seed``.
 
     Initialisation is done on CPU from a generator seeded with ``seed`` (the global torch RNG
     is left untouched), so every rank that builds the model gets identical weights. With a
     ``tp_group`` of size > 1 each rank keeps its tensor-parallel shard of the same full init.
+    ``initialize=False`` skips weight initialisation (a skeleton whose weights are about to be
+    overwritten, e.g. by a reshard or a checkpoint load).
     """
     import torch.distributed as dist
 
@@ -148,7 +150,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTModel(
-            config=transformer_config(cfg, tp_size),
+            config=transformer_config(cfg, tp_size, initialize),
             transformer_layer_spec=spec,
             vocab_size=cfg.vocab_size,
             max_sequence_length=cfg.max_position_embeddings,

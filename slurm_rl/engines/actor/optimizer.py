@@ -1,0 +1,197 @@
+"""AdamW over one flat fp32 buffer, DP gradient all-reduce, optional ZeRO-1, global-norm clip.
+
+The model's parameters and gradients are re-pointed at views of two flat buffers
+(``FlatParams``), so a DP all-reduce is one collective and a ZeRO-1 shard is a contiguous
+slice: with DP size ``d`` and ``N`` parameters, DP rank ``i`` owns ``[i*S, min((i+1)*S, N))``
+with ``S = ceil(N / d)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from .lr_schedule import LRScheduleConfig
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW hyper-parameters, the sample-driven LR schedule and sharding choice."""
+
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    lr_warmup_samples: int = 0
+    lr_decay_samples: int | None = None
+    lr_decay_style: str = "cosine"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_grad: float | None = 1.0
+    zero1: bool = False
+
+    def __post_init__(self) -> None:
+        self.schedule()  # validates the schedule fields
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise ValueError(f"optim.beta1/beta2: got {self.beta1}, {self.beta2}; "
+                             "expected values in [0, 1)")
+        if self.clip_grad is not None and self.clip_grad <= 0:
+            raise ValueError(f"optim.clip_grad: got {self.clip_grad}, expected > 0 or null")
+
+    def schedule(self) -> LRScheduleConfig:
+        """The LR schedule part of this config."""
+        return LRScheduleConfig(lr=self.lr, min_lr=self.min_lr,
+                                lr_warmup_samples=self.lr_warmup_samples,
+                                lr_decay_samples=self.lr_decay_samples,
+                                lr_decay_style=self.lr_decay_style)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "OptimConfig":
+        """Build from a plain mapping; unknown keys are an error naming the key."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"optim.{unknown[0]}: unknown key; allowed: {sorted(known)}")
+        return cls(**dict(data))
+
+
+def shard_range(numel: int, dp_size: int, dp_rank: int) -> tuple[int, int]:
+    """The ZeRO-1 slice ``[lo, hi)`` of a flat buffer owned by ``dp_rank``."""
+    size = -(-numel // dp_size)
+    lo = min(numel, dp_rank * size)
+    return lo, min(numel, lo + size)
+
+
+def _no_decay(name: str, param: torch.Tensor) -> bool:
+    return param.dim() < 2 or name.endswith("bias") or "layernorm" in name or "norm" in name
+
+
+class FlatParams:
+    """The model's trainable parameters and gradients as views into two flat fp32 buffers."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.shapes = [tuple(p.shape) for _, p in named]
+        self.offsets: list[int] = []
+        total = 0
+        for _, p in named:
+            self.offsets.append(total)
+            total += p.numel()
+        self.numel = total
+        device = named[0][1].device if named else torch.device("cpu")
+        self.data = torch.empty(total, dtype=torch.float32, device=device)
+        self.grad = torch.zeros(total, dtype=torch.float32, device=device)
+        self.params = [p for _, p in named]
+        self.decay_segments = [(o, o + p.numel()) for (n, p), o in zip(named, self.offsets)
+                               if not _no_decay(n, p)]
+        with torch.no_grad():
+            for p, off in zip(self.params, self.offsets):
+                self.data[off:off + p.numel()].copy_(p.detach().reshape(-1))
+                p.data = self.data[off:off + p.numel()].view(p.shape)
+                p.grad = self.grad[off:off + p.numel()].view(p.shape)
+
+    def zero_grad(self) -> None:
+        """Zero gradients, keeping every ``param.grad`` a view of the flat buffer."""
+        self.grad.zero_()
+        for p, off in zip(self.params, self.offsets):
+            if p.grad is None or p.grad.data_ptr() != self.grad[off:].data_ptr():
+                p.grad = self.grad[off:off + p.numel()].view(p.shape)
+
+    def collect_grads(self) -> None:
+        """Copy any gradient autograd did not accumulate in place into the flat buffer."""
+        for p, off in zip(self.params, self.offsets):
+            view = self.grad[off:off + p.numel()]
+            if p.grad is None:
+                view.zero_()
+                p.grad = view.view(p.shape)
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad.reshape(-1))
+                p.grad = view.view(p.shape)
+
+    def named_views(self, flat: torch.Tensor | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, view)`` pairs of ``flat`` (default: the parameters) in parameter shapes."""
+        flat = self.data if flat is None else flat
+        for name, shape, off in zip(self.names, self.shapes, self.offsets):
+            yield name, flat[off:off + math.prod(shape)].view(shape)
+
+
+class DPAdamW:
+    """AdamW with fp32 state over a DP group; ZeRO-1 shards ``exp_avg``/``exp_avg_sq``."""
+
+    def __init__(self, flat: FlatParams, cfg: OptimConfig, dp_group: dist.ProcessGroup | None,
+                 dp_rank: int, dp_size: int) -> None:
+        self.flat = flat
+        self.cfg = cfg
+        self.step_count = 0
+        self.set_group(dp_group, dp_rank, dp_size)
+        lo, hi = self.state_range
+        self.exp_avg = torch.zeros(hi - lo, dtype=torch.float32, device=flat.data.device)
+        self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+
+    def set_group(self, dp_group: dist.ProcessGroup | None, dp_rank: int, dp_size: int) -> None:
+        """Point the optimizer at a (new) DP group; state buffers are replaced by the caller."""
+        self.dp_group, self.dp_rank, self.dp_size = dp_group, dp_rank, dp_size
+
+    @property
+    def state_range(self) -> tuple[int, int]:
+        """The ``[lo, hi)`` range of the flat buffer whose Adam state this rank holds."""
+        if self.cfg.zero1:
+            return shard_range(self.flat.numel, self.dp_size, self.dp_rank)
+        return 0, self.flat.numel
+
+    def allreduce_grads(self) -> None:
+        """Sum gradients over the DP group (each rank's loss is already globally normalised)."""
+        self.flat.collect_grads()
+        if self.dp_size > 1:
+            dist.all_reduce(self.flat.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
+
+    def clip_grads(self) -> float:
+        """Clip by global L2 norm (gradients are full on every rank after the all-reduce)."""
+        norm = float(torch.linalg.vector_norm(self.flat.grad, dtype=torch.float64))
+        if self.cfg.clip_grad is not None and math.isfinite(norm) and norm > self.cfg.clip_grad:
+            self.flat.grad.mul_(self.cfg.clip_grad / (norm + 1e-6))
+        return norm
+
+    @torch.no_grad()
+    def step(self, lr: float) -> float:
+        """All-reduce, clip, AdamW update of this rank's range, ZeRO-1 all-gather.
+
+        Returns the global gradient norm before clipping.
+        """
+        self.allreduce_grads()
+        norm = self.clip_grads()
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"gradient norm is {norm} at optimizer step "
+                                     f"{self.step_count + 1}")
+        self.step_count += 1
+        lo, hi = self.state_range
+        cfg = self.cfg
+        g = self.flat.grad[lo:hi]
+        p = self.flat.data[lo:hi]
+        self.exp_avg.lerp_(g, 1.0 - cfg.beta1)
+        self.exp_avg_sq.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
+        if cfg.weight_decay:
+            for a, b in self.flat.decay_segments:
+                a, b = max(a, lo), min(b, hi)
+                if a < b:
+                    p[a - lo:b - lo].mul_(1.0 - lr * cfg.weight_decay)
+        bc1 = 1.0 - cfg.beta1 ** self.step_count
+        bc2 = 1.0 - cfg.beta2 ** self.step_count
+        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bc2)).add_(cfg.eps)
+        p.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
+        if cfg.zero1 and self.dp_size > 1:
+            self._gather_params()
+        return norm
+
+    def _gather_params(self) -> None:
+        ranks = dist.get_process_group_ranks(self.dp_group)
+        for i, src in enumerate(ranks):
+            a, b = shard_range(self.flat.numel, self.dp_size, i)
+            if a < b:
+                dist.broadcast(self.flat.data[a:b], src=src, group=self.dp_group)

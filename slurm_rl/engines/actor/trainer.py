@@ -1,0 +1,284 @@
+"""ActorTrainer: one optimizer step per mini-batch and in-place DP resharding.
+
+Every rank that may ever hold the actor creates an ``ActorTrainer``; ranks outside the
+current actor rank list are *inactive* (no model in memory) until a reshard adds them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import socket
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from slurm_rl.engines.model_config import ModelConfig
+
+from .groups import GroupCache
+from .lr_schedule import SampleLRScheduler
+from .microbatch import BatchConfig, check_dp_size, collate, split_microbatches
+from .model import build_gpt_model, token_logprobs
+from .optimizer import DPAdamW, FlatParams, OptimConfig
+from .reshard import (broadcast_json, copy_local, decode_tensor, encode_tensor, execute_plan,
+                      holding, plan_bytes, plan_reshard)
+
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+"""``(logprobs [B, T-1], batch) -> per-token loss [B, T-1]``. The trainer multiplies by
+``batch["loss_mask"]``, sums, and divides by the mini-batch's global token count."""
+
+
+class ReshardTimeoutError(TimeoutError):
+    """Ranks of a reshard did not all arrive within the timeout."""
+
+
+class InactiveActorError(RuntimeError):
+    """A training call on a rank that does not hold the actor."""
+
+
+def nll_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token negative log-likelihood (supervised loss)."""
+    return -logprobs
+
+
+class ActorTrainer:
+    """Trains the megatron-core GPT actor over an explicit DP group and reshards it in place."""
+
+    def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_cfg: BatchConfig,
+                 ranks: Sequence[int], group_cache: GroupCache, seed: int,
+                 device: str = "cpu") -> None:
+        check_dp_size(batch_cfg, len(set(ranks)))
+        self.model_cfg, self.optim_cfg, self.batch_cfg = model_cfg, optim_cfg, batch_cfg
+        self.group_cache = group_cache
+        self.seed = seed
+        self.device = device
+        self.me = dist.get_rank()
+        self.ranks: list[int] = sorted(set(ranks))
+        self.scheduler = SampleLRScheduler(optim_cfg.schedule())
+        self.generator = torch.Generator().manual_seed(seed)
+        self.data_state: dict[str, Any] = {}
+        self.model: torch.nn.Module | None = None
+        self.flat: FlatParams | None = None
+        self.optimizer: DPAdamW | None = None
+        self.dp_group: dist.ProcessGroup | None = None
+        if self.me in self.ranks:
+            self._build(initialize=True)
+            self.dp_group = group_cache.get(self.ranks, "actor DP group")
+            self.optimizer = DPAdamW(self.flat, optim_cfg, self.dp_group, self.dp_rank,
+                                     self.dp_size)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def active(self) -> bool:
+        """Whether this rank currently holds the actor."""
+        return self.model is not None
+
+    @property
+    def dp_size(self) -> int:
+        """Current DP size of the actor."""
+        return len(self.ranks)
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index in the sorted actor rank list (its DP group rank)."""
+        return self.ranks.index(self.me)
+
+    @property
+    def consumed_samples(self) -> int:
+        """Samples consumed by optimizer steps so far (drives the LR schedule)."""
+        return self.scheduler.consumed_samples
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done."""
+        return self.optimizer.step_count if self.optimizer else self._step
+
+    _step = 0
+
+    def _require_active(self, what: str) -> None:
+        if not self.active:
+            raise InactiveActorError(f"rank {self.me} on {socket.gethostname()}: {what} "
+                                     f"called but this rank is not an actor rank {self.ranks}")
+
+    def _build(self, initialize: bool) -> None:
+        self.model = build_gpt_model(self.model_cfg, self.seed, self.device,
+                                     initialize=initialize)
+        self.flat = FlatParams(self.model)
+
+    # ----------------------------------------------------------------- training
+    def train_step(self, samples: Sequence[Mapping[str, Any]],
+                   loss_fn: LossFn = nll_loss) -> dict[str, float]:
+        """One optimizer step on this DP rank's share of the mini-batch.
+
+        ``samples`` is this rank's contiguous ``global_batch_size / dp`` share (see
+        ``microbatch.shard_for_rank``). Collective over the DP group. Returns ``loss`` (token
+        mean over the global mini-batch), ``grad_norm``, ``lr``, ``consumed_samples``,
+        ``step``, ``tokens`` and ``micro_batches`` (this rank's).
+        """
+        self._require_active("train_step")
+        share = self.batch_cfg.global_batch_size // self.dp_size
+        if len(samples) != share:
+            raise ValueError(f"rank {self.me}: train_step got {len(samples)} samples, expected "
+                             f"{share} (global_batch_size {self.batch_cfg.global_batch_size} / "
+                             f"DP {self.dp_size})")
+        assert self.model is not None and self.flat is not None and self.optimizer is not None
+        batches = [collate(mb) for mb in split_microbatches(samples, self.batch_cfg)]
+        counts = torch.tensor([sum(float(b["loss_mask"].sum()) for b in batches)],
+                              dtype=torch.float64)
+        if self.dp_size > 1:
+            dist.all_reduce(counts, group=self.dp_group)
+        global_tokens = float(counts.item())
+        if global_tokens <= 0:
+            raise ValueError(f"rank {self.me}: mini-batch at step {self.step + 1} has no "
+                             "loss tokens")
+        self.model.train()
+        self.flat.zero_grad()
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        for batch in batches:
+            logprobs = token_logprobs(self.model, batch["input_ids"].to(self.device),
+                                      batch["attention_mask"].to(self.device))
+            token_loss = loss_fn(logprobs, batch)
+            total = (token_loss * batch["loss_mask"].to(token_loss.device)).sum()
+            (total / global_tokens).backward()
+            loss_sum += float(total.detach())
+        if self.dp_size > 1:
+            dist.all_reduce(loss_sum, group=self.dp_group)
+        step_samples = self.batch_cfg.global_batch_size
+        lr = self.scheduler.lr_for_step(step_samples)
+        grad_norm = self.optimizer.step(lr)
+        self.scheduler.advance(step_samples)
+        return {"loss": float(loss_sum.item()) / global_tokens, "grad_norm": grad_norm,
+                "lr": lr, "consumed_samples": float(self.consumed_samples),
+                "step": float(self.step), "tokens": global_tokens,
+                "micro_batches": float(len(batches))}
+
+    def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) parameters by megatron name, for actor -> rollout weight sync."""
+        self._require_active("named_parameters_for_sync")
+        assert self.flat is not None
+        yield from self.flat.named_views()
+
+    # ----------------------------------------------------------------- metadata
+    def meta(self) -> dict[str, Any]:
+        """Small JSON state that travels with the weights: counters, RNG, data position."""
+        return {"step": self.step, "scheduler": self.scheduler.state_dict(),
+                "rng": encode_tensor(self.generator.get_state()),
+                "data_state": self.data_state, "seed": self.seed,
+                "numel": self.flat.numel if self.flat is not None else None,
+                "model": self.model_cfg.to_dict(), "dp_size": self.dp_size}
+
+    def load_meta(self, meta: Mapping[str, Any]) -> None:
+        """Apply :meth:`meta` output (step counter, LR schedule position, RNG, data state)."""
+        if self.flat is not None and meta.get("numel") not in (None, self.flat.numel):
+            raise ValueError(f"rank {self.me}: state has {meta['numel']} parameters, this model "
+                             f"{self.flat.numel}; model configs differ")
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.generator.set_state(decode_tensor(meta["rng"]))
+        self.data_state = dict(meta["data_state"])
+        self._step = int(meta["step"])
+        if self.optimizer is not None:
+            self.optimizer.step_count = int(meta["step"])
+
+    # ----------------------------------------------------------------- resharding
+    def reshard(self, new_ranks: Sequence[int], epoch: int | None = None) -> dict[str, float]:
+        """Move the actor from the current ranks to ``new_ranks`` in place.
+
+        Collective over the union of old and new ranks: every one of them must call it with the
+        same ``new_ranks``. Holders send parameters and Adam state over torch.distributed (no
+        disk); joining ranks build the model skeleton and receive state, step counter, LR
+        schedule position, RNG and data state; leaving ranks free their memory. Raises
+        ``InvalidDPSizeError`` before any communication if the new DP size is invalid, and
+        ``ReshardTimeoutError``/``GroupTimeoutError`` naming the missing ranks if not all
+        ranks arrive within the group cache's timeout. Returns figures of this rank.
+        """
+        new = sorted(set(new_ranks))
+        old = list(self.ranks)
+        check_dp_size(self.batch_cfg, len(new))
+        union = sorted(set(old) | set(new))
+        if self.me not in union:
+            raise ValueError(f"rank {self.me} called reshard {old}->{new} it takes no part in")
+        figures = {"bytes_moved": 0.0, "bytes_sent": 0.0, "bytes_received": 0.0,
+                   "seconds": 0.0, "transfer_seconds": 0.0, "old_dp": float(len(old)),
+                   "new_dp": float(len(new))}
+        if new == old:
+            return figures
+        t0 = time.perf_counter()
+        what = f"epoch {epoch} actor reshard {old}->{new}"
+        joining = self.me in new and self.me not in old
+        if joining and self.model is None:
+            self._build(initialize=False)
+        union_group = self.group_cache.get(union, what)
+        self._monitored_barrier(union_group, union, what)
+        meta = broadcast_json(self.meta() if self.me == old[0] else None, old[0], union_group)
+        if joining:
+            self.load_meta(meta)
+        t1 = time.perf_counter()
+        sent, received, plan = self._move_state(old, new, union_group, meta)
+        figures["transfer_seconds"] = time.perf_counter() - t1
+        self.ranks = new
+        if self.me in new:
+            self.dp_group = self.group_cache.get(new, "actor DP group")
+            assert self.optimizer is not None
+            self.optimizer.set_group(self.dp_group, self.dp_rank, self.dp_size)
+        else:
+            self.free()
+        figures.update(bytes_moved=float(plan), bytes_sent=float(sent),
+                       bytes_received=float(received), seconds=time.perf_counter() - t0)
+        return figures
+
+    def _monitored_barrier(self, group: dist.ProcessGroup, union: list[int], what: str) -> None:
+        timeout = self.group_cache.timeout
+        try:
+            dist.monitored_barrier(group, timeout=timeout, wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise ReshardTimeoutError(
+                f"rank {self.me} on {socket.gethostname()}: {what}: not all ranks arrived within "
+                f"{timeout.total_seconds():.0f}s (group ranks 0..{len(union) - 1} are global "
+                f"ranks {union}): {exc}") from exc
+
+    def _move_state(self, old: list[int], new: list[int], group: dist.ProcessGroup,
+                    meta: Mapping[str, Any]) -> tuple[int, int, int]:
+        numel = int(meta["numel"])
+        zero1 = self.optim_cfg.zero1
+        arrays = {"params": (numel, False), "exp_avg": (numel, zero1),
+                  "exp_avg_sq": (numel, zero1)}
+        plan = plan_reshard(old, new, arrays)
+        sources: dict[str, tuple[torch.Tensor, int]] = {}
+        targets: dict[str, tuple[torch.Tensor, int]] = {}
+        if self.me in old:
+            assert self.flat is not None and self.optimizer is not None
+            lo = self.optimizer.state_range[0]
+            sources = {"params": (self.flat.data, 0), "exp_avg": (self.optimizer.exp_avg, lo),
+                       "exp_avg_sq": (self.optimizer.exp_avg_sq, lo)}
+        if self.me in new:
+            assert self.flat is not None
+            lo, hi = holding(new, numel, zero1)[self.me]
+            targets["params"] = (self.flat.data, 0)
+            for name in ("exp_avg", "exp_avg_sq"):
+                if self.me in old and not zero1:
+                    targets[name] = sources[name]
+                else:
+                    buf = torch.zeros(hi - lo, dtype=torch.float32, device=self.flat.data.device)
+                    copy_local(self.me, old, new, numel, zero1,
+                               sources[name][0] if name in sources else None, buf)
+                    targets[name] = (buf, lo)
+        sent, received = execute_plan(plan, self.me, group, sources, targets)
+        if self.me in new:
+            if self.optimizer is None:
+                assert self.flat is not None
+                self.optimizer = DPAdamW(self.flat, self.optim_cfg, None,
+                                         new.index(self.me), len(new))
+                self.optimizer.step_count = int(meta["step"])
+            self.optimizer.exp_avg = targets["exp_avg"][0]
+            self.optimizer.exp_avg_sq = targets["exp_avg_sq"][0]
+        return sent, received, plan_bytes(plan)
+
+    def free(self) -> None:
+        """Drop the model and optimizer state (this rank leaves the actor)."""
+        if self.optimizer is not None:
+            self._step = self.optimizer.step_count
+        self.model = self.flat = self.optimizer = None
+        self.dp_group = None
+        gc.collect()

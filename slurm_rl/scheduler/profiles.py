@@ -1,0 +1,62 @@
+"""Workload profiles for the simulator, in the shape of the run config.
+
+``math_rl``: GRPO on math prompts with a 7B-class model. Long-tailed responses (lognormal,
+median about 1k tokens, clipped at 16k), group size 16, four optimizer steps per iteration, and the
+disaggregated RLinf layout (actor : rollout : inference = 1 : 2 : 1, in that rank order so the
+actor can grow into released rollout ranks). Costs per GPU: decode about 30 tokens/s per request
+at 64 running requests (a step is 30 % weight reads), training about 8k tokens/s,
+reference-logprob inference about 25k tokens/s, reshard at 12.5 GB/s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def math_rl(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
+    """The math-RL profile for ``gpus`` GPUs (a multiple of 4), as a config dictionary."""
+    if gpus < 4 or gpus % 4:
+        raise ValueError(f"math_rl profile: gpus={gpus}, expected a multiple of 4 (>= 4)")
+    q = gpus // 4
+    samples = 128 * gpus
+    group_size = 16
+    return {
+        "cluster": {
+            "num_nodes": max(1, gpus // 8),
+            "gpus_per_node": min(gpus, 8),
+            "auto_scheduler": False,
+            "use_pre_process_policy": False,
+            "use_wait_before_last_iter_policy": False,
+            "component_placement": {
+                "actor": f"0-{q - 1}",
+                "rollout": f"{q}-{3 * q - 1}",
+                "inference": f"{3 * q}-{gpus - 1}",
+            },
+        },
+        "train": {
+            "num_iterations": num_iterations,
+            "rollout_batch_size": samples // group_size,
+            "group_size": group_size,
+            "global_batch_size": samples // 4,
+            "micro_batch_size": 4,
+        },
+        "scheduler": {"policy": "static", "max_running_requests": 64,
+                      "pre_process_threshold": 0.5},
+        "emulated": {
+            "rollout_s_per_token": 1.0 / (30 * 64),
+            "inference_s_per_token": 4e-5,
+            "actor_s_per_token": 1.25e-4,
+            "response_len_mean": 1649,
+            "response_len_max": 16384,
+            "response_len_dist": "lognormal",
+            "response_len_sigma": 1.0,
+            "decode_fixed_fraction": 0.3,
+            "prompt_len": 256,
+            "scaling": 0.95,
+            "reshard_s_per_gb": 0.08,
+            "model_params": 7_000_000_000,
+        },
+    }
+
+
+PROFILES = {"math_rl": math_rl}

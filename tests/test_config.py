@@ -1,0 +1,507 @@
+"""Tests for slurm_rl.config and slurm_rl.placement: RLinf placement forms, errors, loading."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_rl.config import (
+    COMPONENTS,
+    Config,
+    ConfigError,
+    ConfigIssue,
+    Placement,
+    config_from_yaml_text,
+    load_config,
+    parse_placement,
+    placement_from_ranks,
+    resolve_gpus_per_node,
+)
+from slurm_rl.placement import PLACEMENT_FORMS
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_FILES = sorted((REPO / "configs").rglob("*.yaml"))
+SLURM_ENV = {"SLURM_TASKS_PER_NODE": "4(x2)"}
+
+BASE_YAML = """
+cluster:
+  num_nodes: 1
+  gpus_per_node: 8
+  component_placement:
+    actor: 0-1
+    rollout: 2-5
+    inference: 6-7
+"""
+
+
+def ranks(p: Placement) -> dict[str, tuple[int, ...]]:
+    return {name: comp.ranks for name, comp in p.components.items()}
+
+
+def issues_of(exc: pytest.ExceptionInfo[ConfigError]) -> dict[str, ConfigIssue]:
+    return {issue.key: issue for issue in exc.value.issues}
+
+
+def assert_issue(err: ConfigError, key: str, value: Any, allowed: str) -> None:
+    """The message has a line naming the key, the value and the allowed text."""
+    lines = [line for line in str(err).splitlines() if line.startswith(f"{key}: got {value!r}; allowed: ")]
+    assert lines, f"no line for {key} / {value!r} in:\n{err}"
+    assert any(allowed in line for line in lines), f"{allowed!r} not in {lines}"
+
+
+# --------------------------------------------------------------------------- placement forms
+
+
+def test_plain_ranges_rank_equals_slot_and_unused_slot_is_idle() -> None:
+    p = parse_placement({"actor": "0-1", "rollout": "2-4", "inference": 6}, 8)
+    assert p.world_size == 8 and p.slot_of_rank == tuple(range(8))
+    assert ranks(p) == {"actor": (0, 1), "rollout": (2, 3, 4), "inference": (6,)}
+    assert p.roles_of(0) == ("actor",) and p.roles_of(6) == ("inference",)
+    assert p.roles_of(5) == () and p.roles_of(7) == ()
+    assert tuple(p.components) == COMPONENTS
+    with pytest.raises(IndexError):
+        p.roles_of(8)
+
+
+@pytest.mark.parametrize("spec", [3, "3", " 3 "])
+def test_single_slot_int_or_string(spec: Any) -> None:
+    p = parse_placement({"actor": spec, "rollout": "0-1"}, 4)
+    assert p.components["actor"].ranks == (3,) and p.components["actor"].slots == (3,)
+
+
+def test_comma_list_and_all() -> None:
+    p = parse_placement({"actor": "0-1,6-7", "rollout": "2-3,5"}, 8)
+    assert ranks(p) == {"actor": (0, 1, 6, 7), "rollout": (2, 3, 5)}
+    q = parse_placement({"actor,rollout,inference": "all"}, 4)
+    assert all(c.ranks == (0, 1, 2, 3) for c in q.components.values())
+    assert q.components["rollout"].shared_with == ("actor", "inference")
+    assert q.roles_of(2) == COMPONENTS
+
+
+def test_resources_processes_two_per_gpu() -> None:
+    p = parse_placement({"actor": "0-3:0-7", "rollout": "4-7"}, 8)
+    assert p.world_size == 12
+    assert p.slot_of_rank == (0, 0, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7)
+    assert p.components["actor"].ranks == tuple(range(8))
+    assert p.components["actor"].slots == (0, 1, 2, 3)
+    assert p.components["rollout"].ranks == (8, 9, 10, 11)
+    assert p.ranks_on_slot(1) == (2, 3)
+
+
+def test_mixed_rlinf_example_across_two_nodes() -> None:
+    p = parse_placement({"actor": "0-1:0-3,3-5,7-10:7-14", "rollout": "11-15"}, 16, num_nodes=2)
+    # slots 0,1 host 2 processes; 3,4,5 one; 7-10 two; 2, 6 idle; 11-15 one.
+    per_slot = [len(p.ranks_on_slot(s)) for s in range(16)]
+    assert per_slot == [2, 2, 1, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1]
+    assert p.world_size == 22
+    actor = p.components["actor"]
+    assert len(actor.ranks) == 15
+    assert actor.ranks == (0, 1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16)
+    assert [p.slot_of_rank[r] for r in actor.ranks] == [0, 0, 1, 1, 3, 4, 5, 7, 7, 8, 8, 9, 9, 10, 10]
+    assert p.roles_of(4) == () and p.slot_of_rank[4] == 2  # slot 2 idle
+    assert p.components["rollout"].ranks == (17, 18, 19, 20, 21)
+    assert p.node_of_rank(16) == 1 and p.node_of_rank(5) == 0 and p.node_of_slot(8) == 1
+
+
+def test_collocated_components_share_ranks() -> None:
+    p = parse_placement({"actor,inference": "0-3", "rollout": "4-7"}, 8)
+    assert p.components["actor"].ranks == p.components["inference"].ranks == (0, 1, 2, 3)
+    assert p.components["actor"].shared_with == ("inference",)
+    assert p.components["rollout"].shared_with == ()
+    assert p.roles_of(1) == ("actor", "inference")
+
+
+def test_dict_form_records_node_group() -> None:
+    p = parse_placement({"actor": {"node_group": "a800", "placement": "0-3"},
+                         "rollout": {"placement": 4}}, 8)
+    assert p.components["actor"].node_group == "a800"
+    assert p.components["actor"].ranks == (0, 1, 2, 3)
+    assert p.components["rollout"].node_group is None and p.components["rollout"].ranks == (4,)
+
+
+def test_to_json_from_json_round_trip() -> None:
+    p = parse_placement({"actor,inference": {"node_group": "g", "placement": "0-1:0-3"},
+                         "rollout": "2-3"}, 4)
+    data = p.to_json()
+    assert data["world_size"] == 6
+    assert data["components"]["actor"] == {"ranks": [0, 1, 2, 3], "slots": [0, 1], "node_group": "g",
+                                           "shared_with": ["inference"]}
+    assert Placement.from_json(data) == p
+    assert Placement.from_json({"world_size": 2, "components": {"actor": {"ranks": [0]},
+                                                                "rollout": {"ranks": [1]}}}).num_slots == 2
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"world_size": 0, "components": {}}, "placement.world_size"),
+    ({"world_size": 2, "slot_of_rank": [1, 0], "components": {}}, "placement.slot_of_rank"),
+    ({"world_size": 2, "components": {"actor": {"ranks": [0, 5]}}}, "placement.actor"),
+    ({"world_size": 2, "components": "x"}, "placement.components"),
+])
+def test_from_json_rejects_bad_data(data: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        Placement.from_json(data)
+    assert key in issues_of(exc)
+
+
+def test_placement_from_ranks() -> None:
+    base = parse_placement({"actor,inference": "0-3", "rollout": "4-7"}, 8)
+    new = placement_from_ranks({"actor": [0, 1, 2, 3, 4, 5], "rollout": [6, 7], "inference": [0, 1]}, base)
+    assert new.world_size == base.world_size and new.slot_of_rank == base.slot_of_rank
+    assert new.components["actor"].shared_with == ("inference",)
+    assert new.roles_of(5) == ("actor",) and new.roles_of(7) == ("rollout",)
+    with pytest.raises(ConfigError) as exc:
+        placement_from_ranks({"actor": [0, 1], "rollout": [1, 2, 8], "inference": [], "critic": [3]}, base)
+    found = issues_of(exc)
+    assert set(found) == {"placement.rollout", "placement.inference", "placement.critic"}
+    assert "0-7" in found["placement.rollout"].allowed
+    with pytest.raises(ConfigError) as exc:
+        placement_from_ranks({"actor": [0, 1], "rollout": [1, 2]}, base)
+    assert "only collocated components may share ranks" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- placement errors
+
+BAD_PLACEMENTS = [
+    pytest.param({"actor": "0-8", "rollout": "0"}, "cluster.component_placement.actor", "0-8",
+                 "slot 8 is outside the allocation", id="out-of-allocation"),
+    pytest.param({"actor": "3-1", "rollout": "4"}, "cluster.component_placement.actor", "3-1",
+                 PLACEMENT_FORMS, id="reversed-range"),
+    pytest.param({"actor": "a-b", "rollout": "4"}, "cluster.component_placement.actor", "a-b",
+                 PLACEMENT_FORMS, id="letters"),
+    pytest.param({"actor": "", "rollout": "4"}, "cluster.component_placement.actor", "",
+                 PLACEMENT_FORMS, id="empty"),
+    pytest.param({"actor": None, "rollout": "4"}, "cluster.component_placement.actor", None,
+                 PLACEMENT_FORMS, id="none"),
+    pytest.param({"actor": "0-1:1-2", "rollout": "4"}, "cluster.component_placement.actor", "0-1:1-2",
+                 "process ranks contiguous from 0", id="non-contiguous-from-0"),
+    pytest.param({"actor": "0-1:0-3,2-3:5-6", "rollout": "4"}, "cluster.component_placement.actor",
+                 "0-1:0-3,2-3:5-6", "expected 4", id="non-contiguous-gap"),
+    pytest.param({"actor": "0-1", "actor,inference": "2-3", "rollout": "4"},
+                 "cluster.component_placement.actor,inference", "actor",
+                 "each component in one entry only", id="listed-twice"),
+    pytest.param({"actor": "0-1", "critic": "2-3", "rollout": "4"}, "cluster.component_placement.critic",
+                 "critic", "component names among actor, rollout, inference", id="unknown-component"),
+    pytest.param({"actor": "0-3", "rollout": "3-5"}, "cluster.component_placement.rollout", "3-5",
+                 "slot 3 is also used by 'actor'", id="overlap"),
+    pytest.param({"actor": "0-2:0-3", "rollout": "4"}, "cluster.component_placement.actor", "0-2:0-3",
+                 "processes spread evenly", id="uneven"),
+    pytest.param({"actor": "0-1,1-2", "rollout": "4"}, "cluster.component_placement.actor", "0-1,1-2",
+                 "each slot at most once per entry", id="slot-twice-in-entry"),
+    pytest.param({"actor": "0-1"}, "cluster.component_placement.rollout", None, "actor, rollout",
+                 id="missing-rollout"),
+    pytest.param({"actor": {"placement": "0-1", "gpus": 2}, "rollout": "4"},
+                 "cluster.component_placement.actor.gpus", 2, "node_group and placement",
+                 id="dict-unknown-key"),
+]
+
+
+@pytest.mark.parametrize("raw, key, value, allowed", BAD_PLACEMENTS)
+def test_bad_placement(raw: dict[str, Any], key: str, value: Any, allowed: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_placement(raw, 8)
+    if value is None and key.endswith("rollout"):
+        assert f"{key}: got <missing>; allowed: " in str(exc.value)
+        assert allowed in str(exc.value)
+    else:
+        assert_issue(exc.value, key, value, allowed)
+
+
+def test_example_message_text() -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_placement({"actor": "3-1", "rollout": "4"}, 8)
+    assert str(exc.value) == (
+        "cluster.component_placement.actor: got '3-1'; allowed: a range 'a-b' with a <= b, a comma "
+        "list of ranges, 'all', or 'resources:processes'")
+
+
+def test_all_placement_errors_reported_at_once() -> None:
+    raw = {"actor": "3-1", "rollout": "0-9", "critic": "1", "inference": "0-2:0-4"}
+    with pytest.raises(ConfigError) as exc:
+        parse_placement(raw, 8)
+    lines = str(exc.value).splitlines()
+    assert len(lines) == len(exc.value.issues) == 4
+    assert set(issues_of(exc)) == {f"cluster.component_placement.{k}" for k in raw}
+
+
+@pytest.mark.parametrize("raw, bad", [
+    ({"actor": "4-5", "rollout": "0-3", "inference": "6-7"}, "rollout"),    # rollout before actor
+    ({"actor": "1-2", "rollout": "3-5", "inference": "0"}, "inference"),     # inference first
+    ({"actor": "0-1,4", "rollout": "2-3", "inference": "5-7"}, "actor"),    # actor not one block
+])
+def test_auto_scheduler_requires_contiguous_ordered_blocks(raw: dict[str, Any], bad: str) -> None:
+    parse_placement(raw, 8)  # fine without the auto scheduler
+    with pytest.raises(ConfigError) as exc:
+        parse_placement(raw, 8, auto_scheduler=True)
+    key = f"cluster.component_placement.{bad}"
+    assert key in issues_of(exc)
+    assert "actor -> rollout -> inference" in issues_of(exc)[key].allowed
+    # a block may be written in any order
+    parse_placement({"actor": "0-1", "rollout": "2-5", "inference": "7,6"}, 8, auto_scheduler=True)
+
+
+def test_auto_scheduler_collocated_entry_is_one_block() -> None:
+    p = parse_placement({"actor,inference": "0-3", "rollout": "4-7"}, 8, auto_scheduler=True)
+    assert p.components["inference"].ranks == (0, 1, 2, 3)
+
+
+def test_world_is_fixed_for_later_placements() -> None:
+    base = parse_placement({"actor": "0-1:0-3", "rollout": "2-3"}, 4)
+    assert base.world_size == 6
+    later = parse_placement({"actor": "0-2", "rollout": "3"}, 4, world=base)
+    assert later.world_size == 6 and later.slot_of_rank == base.slot_of_rank
+    assert later.components["actor"].ranks == (0, 2, 4) and later.components["rollout"].ranks == (5,)
+    with pytest.raises(ConfigError) as exc:
+        parse_placement({"actor": "0-1", "rollout": "2-3:0-3"}, 4, world=base)
+    assert "at most 1 process(es) on slot 2" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- gpus_per_node
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_GPUS_ON_NODE": "8", "SLURM_NTASKS_PER_NODE": "4"}, 8),
+    ({"SLURM_NTASKS_PER_NODE": "4"}, 4),
+    ({"SLURM_TASKS_PER_NODE": "4(x2)"}, 4),
+    ({"SLURM_TASKS_PER_NODE": "2"}, 2),
+    ({"SLURM_TASKS_PER_NODE": "3,3(x3)"}, 3),
+])
+def test_gpus_per_node_from_slurm_env(env: dict[str, str], expected: int) -> None:
+    assert resolve_gpus_per_node(None, env) == expected
+    assert resolve_gpus_per_node(6, env) == 6  # explicit value wins
+
+
+@pytest.mark.parametrize("env, value", [
+    ({}, None),
+    ({"SLURM_TASKS_PER_NODE": "4(x2),3"}, "SLURM_TASKS_PER_NODE='4(x2),3'"),
+    ({"SLURM_GPUS_ON_NODE": "eight"}, "SLURM_GPUS_ON_NODE='eight'"),
+    ({"SLURM_NTASKS_PER_NODE": "0"}, "SLURM_NTASKS_PER_NODE='0'"),
+])
+def test_gpus_per_node_errors(env: dict[str, str], value: Any) -> None:
+    with pytest.raises(ConfigError) as exc:
+        resolve_gpus_per_node(None, env)
+    assert_issue(exc.value, "cluster.gpus_per_node", value, "a positive int")
+
+
+def test_load_config_takes_gpus_per_node_from_env_and_writes_it_back() -> None:
+    cfg = load_config(REPO / "configs/examples/slurm_2x4.yaml", env=SLURM_ENV)
+    assert cfg.cluster.gpus_per_node == 4 and cfg.num_slots == 8
+    assert cfg.raw.cluster.gpus_per_node == 4
+    with pytest.raises(ConfigError) as exc:
+        load_config(REPO / "configs/examples/slurm_2x4.yaml", env={})
+    assert "cluster.gpus_per_node" in issues_of(exc)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_quickstart_sections_and_defaults() -> None:
+    cfg = load_config(REPO / "configs/quickstart.yaml", env={})
+    assert isinstance(cfg, Config)
+    assert cfg.runtime.device == "emulated" and cfg.cluster.gpus_per_node == 8
+    assert cfg.train.num_iterations == 4 and cfg.train.global_batch_size == 32
+    assert cfg.runtime.seed == 1234 and cfg.runtime.keep_iterations == 2  # defaults
+    assert cfg.scheduler.policy == "scripted" and 2 <= len(cfg.scheduler.script) <= 3
+    assert len(cfg.script_placements) == len(cfg.scheduler.script)
+    assert ranks(cfg.placement) == {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)}
+    assert cfg.model == {} and cfg.algorithm == {}
+    with pytest.raises(Exception):
+        cfg.raw.train.num_iterations = 9  # read-only
+
+
+def test_free_form_sections_kept() -> None:
+    cfg = config_from_yaml_text(BASE_YAML + "model: {name: tiny, layers: [1, 2]}\nalgorithm: {kl: 0.1}\n")
+    assert cfg.model == {"name": "tiny", "layers": [1, 2]} and cfg.algorithm == {"kl": 0.1}
+    assert cfg.raw.model.name == "tiny"
+
+
+def test_overrides() -> None:
+    cfg = config_from_yaml_text(BASE_YAML, [
+        "train.num_iterations=6",
+        "emulated.rollout_s_per_token=1e-5",
+        "runtime.heartbeat_timeout_s=5",
+        "cluster.component_placement.rollout=2-4",
+        "runtime.device=cpu",
+        "model.name=tiny",
+    ])
+    assert cfg.train.num_iterations == 6
+    assert cfg.emulated.rollout_s_per_token == 1e-5
+    assert cfg.runtime.heartbeat_timeout_s == 5.0 and isinstance(cfg.runtime.heartbeat_timeout_s, float)
+    assert cfg.placement.components["rollout"].ranks == (2, 3, 4)
+    assert cfg.placement.components["inference"].ranks == (6, 7)
+    assert cfg.runtime.device == "cpu" and cfg.model == {"name": "tiny"}
+
+
+def test_override_replaces_whole_placement_mapping() -> None:
+    cfg = config_from_yaml_text(BASE_YAML, ["cluster.component_placement={actor: 0-3, rollout: 4-7}"])
+    assert ranks(cfg.placement) == {"actor": (0, 1, 2, 3), "rollout": (4, 5, 6, 7)}
+
+
+def test_override_script_item() -> None:
+    cfg = load_config(REPO / "configs/quickstart.yaml", ["scheduler.script.0.at_iteration=2",
+                                                         "scheduler.script.1.at_iteration=1"])
+    assert [s.at_iteration for s in cfg.scheduler.script[:2]] == [2, 1]
+
+
+def test_bad_overrides_all_reported() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["train.foo=1", "nokey", "train.group_size=abc",
+                                          "train.num_iterations.x=1"])
+    found = issues_of(exc)
+    assert_issue(exc.value, "train.foo", 1, "one of the keys num_iterations")
+    assert_issue(exc.value, "override 'nokey'", "nokey", "key.path=value")
+    assert_issue(exc.value, "train.group_size", "abc", "int")
+    assert "train.num_iterations" in found
+    assert len(str(exc.value).splitlines()) == 4
+
+
+def test_now_resolver_in_run_dir() -> None:
+    year = datetime.now().strftime("%Y")
+    cfg = config_from_yaml_text(BASE_YAML)
+    assert re.fullmatch(r"runs/\d{8}-\d{6}", cfg.runtime.run_dir)
+    cfg = config_from_yaml_text(BASE_YAML, ["runtime.run_dir=out/${now:%Y}/x"])
+    assert cfg.runtime.run_dir == f"out/{year}/x" and cfg.raw.runtime.run_dir == f"out/{year}/x"
+
+
+def test_round_trip_via_yaml(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "configs/examples/placement_forms.yaml", ["model.name=tiny"])
+    text = cfg.to_yaml()
+    assert "${now" not in text
+    (tmp_path / "config.yaml").write_text(text)
+    again = load_config(tmp_path / "config.yaml", env={})
+    assert again == cfg and again.to_yaml() == text
+    assert config_from_yaml_text(text, env={}) == cfg
+    slurm = load_config(REPO / "configs/examples/slurm_2x4.yaml", env=SLURM_ENV)
+    assert config_from_yaml_text(slurm.to_yaml(), env={}).placement == slurm.placement
+
+
+def test_validation_errors_all_at_once() -> None:
+    text = """
+cluster:
+  gpus_per_node: 4
+  bogus: 1
+  component_placement: {actor: 0-1, rollout: 2-3}
+runtime: {device: gpu, heartbeat_timeout_s: 0.5}
+train: {micro_batch_size: 5, rollout_batch_size: 3}
+scheduler:
+  policy: magic
+  script:
+    - {at_iteration: 1, placement: {actor: 0-3, rollout: 0}}
+    - {at_iteration: 2, placement: {actor: 0-9, rollout: 2-3}, at_phase: middle}
+emulated: {scaling: 1.5}
+extra_section: {a: 1}
+"""
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(text)
+    err = exc.value
+    assert_issue(err, "cluster.bogus", 1, "one of the keys num_nodes")
+    assert_issue(err, "runtime.device", "gpu", "one of emulated, cpu, cuda")
+    assert_issue(err, "runtime.heartbeat_timeout_s", 0.5, "more than runtime.heartbeat_interval_s")
+    assert_issue(err, "train.global_batch_size", 32, "a multiple of train.micro_batch_size (5)")
+    assert_issue(err, "train.global_batch_size", 32, "a divisor of train.rollout_batch_size")
+    assert_issue(err, "scheduler.policy", "magic", "one of static, scripted, auto")
+    assert_issue(err, "scheduler.script[0].placement.rollout", 0, "slot 0 is also used by 'actor'")
+    assert_issue(err, "scheduler.script[1].placement.actor", "0-9", "slots 0-3")
+    assert_issue(err, "scheduler.script[1].at_phase", "middle", "one of start, after_rollout")
+    assert_issue(err, "emulated.scaling", 1.5, "(0, 1]")
+    assert_issue(err, "extra_section", {"a": 1}, "one of the keys cluster")
+    assert len(err.issues) == 11 == len(str(err).splitlines())
+
+
+def test_type_errors_in_script_items_keep_indices() -> None:
+    text = BASE_YAML + """
+scheduler:
+  script:
+    - 3
+    - {at_iteration: x, placement: {actor: 0, rollout: 1}}
+    - {at_iteration: 1}
+"""
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(text)
+    assert_issue(exc.value, "scheduler.script[0]", 3, "a mapping with keys at_iteration")
+    assert_issue(exc.value, "scheduler.script[1].at_iteration", "x", "int")
+    assert "scheduler.script[2].placement: got <missing>" in str(exc.value)
+    assert len(exc.value.issues) == 3
+
+
+def test_missing_placement_and_no_file() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, ["cluster.gpus_per_node=8"])
+    assert str(exc.value).startswith("cluster.component_placement: got <missing>; allowed: a mapping")
+    cfg = load_config(None, ["cluster.gpus_per_node=8", "cluster.component_placement={actor: 0, rollout: 1}"])
+    assert cfg.placement.world_size == 8
+
+
+def test_unresolvable_interpolation_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML + "runtime: {run_dir: '${nope:x}', device: '${oc.env:SLURM_RL_NOPE}'}\n")
+    assert_issue(exc.value, "runtime.run_dir", "${nope:x}", "a resolvable interpolation")
+    assert_issue(exc.value, "runtime.device", "${oc.env:SLURM_RL_NOPE}", "a resolvable interpolation")
+    assert len(exc.value.issues) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster: [\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(bad)
+    assert exc.value.issues[0].key.startswith(str(bad))
+    with pytest.raises(ConfigError) as exc:
+        load_config(tmp_path / "absent.yaml")
+    assert "a readable YAML file" in str(exc.value)
+
+
+def test_config_error_pickles() -> None:
+    err = ConfigError([ConfigIssue("a.b", 1, "int"), ConfigIssue("c", "x", "str")])
+    again = pickle.loads(pickle.dumps(err))
+    assert again.issues == err.issues and str(again) == str(err) == "a.b: got 1; allowed: int\nc: got 'x'; allowed: str"
+    assert isinstance(again, ValueError)
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_example_configs_load(path: Path) -> None:
+    cfg = load_config(path, env=SLURM_ENV)
+    assert cfg.placement.num_slots == cfg.cluster.num_nodes * cfg.cluster.gpus_per_node
+    assert {"actor", "rollout"} <= set(cfg.placement.components)
+    assert config_from_yaml_text(cfg.to_yaml(), env={}) == cfg
+
+
+def test_expected_config_files_exist() -> None:
+    names = {str(p.relative_to(REPO)) for p in CONFIG_FILES}
+    assert {"configs/quickstart.yaml", "configs/examples/emulated_8.yaml", "configs/examples/emulated_64.yaml",
+            "configs/examples/slurm_2x4.yaml", "configs/examples/placement_forms.yaml"} <= names
+    assert load_config(REPO / "configs/examples/emulated_64.yaml").placement.world_size == 64
+
+
+def test_simulator_knobs_validated() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["emulated.response_len_dist=zipf", "emulated.response_len_alpha=1",
+                                          "emulated.decode_fixed_fraction=0", "scheduler.tick_s=0",
+                                          "scheduler.rollout_ranks_per_instance=0", "runtime.run_timeout_s=-1"])
+    assert_issue(exc.value, "emulated.response_len_dist", "zipf", "one of lognormal, pareto, fixed")
+    assert_issue(exc.value, "emulated.response_len_alpha", 1.0, "a number > 1")
+    assert_issue(exc.value, "emulated.decode_fixed_fraction", 0.0, "(0, 1]")
+    assert_issue(exc.value, "scheduler.tick_s", 0.0, "a positive number")
+    assert_issue(exc.value, "scheduler.rollout_ranks_per_instance", 0, "a positive int")
+    assert_issue(exc.value, "runtime.run_timeout_s", -1.0, "a positive number")
+    assert len(exc.value.issues) == 6
+
+
+def test_defaults_agree_with_scheduler_defaults() -> None:
+    """The schema repeats the scheduler's documented defaults; they must not drift apart."""
+    defaults = pytest.importorskip("slurm_rl.scheduler.defaults")
+    cfg = config_from_yaml_text(BASE_YAML)
+    assert cfg.scheduler.max_running_requests == defaults.MAX_RUNNING_REQUESTS
+    assert cfg.scheduler.pre_process_threshold == defaults.PRE_PROCESS_THRESHOLD
+    assert cfg.scheduler.rollout_ranks_per_instance == defaults.RANKS_PER_INSTANCE
+    assert cfg.scheduler.actor_ranks_per_instance == defaults.RANKS_PER_INSTANCE
+    assert cfg.scheduler.switch_latency_s == defaults.SWITCH_LATENCY_S
+    assert cfg.scheduler.tick_s == defaults.TICK_S and cfg.scheduler.seed == defaults.SEED
+    assert cfg.emulated.response_len_dist == defaults.RESPONSE_LEN_DIST
+    assert cfg.emulated.response_len_sigma == defaults.RESPONSE_LEN_SIGMA
+    assert cfg.emulated.response_len_alpha == defaults.PARETO_ALPHA
+    assert cfg.emulated.decode_fixed_fraction == defaults.DECODE_FIXED_FRACTION
+    assert cfg.cluster.use_pre_process_policy == defaults.USE_PRE_PROCESS_POLICY
+    assert cfg.cluster.use_wait_before_last_iter_policy == defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY
+    assert cfg.scheduler.policy == defaults.POLICY and COMPONENTS == defaults.COMPONENTS

@@ -1,0 +1,111 @@
+"""End-to-end local runs with emulated compute: real processes, files, epochs, acks, Arrow batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emulated_configs import emulated_config, write_config
+from slurm_rl.control.epochs import EpochStore
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.inspect.report import report_json
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_local_run_8_ranks_three_epochs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.yaml", emulated_config(run_dir))
+    proc = _cli("run", str(cfg))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "placement epochs" in proc.stdout
+
+    epochs = EpochStore(RunPaths(run_dir)).all()
+    assert [e.epoch for e in epochs] == [0, 1, 2]
+    assert epochs[1].ranks_of("actor") == [0, 1, 2, 3] and epochs[1].ranks_of("inference") == []
+    assert epochs[2].ranks_of("inference") == [6, 7]
+    assert (os.stat(run_dir).st_mode & 0o777) == 0o700
+
+    report = report_json(run_dir)
+    for record in report["epochs"]:
+        assert record["acks"] == 8, record
+        assert record["switch_latency_s"] is not None and record["switch_latency_s"] < 30
+    # Ranks 2 and 3 join the actor at epoch 1: they receive actor state (emulated reshard).
+    assert report["epochs"][1]["bytes_moved"] > 0
+    assert [m["iteration"] for m in report["metrics"]] == [0, 1, 2]
+    assert all(m["samples"] == 64 for m in report["metrics"])
+
+    # Each rank's roles came only from the epochs it acknowledged.
+    for e in epochs:
+        for rank in range(8):
+            ack = json.loads(RunPaths(run_dir).ack(e.epoch, rank).read_text())
+            assert ack["figures"]["roles"] == e.role_of(rank)
+
+    inspected = _cli("inspect", str(run_dir), "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    rows = json.loads(inspected.stdout)
+    assert {"epoch", "published_at", "reason", "placement", "switch_latency_s"} <= set(rows[0])
+    assert len(rows) == 3
+
+
+@pytest.mark.slow
+def test_local_run_64_emulated_ranks(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run64"
+    cfg = write_config(tmp_path / "c64.yaml", emulated_config(run_dir, nodes=8, gpus_per_node=8, iterations=3))
+    proc = _cli("run", str(cfg), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = report_json(run_dir)["epochs"]
+    assert len(records) == 3 and all(r["acks"] == 64 for r in records)
+
+
+def test_bad_config_exits_2_and_launches_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "never"
+    cfg = emulated_config(run_dir)
+    cfg["cluster"]["component_placement"]["actor"] = "3-1"
+    cfg["runtime"]["device"] = "tpu"
+    proc = _cli("run", str(write_config(tmp_path / "bad.yaml", cfg)))
+    assert proc.returncode == 2
+    assert "cluster.component_placement.actor" in proc.stderr and "'3-1'" in proc.stderr
+    assert "runtime.device" in proc.stderr and "tpu" in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_stalled_rank_fails_run_naming_it(tmp_path: Path) -> None:
+    """A rank that stops (SIGSTOP: alive but silent) is declared dead by its stale heartbeat."""
+    run_dir = tmp_path / "run"
+    cfg = emulated_config(run_dir, iterations=30, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0, wait_timeout_s=60.0)
+    cfg["emulated"]["rollout_s_per_token"] = 2.0e-4  # slow enough to stop a rank mid-run
+    path = write_config(tmp_path / "c.yaml", cfg)
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline:
+        hb = RunPaths(run_dir).heartbeat(5)
+        if hb.exists() and RunPaths(run_dir).ack(0, 5).exists():
+            victim = json.loads(hb.read_text())["pid"]
+        time.sleep(0.1)
+    assert victim is not None, "rank 5 never started"
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 1, out + err
+    coordinator_log = (run_dir / "logs" / "coordinator.log").read_text()
+    assert "rank 5" in coordinator_log and "heartbeat" in coordinator_log, coordinator_log
