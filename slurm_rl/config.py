@@ -288,6 +288,7 @@ def _merge_into(node: DictConfig, update: Any, prefix: str, issues: list[ConfigI
             issues.append(ConfigIssue(full_key, _plain(value), "one of the keys " + ", ".join(hints)))
             continue
         tp = hints.get(key) if hints is not None else None
+        # _get_node: the child node itself, without resolving interpolations on access
         child = node._get_node(key) if key in node else None
         if (
             isinstance(child, DictConfig) and isinstance(value, (Mapping, DictConfig))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 COMPONENTS: tuple[str, ...] = ("actor", "rollout", "inference")
@@ -60,6 +59,22 @@ class ConfigError(ValueError):
         return (type(self), (tuple(self.issues),))
 
 
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A dict that refuses mutation; copies, pickles and ``dataclasses.asdict`` still work."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("placement components are read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+
 @dataclass(frozen=True)
 class ComponentPlacement:
     """Where one component runs.
@@ -89,15 +104,12 @@ class Placement:
 
     def __post_init__(self) -> None:
         ordered = {n: self.components[n] for n in COMPONENTS if n in self.components}
-        object.__setattr__(self, "components", MappingProxyType(ordered))
+        object.__setattr__(self, "components", FrozenDict(ordered))
         roles: list[list[str]] = [[] for _ in range(self.world_size)]
         for name, comp in ordered.items():
             for rank in comp.ranks:
                 roles[rank].append(name)
         object.__setattr__(self, "_roles", tuple(tuple(r) for r in roles))
-
-    def __hash__(self) -> int:
-        return hash((self.num_slots, self.world_size, self.slot_of_rank, tuple(self.components.items())))
 
     def roles_of(self, rank: int) -> tuple[str, ...]:
         """Components that include ``rank``, in :data:`COMPONENTS` order; ``()`` means idle."""

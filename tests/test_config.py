@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_rl.config import (
     COMPONENTS,
@@ -505,3 +507,59 @@ def test_defaults_agree_with_scheduler_defaults() -> None:
     assert cfg.cluster.use_pre_process_policy == defaults.USE_PRE_PROCESS_POLICY
     assert cfg.cluster.use_wait_before_last_iter_policy == defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY
     assert cfg.scheduler.policy == defaults.POLICY and COMPONENTS == defaults.COMPONENTS
+
+
+def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    assert load_config(REPO / "configs/examples/slurm_2x4.yaml").placement.world_size == 8
+
+
+def test_config_copies_pickles_and_is_read_only() -> None:
+    import copy
+    import dataclasses
+
+    cfg = load_config(REPO / "configs/examples/placement_forms.yaml")
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert copy.deepcopy(cfg.placement) == cfg.placement and hash(cfg.placement) == hash(copy.copy(cfg.placement))
+    as_dict = dataclasses.asdict(cfg)
+    assert as_dict["placement"]["components"]["rollout"]["node_group"] == "default"
+    with pytest.raises(TypeError):
+        cfg.placement.components["actor"] = cfg.placement.components["rollout"]  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.placement = cfg.placement  # type: ignore[misc]
+
+
+@st.composite
+def disjoint_layouts(draw: Any) -> tuple[int, dict[str, str], list[int]]:
+    """Slots cut into contiguous blocks (actor, rollout, [inference, idle]), each with a
+    processes-per-slot multiplicity; returns (num_slots, raw placement, processes per slot)."""
+    num_slots = draw(st.integers(min_value=2, max_value=24))
+    cuts = sorted(draw(st.lists(st.integers(1, num_slots - 1), min_size=1, max_size=3, unique=True)))
+    bounds = [0, *cuts, num_slots]
+    raw: dict[str, str] = {}
+    per_slot = [1] * num_slots
+    for name, lo, hi in zip(COMPONENTS, bounds, bounds[1:]):
+        k = draw(st.integers(1, 3))
+        n = hi - lo
+        raw[name] = f"{lo}-{hi - 1}:0-{n * k - 1}" if k > 1 else f"{lo}-{hi - 1}"
+        per_slot[lo:hi] = [k] * n
+    return num_slots, raw, per_slot  # at least two blocks: actor and rollout are placed
+
+
+@settings(max_examples=60, deadline=None)
+@given(disjoint_layouts())
+def test_rank_numbering_properties(layout: tuple[int, dict[str, str], list[int]]) -> None:
+    num_slots, raw, per_slot = layout
+    p = parse_placement(raw, num_slots, auto_scheduler=True)
+    assert p.world_size == sum(per_slot)
+    assert list(p.slot_of_rank) == sorted(p.slot_of_rank)  # slot-major numbering
+    assert [len(p.ranks_on_slot(s)) for s in range(num_slots)] == per_slot
+    for comp in p.components.values():
+        assert list(comp.ranks) == sorted(comp.ranks)
+        assert {p.slot_of_rank[r] for r in comp.ranks} == set(comp.slots)
+        assert all(comp.name in p.roles_of(r) for r in comp.ranks)
+    used = [r for comp in p.components.values() for r in comp.ranks]
+    assert len(used) == len(set(used))  # disjoint components never share a rank
+    assert Placement.from_json(p.to_json()) == p

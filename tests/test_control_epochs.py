@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import builtins
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_rl.control import (Epoch, EpochOrderError, EpochStore, EpochWatcher, FencedEpochError, RunPaths,
                               TornFileError, UnsafePathError, WaitTimeout, atomic_write_json, safe_join)
@@ -153,7 +156,6 @@ def test_wait_next_returns_an_epoch_published_meanwhile(paths: RunPaths) -> None
     store = EpochStore(paths)
     store.publish(_epoch(0), GEN)
     watcher = EpochWatcher(paths, start_after=0)
-    import threading
     timer = threading.Timer(0.05, store.publish, args=(_epoch(1), GEN))
     timer.start()
     try:
@@ -172,3 +174,16 @@ def test_torn_epoch_file_is_reported_with_its_path(paths: RunPaths) -> None:
     watcher.poll()
     with pytest.raises(TornFileError, match="000001.json: file holds epoch 0, expected 1"):
         watcher.poll()
+
+
+@settings(max_examples=300, deadline=None)
+@given(rel=st.text(alphabet=st.sampled_from(list("ab./\\:~ \x00")), max_size=12))
+def test_safe_join_result_always_stays_under_the_root(tmp_path_factory: pytest.TempPathFactory, rel: str) -> None:
+    root = tmp_path_factory.getbasetemp() / "safe-join-root"
+    root.mkdir(exist_ok=True)
+    try:
+        joined = safe_join(root, rel)
+    except UnsafePathError:
+        return
+    resolved, base = joined.resolve(), root.resolve()
+    assert resolved == base or base in resolved.parents

@@ -18,19 +18,21 @@ DEFAULT_HEARTBEAT_CHECK_INTERVAL_S = 1.0
 
 
 def write_ack(paths: RunPaths, epoch: int, rank: int, host: str, seen_at: float, applied_at: float,
-              figures: Mapping[str, Any] | None = None) -> None:
-    """Record that ``rank`` saw ``epoch`` at ``seen_at`` and applied it at ``applied_at`` (atomic, fsynced).
+              figures: Mapping[str, Any] | None = None, *, durable: bool = False) -> None:
+    """Record that ``rank`` saw ``epoch`` at ``seen_at`` and applied it at ``applied_at`` (atomic rename).
 
-    ``figures`` carries transition measurements (bytes moved, seconds, ...).
+    ``figures`` carries transition measurements (bytes moved, seconds, ...). Acks are not fsynced
+    by default: they are observations the coordinator reads within seconds, on the switch's
+    critical path; a storage crash loses at most acks that a restarted coordinator re-awaits.
     """
     doc = {"epoch": epoch, "rank": rank, "host": host, "pid": os.getpid(), "seen_at": seen_at,
            "applied_at": applied_at, "figures": dict(figures or {}), "time": time.time()}
     path = paths.ack(epoch, rank)
     try:
-        atomic_write_json(path, doc)
+        atomic_write_json(path, doc, durable=durable)
     except FileNotFoundError:  # the coordinator normally creates the directory on publish
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, doc)
+        atomic_write_json(path, doc, durable=durable)
 
 
 def read_ack(paths: RunPaths, epoch: int, rank: int) -> dict[str, Any] | None:

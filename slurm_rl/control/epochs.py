@@ -198,21 +198,23 @@ class EpochWatcher:
     ``backoff`` per empty poll up to ``idle_poll_interval_s``, so an idle rank costs about
     ``1 / idle_poll_interval_s`` lookups per second while a fresh change is still seen quickly.
     Epochs whose generation is below the highest generation seen are refused (fencing).
+
+    On NFS, mount the run directory so that negative lookups are not cached for long (e.g.
+    ``lookupcache=positive``); otherwise a new epoch may stay invisible for up to ``acdirmax``.
     """
 
     def __init__(self, paths: RunPaths, start_after: int = -1, poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
                  idle_poll_interval_s: float = DEFAULT_IDLE_POLL_INTERVAL_S, backoff: float = DEFAULT_BACKOFF,
                  min_generation: int = 0, rank: int | None = None) -> None:
-        if not 0 < poll_interval_s <= idle_poll_interval_s:
-            raise ValueError(f"need 0 < poll_interval_s ({poll_interval_s}) <= idle_poll_interval_s "
-                             f"({idle_poll_interval_s})")
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s}")
         if backoff < 1.0:
             raise ValueError(f"backoff must be >= 1, got {backoff}")
         self.paths = paths
         self.current = start_after
         self.highest_generation = min_generation
         self.poll_interval_s = poll_interval_s
-        self.idle_poll_interval_s = idle_poll_interval_s
+        self.idle_poll_interval_s = max(idle_poll_interval_s, poll_interval_s)  # never poll faster when idle
         self.backoff = backoff
         self.rank = rank
         self.interval = poll_interval_s

@@ -57,9 +57,9 @@ def _int(env: Mapping[str, str], key: str) -> int:
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """Expand a Slurm hostlist (``n[1-2],gpu07``) with ``scontrol show hostnames``."""
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
-    )
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RankDiscoveryError(f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()}")
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -98,18 +98,20 @@ def _from_local(env: Mapping[str, str]) -> RankInfo:
 
 def _from_slurm(env: Mapping[str, str]) -> RankInfo:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
+    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+    local_rank, node_rank = _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NODEID")
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         raise RankDiscoveryError("environment variable SLURM_JOB_NODELIST is not set")
-    first = expand_nodelist(nodelist)[0]
+    master = env.get("SLURM_RL_MASTER_ADDR") or node_address(expand_nodelist(nodelist)[0])
     return RankInfo(
-        rank=_int(env, "SLURM_PROCID"),
-        world_size=_int(env, "SLURM_NTASKS"),
-        local_rank=_int(env, "SLURM_LOCALID"),
-        node_rank=_int(env, "SLURM_NODEID"),
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        node_rank=node_rank,
         num_nodes=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"),
         host=env.get("SLURMD_NODENAME", socket.gethostname()),
-        master_addr=env.get("SLURM_RL_MASTER_ADDR") or node_address(first),
+        master_addr=master,
         master_port=int(env.get("SLURM_RL_MASTER_PORT", str(port_for_job(job_id)))),
         job_id=job_id,
         source="slurm",

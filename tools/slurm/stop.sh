@@ -53,13 +53,13 @@ while [[ "${p}" =~ ^[0-9]+$ ]] && (( p > 1 )); do
   ancestors+="${p} "
   p=$(awk '/^PPid:/ {print $2; exit}' "/proc/${p}/status" 2>/dev/null)
 done
-for proc in /proc/[0-9]*; do
-  pid="${proc#/proc/}"
+for envfile in $(grep -lzxF "SLURM_CONF=${SLURM_TEST_CONF}" /proc/[0-9]*/environ 2>/dev/null); do
+  pid="${envfile#/proc/}"; pid="${pid%/environ}"
   [[ "${ancestors}" == *" ${pid} "* ]] && continue
-  environ=$(tr '\0' '\n' < "${proc}/environ" 2>/dev/null) || continue
-  grep -qxF "SLURM_CONF=${SLURM_TEST_CONF}" <<<"${environ}" || continue
-  comm=$(cat "${proc}/comm" 2>/dev/null) || continue
-  [[ "${comm}" == "slurmstepd" ]] || grep -q '^SLURM_JOB_ID=' <<<"${environ}" || continue
+  comm=$(cat "/proc/${pid}/comm" 2>/dev/null) || continue
+  if [[ "${comm}" != "slurmstepd" ]]; then
+    grep -qz '^SLURM_JOB_ID=' "${envfile}" 2>/dev/null || continue
+  fi
   slurm_test_pid_alive "${pid}" || continue
   log "killing leftover job process ${comm} (pid ${pid})"
   kill -KILL "${pid}" 2>/dev/null || true
