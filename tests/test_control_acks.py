@@ -129,3 +129,9 @@ def test_decision_log_skips_an_unfinished_record(paths: RunPaths) -> None:
         log.write(b'{"kind": "decision", "epo')  # a crash mid-record
     assert [e["kind"] for e in read_events(paths)] == ["decision", "switch"]
     assert read_events(paths, "switch")[0]["latency_s"] == 0.2
+
+
+def test_ack_timeout_takes_unknown_hosts_from_heartbeats(paths: RunPaths) -> None:
+    atomic_write_json(paths.heartbeat(1), {"rank": 1, "host": "gpu-17", "pid": 1, "time": time.time(), "epoch": 0})
+    with pytest.raises(AckTimeout, match=r"by 2 of 2 ranks: rank 0 \(host \?\), rank 1 \(host gpu-17\)$"):
+        AckWaiter(paths, 0, [0, 1], {}, heartbeat_timeout_s=None).wait(timeout_s=0.05)

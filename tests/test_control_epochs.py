@@ -187,3 +187,17 @@ def test_safe_join_result_always_stays_under_the_root(tmp_path_factory: pytest.T
         return
     resolved, base = joined.resolve(), root.resolve()
     assert resolved == base or base in resolved.parents
+
+
+def test_poll_if_due_rate_limits_frequent_safe_points(paths: RunPaths) -> None:
+    watcher = EpochWatcher(paths, poll_interval_s=0.01, idle_poll_interval_s=0.05)
+    end = time.monotonic() + 0.3
+    calls = 0
+    while time.monotonic() < end:
+        watcher.poll_if_due()
+        calls += 1
+    assert calls > 1000
+    assert 3 <= watcher.polls <= 30  # not one lookup per safe point
+    EpochStore(paths).publish(_epoch(0), GEN)
+    time.sleep(0.06)
+    assert watcher.poll_if_due() == _epoch(0)

@@ -104,6 +104,7 @@ def test_consumer_streams_before_producer_finishes(tmp_path: Path) -> None:
     assert len(cons["ids"]) == len(set(cons["ids"])) == 6 * 50
 
 
+@pytest.mark.slow
 def test_many_producers_one_stage_concurrently(tmp_path: Path) -> None:
     clog = tmp_path / "consumer.json"
     c = _spawn("consumer", tmp_path, "0,1,2", "-", clog)

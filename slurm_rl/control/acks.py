@@ -9,7 +9,7 @@ from typing import Any
 
 from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.errors import AckTimeout, DeadRankError, TornFileError
-from slurm_rl.control.heartbeats import stale_ranks
+from slurm_rl.control.heartbeats import read_heartbeat, stale_ranks
 from slurm_rl.control.paths import RunPaths
 
 DEFAULT_ACK_POLL_INTERVAL_S = 0.005
@@ -86,13 +86,27 @@ class AckWaiter:
                 self.acks[rank] = doc
         return not self.missing()
 
+    def _hosts_of(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Hosts of ``ranks``: from the mapping given, else from each rank's heartbeat, else '?'."""
+        hosts = {}
+        for rank in ranks:
+            host = self.hosts.get(rank)
+            if host is None:
+                try:
+                    host = (read_heartbeat(self.paths, rank) or {}).get("host")
+                except TornFileError:
+                    host = None
+            hosts[rank] = str(host) if host is not None else "?"
+        return hosts
+
     def _check_heartbeats(self, waited_s: float) -> None:
         if self.heartbeat_timeout_s is None:
             return
         stale = stale_ranks(self.paths, self.missing(), self.heartbeat_timeout_s)
         dead = []
+        hosts = self._hosts_of(stale)
         for rank, age in sorted(stale.items()):
-            host = self.hosts.get(rank, "?")
+            host = hosts[rank]
             if age is not None:
                 dead.append(f"rank {rank} (host {host}) last heartbeat {age:.1f}s ago")
             elif waited_s > self.heartbeat_timeout_s:
@@ -118,6 +132,6 @@ class AckWaiter:
             if now >= deadline:
                 missing = self.missing()
                 raise AckTimeout(f"epoch {self.epoch} not acknowledged within {timeout_s:.1f}s by {len(missing)} "
-                                 f"of {len(self.ranks)} ranks: {_describe(missing, self.hosts)}")
+                                 f"of {len(self.ranks)} ranks: {_describe(missing, self._hosts_of(missing))}")
             time.sleep(min(self.poll_interval_s, max(deadline - now, 0.0)))
         return dict(self.acks)
