@@ -43,7 +43,7 @@ __all__ = [
 DEVICES = ("emulated", "cpu", "cuda")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 POLICIES = ("static", "scripted", "auto")
-PHASES = ("start", "after_rollout")
+PHASES = ("start",)  # scripted steps apply at iteration gates (scheduler.state.PHASES names later phases)
 FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
 
 
@@ -96,7 +96,7 @@ class ScriptStep:
     at_iteration: int = MISSING  # iteration at which the change happens
     placement: Dict[str, Any] = MISSING  # RLinf component_placement mapping
     reason: str = "scripted"  # recorded in the epoch file
-    at_phase: str = "start"  # start | after_rollout
+    at_phase: str = "start"  # start: the step applies at the gate of its iteration
 
 
 @dataclass

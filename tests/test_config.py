@@ -408,7 +408,7 @@ extra_section: {a: 1}
     assert_issue(err, "scheduler.policy", "magic", "one of static, scripted, auto")
     assert_issue(err, "scheduler.script[0].placement.rollout", 0, "slot 0 is also used by 'actor'")
     assert_issue(err, "scheduler.script[1].placement.actor", "0-9", "slots 0-3")
-    assert_issue(err, "scheduler.script[1].at_phase", "middle", "one of start, after_rollout")
+    assert_issue(err, "scheduler.script[1].at_phase", "middle", "one of start")
     assert_issue(err, "emulated.scaling", 1.5, "(0, 1]")
     assert_issue(err, "extra_section", {"a": 1}, "one of the keys cluster")
     assert len(err.issues) == 11 == len(str(err).splitlines())

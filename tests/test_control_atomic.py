@@ -82,6 +82,19 @@ def _reader(run_dir: str, stop: mp.synchronize.Event, out: mp.Queue) -> None:
     out.put({"reads": reads, "epochs": epochs, "last": watcher.current, "errors": errors[:20]})
 
 
+def _wait_for_first_write(paths: RunPaths, seed: int, writer: mp.process.BaseProcess, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if read_json(paths.heartbeat(0))["seq"] // 1_000_000 == seed:
+                return
+        except FileNotFoundError:
+            pass
+        assert writer.is_alive(), f"writer {seed} died with {writer.exitcode} before its first write"
+        assert time.monotonic() < deadline, f"writer {seed} wrote no heartbeat to {paths.heartbeat(0)} in {timeout_s}s"
+        time.sleep(0.001)
+
+
 @pytest.mark.slow
 def test_readers_never_see_torn_files_while_writer_is_killed(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run").ensure()
@@ -100,7 +113,8 @@ def test_readers_never_see_torn_files_while_writer_is_killed(tmp_path: Path) -> 
             for i in range(kills):
                 writer = fork.Process(target=_writer, args=(str(paths.run_dir), i + 1), daemon=True)
                 writer.start()
-                time.sleep(rng.uniform(0.0, 0.05))
+                _wait_for_first_write(paths, i + 1, writer)  # so every life gets to write, even on a busy host
+                time.sleep(rng.uniform(0.0, 0.03))
                 os.kill(writer.pid, signal.SIGKILL)
                 writer.join(10)
                 assert writer.exitcode == -signal.SIGKILL, f"writer {i} ended with {writer.exitcode}"

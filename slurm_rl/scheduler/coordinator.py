@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -167,15 +168,19 @@ def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:
 
 def run_coordinator(run_dir: Path) -> int:
     """Entry point: take the lease and drive the run; returns a process exit code."""
-    cfg = load_config(run_dir / "config.yaml")
     paths = RunPaths(run_dir)
     with CoordinatorLease(paths) as lease:
-        loop = CoordinatorLoop(cfg, paths, lease.generation, build_policy(cfg))
+        assert lease.generation is not None
+        generation = lease.generation
         try:
-            loop.run()
-        except Exception as exc:  # record why, then fail the run
-            loop.status("failed", error=f"{type(exc).__name__}: {exc}")
-            print(f"coordinator failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            cfg = load_config(run_dir / "config.yaml")
+            CoordinatorLoop(cfg, paths, generation, build_policy(cfg)).run()
+        except Exception as exc:  # record why (workers read it at their next wait), then fail
+            error = f"{type(exc).__name__}: {exc}"
+            write_coordinator_status(paths, {"generation": generation, "state": "failed", "error": error,
+                                             "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
+            traceback.print_exc()
+            print(f"coordinator failed: {error}", file=sys.stderr, flush=True)
             return 1
     return 0
 

@@ -58,15 +58,14 @@ class WorkerRuntime:
     watchdog: Callable[[], None] | None = None  # raises when something this rank depends on died
 
     def __post_init__(self) -> None:
-        self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s)
+        self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s, rank=self.info.rank)
 
     # -- epochs ---------------------------------------------------------------------------------
     def _describe(self) -> str:
         return f"rank {self.info.rank} (host {self.info.host})"
 
     def wait_first_epoch(self) -> None:
-        epoch = self._watcher.wait_next(self.wait_timeout_s, f"epoch 0 from the coordinator, awaited by {self._describe()}")
-        self.apply(epoch)
+        self._wait_until(lambda status: self.epoch is not None, "epoch 0 from the coordinator")
 
     def apply(self, epoch: Epoch) -> None:
         """Apply one epoch: role change and transition work, then acknowledge it."""
@@ -82,7 +81,7 @@ class WorkerRuntime:
     def safe_point(self) -> bool:
         """Apply every epoch published since the last poll; True when one was applied."""
         applied = False
-        while (epoch := self._watcher.poll()) is not None:
+        while (epoch := self._watcher.poll_if_due()) is not None:
             self.apply(epoch)
             applied = True
         return applied
@@ -101,27 +100,34 @@ class WorkerRuntime:
         doc.update(extra)
         write_progress(self.paths, self.info.rank, doc)
 
-    def gate(self, iteration: int) -> None:
-        """Wait at the start of ``iteration`` until the coordinator releases it, applying epochs."""
-        self.report("at_gate", gate=iteration)
+    def _wait_until(self, done: Callable[[dict[str, Any] | None], bool], what: str) -> None:
+        """Poll epochs (applying them) until ``done()``; fail on a coordinator failure or timeout."""
         deadline = time.monotonic() + self.wait_timeout_s
         while True:
             self.safe_point()
+            status = read_coordinator_status(self.paths)
+            if done(status):
+                return
             if self.watchdog is not None:
                 self.watchdog()
-            status = read_coordinator_status(self.paths)
-            if status is not None:
-                if status.get("state") == "failed":
-                    raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
-                if status.get("released_iteration", -1) >= iteration:
-                    self.safe_point()
-                    return
+            if status is not None and status.get("state") == "failed":
+                raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
             if time.monotonic() > deadline:
                 raise WaitTimeout(
-                    f"{self._describe()} waited {self.wait_timeout_s:.0f}s at the gate of iteration {iteration} "
-                    f"for the coordinator to release it (epoch in force: {self.epoch.epoch if self.epoch else None})"
+                    f"{self._describe()} waited {self.wait_timeout_s:.0f}s for {what} "
+                    f"(epoch in force: {self.epoch.epoch if self.epoch else None})"
                 )
-            time.sleep(self.poll_interval_s)
+            time.sleep(max(self.poll_interval_s, self._watcher.interval))
+
+    def gate(self, iteration: int) -> None:
+        """Wait at the start of ``iteration`` until the coordinator releases it, applying epochs."""
+        self.report("at_gate", gate=iteration)
+
+        def released(status: dict[str, Any] | None) -> bool:
+            return status is not None and status.get("released_iteration", -1) >= iteration
+
+        self._wait_until(released, f"the coordinator to release iteration {iteration}")
+        self.safe_point()
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> None:
