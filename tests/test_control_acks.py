@@ -135,3 +135,31 @@ def test_ack_timeout_takes_unknown_hosts_from_heartbeats(paths: RunPaths) -> Non
     atomic_write_json(paths.heartbeat(1), {"rank": 1, "host": "gpu-17", "pid": 1, "time": time.time(), "epoch": 0})
     with pytest.raises(AckTimeout, match=r"by 2 of 2 ranks: rank 0 \(host \?\), rank 1 \(host gpu-17\)$"):
         AckWaiter(paths, 0, [0, 1], {}, heartbeat_timeout_s=None).wait(timeout_s=0.05)
+
+
+def test_ack_poll_opens_one_path_per_poll_while_waiting(paths: RunPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+    real_open = os.open
+    for rank in (0, 1, 2, 5):
+        write_ack(paths, 2, rank, HOSTS[rank], seen_at=1.0, applied_at=1.0)
+    waiter = AckWaiter(paths, 2, range(8), HOSTS)
+
+    def counting_open(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        opened.append(os.path.basename(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    assert not waiter.poll(full=False)
+    assert opened == ["rank-0000.json", "rank-0001.json", "rank-0002.json", "rank-0003.json"]
+    opened.clear()
+    for _ in range(10):
+        assert not waiter.poll(full=False)
+    assert opened == ["rank-0003.json"] * 10
+    opened.clear()
+    assert not waiter.poll(full=True)
+    assert opened == ["rank-0003.json", "rank-0004.json", "rank-0005.json", "rank-0006.json", "rank-0007.json"]
+    assert waiter.missing() == [3, 4, 6, 7]
+    monkeypatch.undo()
+    for rank in (3, 4, 6, 7):
+        write_ack(paths, 2, rank, HOSTS[rank], seen_at=1.0, applied_at=1.0)
+    assert sorted(waiter.wait(timeout_s=5)) == list(range(8))

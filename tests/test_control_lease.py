@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import slurm_rl.control.lease as lease_module
 from slurm_rl.control import (CoordinatorLease, Epoch, EpochStore, EpochWatcher, FencedEpochError, LeaseHeldError,
                               RunPaths, read_lease, write_json_exclusive)
 
@@ -100,3 +101,26 @@ def test_watcher_fences_an_epoch_of_an_older_generation(tmp_path: Path) -> None:
     late = EpochWatcher(paths, start_after=1, min_generation=2, rank=6)
     with pytest.raises(FencedEpochError, match="rank 6"):
         late.poll()
+
+
+def test_generation_is_claimed_once_even_if_the_lock_is_not_coherent(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = RunPaths(tmp_path / "run").ensure()
+    with CoordinatorLease(paths, host="node-a") as lease:
+        assert lease.generation == 1
+    assert paths.generation_claim(1).is_file()
+
+    # another node claimed generation 2 but crashed before writing control/lease: skip past it
+    write_json_exclusive(paths.generation_claim(2), {"generation": 2, "holder": {"host": "node-c", "pid": 7}})
+    with CoordinatorLease(paths) as lease:
+        assert lease.generation == 3
+
+    # two coordinators racing where flock is node-local: both compute generation 4, one loses
+    monkeypatch.setattr(lease_module, "_highest_claim", lambda _paths: 0)
+    write_json_exclusive(paths.generation_claim(4), {"generation": 4, "holder": {"host": "node-d", "pid": 8}})
+    with pytest.raises(LeaseHeldError, match=r"generation 4 was claimed concurrently by host node-d pid 8"):
+        CoordinatorLease(paths).acquire()
+    assert read_lease(paths)["generation"] == 3  # the loser changed nothing and released the lock
+    monkeypatch.undo()
+    with CoordinatorLease(paths) as lease:
+        assert lease.generation == 5

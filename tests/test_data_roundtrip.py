@@ -162,13 +162,15 @@ def test_timeout_names_stage_iteration_and_missing_ranks(tmp_path: Path) -> None
     _write(tmp_path, table, rank=0, parts=1)
     w = StageWriter(tmp_path, 1, "rollouts", 3, ROLLOUTS)
     w.write(table.slice(0, 2))  # rank 3 never completes; rank 5 never starts
-    reader = StageReader(tmp_path, 1, "rollouts", [0, 3, 5], poll_interval_s=0.01, timeout_s=0.3)
+    reader = StageReader(
+        tmp_path, 1, "rollouts", [0, 3, 5], poll_interval_s=0.01, timeout_s=0.3, who="rank 9 on n01, epoch 4"
+    )
     seen = []
     with pytest.raises(ManifestTimeout) as ei:
         for t in reader.iter_shards():
             seen.append(t.num_rows)
     msg = str(ei.value)
-    assert "iteration 1" in msg and "'rollouts'" in msg and "[3, 5]" in msg and "no manifest" in msg
+    assert msg.startswith("rank 9 on n01, epoch 4: iteration 1") and "'rollouts'" in msg and "[3, 5]" in msg and "no manifest" in msg
     assert ei.value.missing_ranks == [3, 5]
     assert sorted(seen) == sorted([table.num_rows, 2])
 
@@ -222,3 +224,54 @@ def test_manifest_must_stay_append_only(tmp_path: Path) -> None:
     os.replace(tmp, mp)
     with pytest.raises(InvalidManifestError, match="append-only"):
         next(reader)
+
+
+def test_expected_file_can_grow_until_final(tmp_path: Path) -> None:
+    table = _rollouts()
+    write_expected(tmp_path, 1, "rollouts", [0], final=False)
+    _write(tmp_path, table, rank=0, parts=1)
+    # Not final yet: a reader must keep waiting even though every listed producer is complete.
+    early = StageReader(tmp_path, 1, "rollouts", None, poll_interval_s=0.01, timeout_s=0.3)
+    with pytest.raises(ManifestTimeout, match="not final"):
+        list(early.iter_shards())
+    it = StageReader(tmp_path, 1, "rollouts", None, poll_interval_s=0.01, timeout_s=5).iter_entries()
+    assert next(it).producer_rank == 0
+    write_expected(tmp_path, 1, "rollouts", [0, 2], final=True)  # rollout grew in a new epoch
+    _write(tmp_path, table, rank=2, parts=1)
+    assert next(it).producer_rank == 2
+    assert list(it) == []
+    write_expected(tmp_path, 1, "rollouts", [2], final=True)
+    with pytest.raises(InvalidManifestError, match=r"removed"):
+        reader = StageReader(tmp_path, 1, "rollouts", None, timeout_s=5)
+        reader.add_producers([0])
+        list(reader.iter_shards())
+
+
+def test_missing_expected_file_times_out_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ManifestTimeout, match="expected.json"):
+        list(StageReader(tmp_path, 1, "rollouts", None, poll_interval_s=0.01, timeout_s=0.2).iter_shards())
+
+
+def test_on_poll_hook_can_abort_a_wait(tmp_path: Path) -> None:
+    class DeadPeer(RuntimeError):
+        pass
+
+    def check() -> None:
+        raise DeadPeer("rank 3 heartbeat stale")
+
+    with pytest.raises(DeadPeer):
+        list(StageReader(tmp_path, 1, "rollouts", [3], poll_interval_s=0.01, timeout_s=5, on_poll=check).iter_shards())
+
+
+def test_data_plane_stays_light() -> None:
+    """Emulated ranks import the data plane without torch, engines, config or control."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, slurm_rl.data, slurm_rl.data.emulated\n"
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'slurm_rl.config', "
+        "'slurm_rl.control', 'slurm_rl.engines', 'megatron', 'vllm'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -111,6 +111,19 @@ def strace_idle(pid: int, seconds: float, out: Path) -> dict[str, Any] | None:
             "fs_syscalls": fs}
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User+system CPU seconds consumed so far by ``pids`` (from /proc; 0 where unreadable)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
@@ -136,12 +149,15 @@ def run_one(n_ranks: int, args: argparse.Namespace, base: Path) -> dict[str, Any
                 time.sleep(0.1)
             coord.publish_and_wait("warmup", timeout_s=120)
             latencies, detect = [], []
+            load_before, cpu_before = os.getloadavg()[0], cpu_seconds([p.pid for p in procs])
             for _ in range(args.epochs):
                 time.sleep(rng.uniform(args.spacing_ms[0], args.spacing_ms[1]) / 1000)
                 latency, acks = coord.publish_and_wait("switch", timeout_s=60)
                 latencies.append(latency)
                 created = coord.store.read(coord.next - 1).created_at
                 detect.extend(ack["seen_at"] - created for ack in acks.values())
+            worker_cpu = cpu_seconds([p.pid for p in procs]) - cpu_before
+            load_after = os.getloadavg()[0]
             coord.publish_and_wait("idle", timeout_s=60)
             time.sleep(0.5)  # let the watchers back off to the idle interval
             strace = strace_idle(procs[0].pid, args.idle_s - 1.0, base / f"strace-{n_ranks}.txt") \
@@ -167,6 +183,8 @@ def run_one(n_ranks: int, args: argparse.Namespace, base: Path) -> dict[str, Any
         "publish_to_all_acked_ms": {"p50": ms(latencies, 50), "p90": ms(latencies, 90), "p99": ms(latencies, 99),
                                     "max": ms(latencies, 100), "mean": round(statistics.mean(latencies) * 1000, 2)},
         "rank_detection_ms": {"p50": ms(detect, 50), "p99": ms(detect, 99), "max": ms(detect, 100)},
+        "worker_cpu_ms_per_rank_per_epoch": round(worker_cpu * 1000 / n_ranks / args.epochs, 3),
+        "host_load_avg_1min": [round(load_before, 1), round(load_after, 1)],
         "after_idle_publish_to_all_acked_ms": round(idle_end_latency * 1000, 2),
         "idle_counter": {"ops_per_rank_s_mean": round(statistics.mean(per_rank), 2),
                          "ops_per_rank_s_max": round(max(per_rank), 2),

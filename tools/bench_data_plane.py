@@ -6,7 +6,8 @@ For each batch size and each directory (local disk and tmpfs):
   * read: ``StageReader.read_all`` (memory map + size/xxh3_64 verification + zero-copy open);
   * raw copy of the same bytes in memory, in the same run (into fresh and into reused buffers);
   * checksum cost alone (xxh3_64, xxh64, zlib.crc32 over the memory-mapped file);
-  * zero-copy open (memory map + IPC footer + record batches, no checksum).
+  * zero-copy open (memory map + IPC footer + record batches, no checksum);
+  * an unchecked floor: plain IPC write + mapped-in open, no checksum/fsync/manifest.
 
 Usage: tools/bench_data_plane.py [--sizes-mb 64 256 1024] [--dirs /var/tmp /dev/shm] [--repeat 3]
 """
@@ -31,6 +32,7 @@ import xxhash
 
 from slurm_rl.data import ROLLOUTS, StageReader, StageWriter
 from slurm_rl.data.layout import stage_dir
+from slurm_rl.data.shardio import map_file
 
 RESPONSE_LEN = 2048
 PROMPT_LEN = 256
@@ -131,6 +133,27 @@ def zero_copy_open(path: Path, repeat: int) -> dict[str, float]:
     return {"open_ms": round(min(plain) * 1e3, 3), "open_verified_ms": round(min(verified) * 1e3, 2)}
 
 
+def unchecked_floor(base: Path, table: pa.Table, repeat: int) -> dict[str, float]:
+    """Seconds of the same hand-off without checksums, fsync or manifest: plain IPC write, then a
+    zero-copy open whose pages are mapped in (what a consumer pays to touch the data once)."""
+    writes, reads = [], []
+    for _ in range(repeat):
+        path = Path(tempfile.mkdtemp(prefix="bench-floor-", dir=base)) / "shard.arrow"
+        try:
+            t0 = time.perf_counter()
+            with pa.OSFile(str(path), "wb") as sink:
+                with pa.ipc.new_file(sink, table.schema) as w:
+                    w.write_table(table)
+            writes.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            got = pa.ipc.open_file(pa.BufferReader(map_file(path, populate=True))).read_all()
+            reads.append(time.perf_counter() - t0)
+            del got
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
+    return {"floor_write_s": statistics.median(writes), "floor_read_s": statistics.median(reads)}
+
+
 def bench_one(base: Path, table: pa.Table, repeat: int, fsync: bool) -> dict[str, float]:
     """Median write and verified-read seconds of ``table`` as one shard under ``base``."""
     writes, reads = [], []
@@ -194,8 +217,15 @@ def main() -> None:
                 continue
             fs = "tmpfs" if d.startswith("/dev/shm") else "disk"
             for fsync in ([True, False] if fs == "disk" else [True]):
-                r = bench_one(base, table, args.repeat if size_mb < 1024 else 2, fsync)
+                reps = args.repeat if size_mb < 1024 else 2
+                r = bench_one(base, table, reps, fsync)
+                if fsync:
+                    r.update(unchecked_floor(base, table, reps))
                 total = r["write_s"] + r["read_s"]
+                if "floor_write_s" in r:
+                    floor = r["floor_write_s"] + r["floor_read_s"]
+                    r["floor_write_read_gbps"] = round(raw["bytes"] / floor / 1e9, 2)
+                    r["data_plane_vs_floor"] = round(floor / total, 3)
                 result["runs"].append(
                     {
                         "size_mb": size_mb,
@@ -211,7 +241,7 @@ def main() -> None:
                         "raw_copy_reused_gbps": round(raw["bytes"] / raw["reused_s"] / 1e9, 2),
                         "ratio_vs_fresh_copy": round(raw["fresh_s"] / total, 3),
                         "ratio_vs_reused_copy": round(raw["reused_s"] / total, 3),
-                        **{k: v for k, v in r.items() if k not in ("write_s", "read_s")},
+                        **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k not in ("write_s", "read_s")},
                         "write_s": round(r["write_s"], 4),
                         "read_s": round(r["read_s"], 4),
                     }

@@ -55,7 +55,9 @@ def _describe(ranks: Iterable[int], hosts: Mapping[int, str]) -> str:
 class AckWaiter:
     """Wait until every rank in ``ranks`` has acknowledged ``epoch``.
 
-    Each poll opens one known path per still-missing rank (no directory listing). Every
+    Polls open known paths only (no directory listing): in rank order up to the first rank still
+    missing, so a typical poll costs one ``open``; full passes over every missing rank run with
+    each heartbeat check and before reporting a timeout. Every
     ``heartbeat_check_interval_s`` (and at the start) the heartbeats of missing ranks are read; a
     rank whose heartbeat is older than ``heartbeat_timeout_s`` -- or that never wrote one within
     ``heartbeat_timeout_s`` of the wait starting -- fails the wait at once with ``DeadRankError``.
@@ -78,12 +80,19 @@ class AckWaiter:
         """Ranks that have not acknowledged yet (as of the last poll)."""
         return [r for r in self.ranks if r not in self.acks]
 
-    def poll(self) -> bool:
-        """Read the ack of every missing rank once; True when all are in."""
+    def poll(self, full: bool = True) -> bool:
+        """Read the ack of missing ranks once; True when all are in.
+
+        ``full=False`` stops at the first rank still missing: the wait only ends when every ack
+        is in, and one pass then collects them all, so the common poll costs one ``open``
+        instead of one per missing rank.
+        """
         for rank in self.missing():
             doc = read_ack(self.paths, self.epoch, rank)
             if doc is not None:
                 self.acks[rank] = doc
+            elif not full:
+                return False
         return not self.missing()
 
     def _hosts_of(self, ranks: Iterable[int]) -> dict[int, str]:
@@ -102,6 +111,7 @@ class AckWaiter:
     def _check_heartbeats(self, waited_s: float) -> None:
         if self.heartbeat_timeout_s is None:
             return
+        self.poll(full=True)  # a rank that acked and then stopped beating is not dead for this epoch
         stale = stale_ranks(self.paths, self.missing(), self.heartbeat_timeout_s)
         dead = []
         hosts = self._hosts_of(stale)
@@ -124,12 +134,14 @@ class AckWaiter:
         start = time.monotonic()
         deadline = start + timeout_s
         next_heartbeat_check = start
-        while not self.poll():
+        while not self.poll(full=False):
             now = time.monotonic()
             if now >= next_heartbeat_check:
                 self._check_heartbeats(now - start)
                 next_heartbeat_check = now + self.heartbeat_check_interval_s
             if now >= deadline:
+                if self.poll(full=True):
+                    break
                 missing = self.missing()
                 raise AckTimeout(f"epoch {self.epoch} not acknowledged within {timeout_s:.1f}s by {len(missing)} "
                                  f"of {len(self.ranks)} ranks: {_describe(missing, self._hosts_of(missing))}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import filelock
 
-from slurm_rl.control.atomic import atomic_write_json, read_json
+from slurm_rl.control.atomic import atomic_write_json, read_json, write_json_exclusive
 from slurm_rl.control.epochs import lease_generation
 from slurm_rl.control.errors import LeaseHeldError, TornFileError
 from slurm_rl.control.paths import RunPaths
@@ -34,14 +34,44 @@ def _holder_text(paths: RunPaths) -> str:
     except TornFileError as exc:
         return f"an unknown holder ({exc})"
     holder = (doc or {}).get("holder") or {}
+    started = holder.get("started_at")
+    since = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+             if isinstance(started, (int, float)) else "?")
     return (f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} "
-            f"(generation {(doc or {}).get('generation', '?')}, started_at {holder.get('started_at', '?')})")
+            f"(generation {(doc or {}).get('generation', '?')}, since {since})")
+
+
+def _highest_claim(paths: RunPaths) -> int:
+    """Highest generation ever claimed (lists ``control/generations``: acquisition only)."""
+    try:
+        names = os.listdir(paths.generations_dir)
+    except FileNotFoundError:
+        return 0
+    return max((int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()), default=0)
+
+
+def _claim_generation(paths: RunPaths, generation: int, holder: dict[str, Any]) -> None:
+    """Claim ``generation`` exclusively (hard link: atomic even where flock is only node-local)."""
+    paths.generations_dir.mkdir(parents=True, exist_ok=True)
+    claim = paths.generation_claim(generation)
+    try:
+        write_json_exclusive(claim, {"generation": generation, "holder": holder})
+    except FileExistsError:
+        try:
+            other = read_json(claim).get("holder") or {}
+        except (OSError, TornFileError):
+            other = {}
+        raise LeaseHeldError(f"coordinator generation {generation} was claimed concurrently by host "
+                             f"{other.get('host', '?')} pid {other.get('pid', '?')} ({claim}); the lock "
+                             f"{paths.lease_lock} is not coherent across nodes here (NFS local_lock?)") from None
 
 
 class CoordinatorLease:
     """Context manager holding the coordinator lease; ``generation`` is valid while held.
 
     Acquisition never waits: if another process holds the lock, :class:`LeaseHeldError` names it.
+    Each generation is also claimed once, exclusively, as ``control/generations/NNNNNN.json``, so
+    two coordinators never share a generation even where ``flock`` is only node-local.
     Release keeps the generation number (the holder becomes null).
     """
 
@@ -60,9 +90,10 @@ class CoordinatorLease:
             raise LeaseHeldError(f"coordinator lease {self.paths.lease_lock} is held by {_holder_text(self.paths)}; "
                                  f"refusing to start a second coordinator") from None
         try:
-            generation = lease_generation(self.paths) + 1
-            atomic_write_json(self.paths.lease, {"generation": generation, "holder": {
-                "host": self.host, "pid": os.getpid(), "started_at": time.time()}})
+            holder = {"host": self.host, "pid": os.getpid(), "started_at": time.time()}
+            generation = max(lease_generation(self.paths), _highest_claim(self.paths)) + 1
+            _claim_generation(self.paths, generation, holder)
+            atomic_write_json(self.paths.lease, {"generation": generation, "holder": holder})
         except BaseException:
             self._lock.release()
             raise

@@ -93,6 +93,13 @@ class RunPaths:
         return self.control / "lease.lock"
 
     @property
+    def generations_dir(self) -> Path:
+        return self.control / "generations"
+
+    def generation_claim(self, generation: int) -> Path:
+        return self.generations_dir / f"{generation:06d}.json"
+
+    @property
     def events_dir(self) -> Path:
         return self.control / "events"
 

@@ -71,9 +71,11 @@ def write_pending(
     ids = table.column("sample_id").to_numpy()
     if len(np.unique(ids)) != len(ids):
         raise DataPlaneError(f"rank {from_rank}, iteration {iteration}: duplicate sample ids in pending requests")
+    n = table.num_rows
+    if n == 0:
+        return []
     d = pending_dir(run_dir, iteration)
     makedirs_private(d)
-    n = table.num_rows
     chunks = max(1, min(num_chunks, n))
     bounds = np.linspace(0, n, chunks + 1).astype(int)
     out = []

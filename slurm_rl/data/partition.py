@@ -78,13 +78,16 @@ def read_dp_share(
     timeout_s: float = 600.0,
     schema: pa.Schema | None = None,
     group_column: str | None = None,
+    who: str | None = None,
 ) -> pa.Table:
     """Wait for the whole stage and return this DP rank's token-balanced share.
 
     Every DP rank computes the same partition from the same (complete) stage, so the shares
     are disjoint and cover every row, whatever ``dp_size`` the current epoch has.
     """
-    table = StageReader(run_dir, iteration, stage, producer_ranks, poll_interval_s, timeout_s, schema=schema).read_all()
+    table = StageReader(
+        run_dir, iteration, stage, producer_ranks, poll_interval_s, timeout_s, schema=schema, who=who
+    ).read_all()
     return take_dp_share(table, dp_rank, dp_size, group_column=group_column)
 
 

@@ -42,14 +42,17 @@ class _ProducerState:
 class StageReader:
     """Consumer of ``stage`` of ``iteration``, fed by ``producer_ranks``.
 
-    Polls only known manifest paths (one ``stat`` per unfinished producer per poll; no directory
+    Polls only known paths (one ``stat`` per unfinished producer per poll; no directory
     listing), yields every listed shard exactly once, in per-producer order, as soon as it is
     listed and verified, and stops once every producer's manifest says ``complete``.
 
-    ``producer_ranks=None`` waits for the stage's ``expected.json`` (see ``write_expected``).
+    ``producer_ranks=None`` follows the stage's ``expected.json`` (see ``write_expected``): ranks
+    may be added to it while the stage runs (e.g. rollout grows in a new epoch), and the reader
+    stops only once it says ``final``. :meth:`add_producers` does the same for explicit lists.
     ``timeout_s`` bounds the time without progress (no new shard, no producer completing);
     exceeding it raises :class:`ManifestTimeout` naming the producers still missing.
     ``on_poll`` is called on every idle poll (e.g. to check heartbeats); it may raise.
+    ``who`` (e.g. ``"rank 5 on n01, epoch 7"``) prefixes the timeout message.
     """
 
     def __init__(
@@ -64,8 +67,10 @@ class StageReader:
         schema: pa.Schema | None = None,
         verify: bool = True,
         on_poll: Callable[[], None] | None = None,
+        who: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.who = who
         self.iteration = iteration
         self.stage = validate_stage(stage)
         self.dir = stage_dir(run_dir, iteration, stage)
@@ -74,33 +79,51 @@ class StageReader:
         self.schema = schema
         self.verify = verify
         self.on_poll = on_poll
-        self._ranks: list[int] | None = None if producer_ranks is None else sorted({int(r) for r in producer_ranks})
+        self._dynamic = producer_ranks is None
+        self._expected_path = expected_path(run_dir, iteration, stage)
+        self._expected_key: tuple[int, int, int] | None = None
+        self._expected_final = not self._dynamic
+        self._states: dict[int, _ProducerState] = {}
         self._started = False
+        if producer_ranks is not None:
+            self.add_producers(producer_ranks)
+
+    def add_producers(self, ranks: Sequence[int]) -> None:
+        """Also wait for (and read) these producer ranks; may be called while iterating."""
+        for r in sorted({int(r) for r in ranks}):
+            if r not in self._states:
+                self._states[r] = _ProducerState(r, manifest_path(self.run_dir, self.iteration, self.stage, r))
+
+    @property
+    def producer_ranks(self) -> list[int]:
+        """Producer ranks this reader waits for (so far)."""
+        return sorted(self._states)
 
     # -- discovery -------------------------------------------------------------------------
-    def _resolve_ranks(self, deadline: float) -> list[int]:
-        if self._ranks is not None:
-            return self._ranks
-        path = expected_path(self.run_dir, self.iteration, self.stage)
-        while True:
-            if path.exists():
-                obj = read_json(path)
-                ranks = obj.get("producer_ranks") if isinstance(obj, dict) else None
-                if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
-                    raise InvalidManifestError(f"{path}: 'producer_ranks' must be a list of non-negative ints")
-                self._ranks = sorted(set(ranks))
-                return self._ranks
-            if time.monotonic() > deadline:
-                raise ManifestTimeout(
-                    f"iteration {self.iteration} stage {self.stage!r}: no {path} after {self.timeout_s:.1f}s "
-                    "(nobody published the expected producer ranks)",
-                    iteration=self.iteration,
-                    stage=self.stage,
-                    missing_ranks=[],
-                )
-            if self.on_poll is not None:
-                self.on_poll()
-            time.sleep(self.poll_interval_s)
+    def _refresh_expected(self) -> bool:
+        """Re-read expected.json if it changed; True if it added ranks or became final."""
+        try:
+            s = os.stat(self._expected_path)
+        except FileNotFoundError:
+            return False
+        key = (s.st_ino, s.st_mtime_ns, s.st_size)
+        if key == self._expected_key:
+            return False
+        obj = read_json(self._expected_path)
+        ranks = obj.get("producer_ranks") if isinstance(obj, dict) else None
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+            raise InvalidManifestError(f"{self._expected_path}: 'producer_ranks' must be a list of non-negative ints")
+        dropped = sorted(set(self._states) - set(ranks))
+        if dropped:
+            raise InvalidManifestError(
+                f"{self._expected_path}: producer ranks {dropped} were removed (ranks may only be added; "
+                "a released producer closes its writer as complete instead)"
+            )
+        before = (len(self._states), self._expected_final)
+        self.add_producers(ranks)
+        self._expected_final = bool(obj.get("final", True))
+        self._expected_key = key
+        return (len(self._states), self._expected_final) != before
 
     def _refresh(self, st: _ProducerState) -> None:
         try:
@@ -129,6 +152,27 @@ class StageReader:
         st.complete = m.complete
         st.stat_key = key
 
+    def _timeout(self) -> ManifestTimeout:
+        states = [self._states[r] for r in sorted(self._states)]
+        missing = [st.rank for st in states if not st.complete]
+        parts = [
+            f"rank {st.rank}: {'no manifest' if st.stat_key is None else f'{len(st.listed)} shards, incomplete'}"
+            for st in states
+            if not st.complete
+        ]
+        if self._dynamic and self._expected_key is None:
+            parts = [f"no {self._expected_path} (nobody published the expected producer ranks)"]
+        elif not self._expected_final:
+            parts.append(f"{self._expected_path} not final")
+        who = f"{self.who}: " if self.who else ""
+        return ManifestTimeout(
+            f"{who}iteration {self.iteration} stage {self.stage!r}: producers {missing} not complete after "
+            f"{self.timeout_s:.1f}s without progress ({'; '.join(parts)}; dir {self.dir})",
+            iteration=self.iteration,
+            stage=self.stage,
+            missing_ranks=missing,
+        )
+
     # -- public ----------------------------------------------------------------------------
     def iter_entries(self) -> Iterator[Shard]:
         """Yield each verified shard (with its manifest entry) once, as it becomes available."""
@@ -136,11 +180,9 @@ class StageReader:
             raise DataPlaneError(f"{self.dir}: a StageReader can be iterated once")
         self._started = True
         last_progress = time.monotonic()
-        ranks = self._resolve_ranks(last_progress + self.timeout_s)
-        states = [_ProducerState(r, manifest_path(self.run_dir, self.iteration, self.stage, r)) for r in ranks]
         while True:
-            progressed = False
-            for st in states:
+            progressed = self._dynamic and self._refresh_expected()
+            for st in [self._states[r] for r in sorted(self._states)]:
                 if st.complete and st.next_seq >= len(st.listed):
                     continue
                 was_complete = st.complete
@@ -157,29 +199,19 @@ class StageReader:
                     st.next_seq += 1
                     progressed = True
                     yield Shard(st.rank, st.next_seq - 1, info, path, table, time.time())
-            if all(st.complete and st.next_seq >= len(st.listed) for st in states):
+            if self._expected_final and all(
+                st.complete and st.next_seq >= len(st.listed) for st in self._states.values()
+            ):
                 return
             now = time.monotonic()
             if progressed:
                 last_progress = now
-            elif now - last_progress > self.timeout_s:
-                missing = [st.rank for st in states if not st.complete]
-                detail = ", ".join(
-                    f"rank {st.rank}: {'no manifest' if st.stat_key is None else f'{len(st.listed)} shards, incomplete'}"
-                    for st in states
-                    if not st.complete
-                )
-                raise ManifestTimeout(
-                    f"iteration {self.iteration} stage {self.stage!r}: producers {missing} not complete after "
-                    f"{self.timeout_s:.1f}s without progress ({detail}; dir {self.dir})",
-                    iteration=self.iteration,
-                    stage=self.stage,
-                    missing_ranks=missing,
-                )
-            if not progressed:
-                if self.on_poll is not None:
-                    self.on_poll()
-                time.sleep(self.poll_interval_s)
+                continue
+            if now - last_progress > self.timeout_s:
+                raise self._timeout()
+            if self.on_poll is not None:
+                self.on_poll()
+            time.sleep(self.poll_interval_s)
 
     def iter_shards(self) -> Iterator[pa.Table]:
         """Yield each verified shard's table once, as it becomes available (zero copy)."""

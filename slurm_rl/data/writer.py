@@ -124,10 +124,19 @@ class StageWriter:
         self.close(complete=exc_type is None)
 
 
-def write_expected(run_dir: str | Path, iteration: int, stage: str, producer_ranks: list[int]) -> Path:
-    """Publish the producer ranks a consumer of ``stage`` must wait for (atomic replace)."""
+def write_expected(
+    run_dir: str | Path, iteration: int, stage: str, producer_ranks: list[int], *, final: bool = True
+) -> Path:
+    """Publish the producer ranks a consumer of ``stage`` must wait for (atomic replace).
+
+    May be rewritten to add ranks (never to remove them); readers following it stop only once
+    it is written with ``final=True`` and every listed producer is complete.
+    """
     ranks = sorted({int(r) for r in producer_ranks})
     path = expected_path(run_dir, iteration, stage)
     makedirs_private(path.parent)
-    atomic_write_json(path, {"iteration": iteration, "stage": stage, "producer_ranks": ranks, "written_at": time.time()})
+    atomic_write_json(
+        path,
+        {"iteration": iteration, "stage": stage, "producer_ranks": ranks, "final": final, "written_at": time.time()},
+    )
     return path

@@ -32,9 +32,11 @@ def idle_ranks(world: Sequence[int], placement: Mapping[str, Sequence[int]]) -> 
 def iteration_start_placement(initial: Mapping[str, Sequence[int]], cfg: PolicyConfig) -> Placement:
     """Placement every iteration starts from: the configured one, or with the pre-process policy
     the configured one with rollout also spanning the actor's GPUs (the actor waits, its state
-    kept on its initial ranks' host memory, until pre-process hands the GPUs back)."""
+    kept on its initial ranks' host memory, until pre-process hands the GPUs back). The actor's
+    ranks are lent only when they form whole rollout instances (``setup_problems`` reports it)."""
     start = normalize_placement(initial)
-    if cfg.use_pre_process_policy and start["actor"]:
+    if (cfg.use_pre_process_policy and start["actor"]
+            and len(start["actor"]) % cfg.rollout_ranks_per_instance == 0):
         start["rollout"] = tuple(sorted(start["rollout"] + start["actor"]))
         start["actor"] = ()
     return start
@@ -102,3 +104,19 @@ def grow_actor(actor: Ranks, available: Sequence[Sequence[int]], cfg: PolicyConf
         taken.extend(group)
         used += 1
     return tuple(sorted(actor + tuple(taken[:need]))), used
+
+
+def setup_problems(initial: Mapping[str, Sequence[int]], world: Sequence[int], cfg: PolicyConfig,
+                   global_batch_size: int, micro_batch_size: int) -> list[str]:
+    """Why an initial placement cannot be scheduled (empty list when it can): the
+    ``placement_problems`` plus the needs of the policy options."""
+    problems = placement_problems(initial, world, cfg, global_batch_size, micro_batch_size)
+    actor = tuple(initial.get("actor", ()))
+    if cfg.use_pre_process_policy and len(actor) % cfg.rollout_ranks_per_instance:
+        problems.append(
+            f"use_pre_process_policy: the actor's {len(actor)} ranks do not form whole rollout "
+            f"instances of {cfg.rollout_ranks_per_instance} ranks")
+    for comp in ("actor", "rollout"):
+        if not initial.get(comp):
+            problems.append(f"{comp}: no ranks in the initial placement")
+    return problems

@@ -3,9 +3,10 @@
 ``math_rl``: GRPO on math prompts with a 7B-class model. Long-tailed responses (lognormal,
 median about 1k tokens, clipped at 16k), group size 16, four optimizer steps per iteration, and the
 disaggregated RLinf layout (actor : rollout : inference = 1 : 2 : 1, in that rank order so the
-actor can grow into released rollout ranks). Costs per GPU: decode about 30 tokens/s per request
-at 64 running requests (a step is 30 % weight reads), training about 8k tokens/s,
-reference-logprob inference about 25k tokens/s, reshard at 12.5 GB/s.
+actor can grow into released rollout ranks). Costs per GPU: decode 3k tokens/s with 64 running
+requests (47 tokens/s per request; a step is 30 % weight reads, so a lone request runs at about
+150 tokens/s), training 5k tokens/s (forward, backward and the old-logprob pass), reference-logprob
+inference 20k tokens/s, reshard at 12.5 GB/s.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ def math_rl(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
         "scheduler": {"policy": "static", "max_running_requests": 64,
                       "pre_process_threshold": 0.5},
         "emulated": {
-            "rollout_s_per_token": 1.0 / (30 * 64),
-            "inference_s_per_token": 4e-5,
-            "actor_s_per_token": 1.25e-4,
+            "rollout_s_per_token": 1.0 / 3000,
+            "inference_s_per_token": 5e-5,
+            "actor_s_per_token": 2e-4,
             "response_len_mean": 1649,
             "response_len_max": 16384,
             "response_len_dist": "lognormal",

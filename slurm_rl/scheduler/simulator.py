@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import SimCostModel
 from slurm_rl.scheduler.lengths import LengthModel
-from slurm_rl.scheduler.placement_ops import placement_problems, rollout_instances
+from slurm_rl.scheduler.placement_ops import (
+    placement_problems,
+    rollout_instances,
+    setup_problems,
+)
 from slurm_rl.scheduler.policies import Policy
 from slurm_rl.scheduler.report import IterationReport, SimReport
 from slurm_rl.scheduler.state import (
@@ -60,8 +64,8 @@ class SimSetup:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
-        problems = placement_problems(self.initial, range(self.gpus), self.policy_cfg,
-                                      self.batch.global_batch_size, self.batch.micro_batch_size)
+        problems = setup_problems(self.initial, range(self.gpus), self.policy_cfg,
+                                  self.batch.global_batch_size, self.batch.micro_batch_size)
         if problems:
             raise ValueError("cluster.component_placement: " + "; ".join(problems))
         if self.batch.samples_per_iteration % self.group_size:
@@ -256,6 +260,8 @@ class Simulation:
         if inst is None or inst.version != version:
             return False
         self._sync(inst)
+        # Nothing changed on the instance since this event was scheduled: its head is done.
+        inst.counter = max(inst.counter, inst.heap[0][0]) if inst.heap else inst.counter
         group_done = False
         while inst.heap and inst.heap[0][0] <= inst.counter + 1e-6:
             _, rid = heapq.heappop(inst.heap)
@@ -411,5 +417,6 @@ class Simulation:
                 self._finish_minibatch()
             elif kind == "tick":
                 self.tick_scheduled = False
+                force = True
+            self._call_policy(force=force)  # before the actor picks its next mini-batch
             self._start_stages()
-            self._call_policy(force=force)

@@ -118,7 +118,8 @@ class RolloutProgress:
 
 @dataclass(frozen=True)
 class InferenceProgress:
-    """Samples of the current iteration that went through inference (reference logprobs)."""
+    """Samples of the current iteration that went through inference (reference logprobs).
+    A run without an inference component reports ``done == total == 0``."""
 
     done: int
     total: int

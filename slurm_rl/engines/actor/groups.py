@@ -1,34 +1,46 @@
-"""Process sub-groups cached by rank set, created by their members only.
+"""Process sub-groups of the fixed world, cached by rank set.
 
-Groups are created with ``use_local_synchronization=True``: only the ranks *in* a group call
-``new_group`` for it, and the group name is derived from the rank set. Constraint: ranks that
-create several overlapping groups must create them in the same relative order (gloo connects
-the members of a group before returning); the reshard protocol does this by always creating
-the union group of a transition first, then the new DP group. A cache lives for the life of the
-process (the world is fixed for the allocation), so each rank set is created at most once.
+Constraint (torch.distributed): a group's identity is derived from how many groups the
+process created before it, so **every rank of the world must create the same groups in the same
+order**, members or not. ``GroupCache.ensure(rank_sets)`` is therefore called by *all* ranks
+with the *same* list, typically at an epoch transition from the rank sets the epoch names
+(``transition_rank_sets`` gives the ones an actor reshard needs). For a non-member the call
+returns at once; members connect to each other (gloo) before it returns. ``get`` only returns
+groups created that way and never creates one, so a rank cannot silently diverge.
 
-Before creating a group its members announce themselves in the default store; a member that
-does not arrive within the timeout turns into a ``GroupTimeoutError`` naming the missing ranks
-instead of an opaque gloo connect timeout.
+Before connecting, members announce themselves in the default store; a member that does not
+arrive within the timeout turns into a ``GroupTimeoutError`` naming the missing ranks instead of
+an opaque gloo connect timeout.
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch.distributed as dist
+
+RankSet = tuple[int, ...]
 
 
 class GroupTimeoutError(TimeoutError):
     """Members of a process group did not arrive within the timeout."""
 
 
-def _store() -> dist.Store:
-    from torch.distributed.distributed_c10d import _get_default_store
+class GroupNotCreatedError(KeyError):
+    """A group was requested that was not created by ``GroupCache.ensure`` on all ranks."""
 
-    return _get_default_store()
+
+def rank_set(ranks: Iterable[int]) -> RankSet:
+    """Canonical key of a rank set: sorted, without duplicates."""
+    return tuple(sorted(set(int(r) for r in ranks)))
+
+
+def transition_rank_sets(old_ranks: Sequence[int], new_ranks: Sequence[int]) -> list[RankSet]:
+    """Groups an actor reshard from ``old_ranks`` to ``new_ranks`` uses, in creation order."""
+    union = rank_set([*old_ranks, *new_ranks])
+    return [union, rank_set(new_ranks)]
 
 
 class GroupCache:
@@ -40,34 +52,49 @@ class GroupCache:
             timeout = datetime.timedelta(seconds=float(timeout))
         self.timeout = timeout
         self.backend = backend
-        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._groups: dict[RankSet, dist.ProcessGroup | None] = {}
+        self._created = 0
 
     def __contains__(self, ranks: Iterable[int]) -> bool:
-        return tuple(sorted(set(ranks))) in self._groups
+        return rank_set(ranks) in self._groups
 
-    def get(self, ranks: Iterable[int], what: str = "group") -> dist.ProcessGroup:
-        """The group over ``ranks``; this rank must be a member. Creates it on first use.
+    def ensure(self, rank_sets: Iterable[Iterable[int]], what: str = "group") -> None:
+        """Create the groups not created yet, in the given order. Call on ALL world ranks.
 
         ``what`` describes the purpose (e.g. ``"epoch 7 actor reshard"``) for error messages.
         """
-        key = tuple(sorted(set(ranks)))
+        me = dist.get_rank()
+        for ranks in rank_sets:
+            key = rank_set(ranks)
+            if key in self._groups:
+                continue
+            if me in key:
+                self._await_members(key, what)
+            group = dist.new_group(list(key), timeout=self.timeout, backend=self.backend)
+            self._groups[key] = group if me in key else None
+            self._created += 1
+
+    def get(self, ranks: Iterable[int], what: str = "group") -> dist.ProcessGroup:
+        """The group over ``ranks`` (this rank must be a member; created by ``ensure``)."""
+        key = rank_set(ranks)
         me = dist.get_rank()
         if me not in key:
-            raise ValueError(f"rank {me} asked for {what} over ranks {list(key)} "
-                             "it is not a member of")
-        group = self._groups.get(key)
-        if group is None:
-            self._await_members(key, what)
-            group = dist.new_group(list(key), timeout=self.timeout, backend=self.backend,
-                                   use_local_synchronization=True)
-            self._groups[key] = group
+            raise ValueError(f"rank {me}: {what} over ranks {list(key)} does not include it")
+        if key not in self._groups:
+            raise GroupNotCreatedError(
+                f"rank {me}: {what} needs the group over ranks {list(key)}, which was not "
+                "created; call GroupCache.ensure(...) with the same rank sets on all ranks first")
+        group = self._groups[key]
+        assert group is not None
         return group
 
-    def _await_members(self, key: tuple[int, ...], what: str) -> None:
+    def _await_members(self, key: RankSet, what: str) -> None:
         if len(key) == 1:
             return
-        store = _store()
-        prefix = "slurm_rl/groups/" + "-".join(map(str, key))
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = _get_default_store()
+        prefix = f"slurm_rl/groups/{self._created}/" + "-".join(map(str, key))
         me = dist.get_rank()
         store.set(f"{prefix}/{me}", socket.gethostname())
         keys = [f"{prefix}/{r}" for r in key]
@@ -75,6 +102,7 @@ class GroupCache:
             store.wait(keys, self.timeout)
         except Exception as exc:  # the store raises a generic error on timeout
             missing = [r for r, k in zip(key, keys) if not store.check([k])]
+            store.delete_key(f"{prefix}/{me}")  # a later attempt must announce itself anew
             raise GroupTimeoutError(
                 f"rank {me} on {socket.gethostname()}: ranks {missing} did not arrive within "
                 f"{self.timeout.total_seconds():.0f}s to create {what} over ranks {list(key)}"

@@ -44,7 +44,10 @@ def nll_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Te
 
 
 class ActorTrainer:
-    """Trains the megatron-core GPT actor over an explicit DP group and reshards it in place."""
+    """Trains the megatron-core GPT actor over an explicit DP group and reshards it in place.
+
+    Before construction all world ranks call ``group_cache.ensure([ranks])`` (the DP group).
+    """
 
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_cfg: BatchConfig,
                  ranks: Sequence[int], group_cache: GroupCache, seed: int,
@@ -160,6 +163,69 @@ class ActorTrainer:
         assert self.flat is not None
         yield from self.flat.named_views()
 
+    # ----------------------------------------------------------------- full state
+    def _full_moments(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Full Adam moments on DP rank 0 (collective over the DP group under ZeRO-1)."""
+        assert self.optimizer is not None and self.flat is not None
+        opt = self.optimizer
+        if not self.optim_cfg.zero1 or self.dp_size == 1:
+            return opt.exp_avg, opt.exp_avg_sq
+        full = holding(self.ranks, self.flat.numel, True)
+        if self.dp_rank != 0:
+            for buf in (opt.exp_avg, opt.exp_avg_sq):
+                if buf.numel():
+                    dist.send(buf, self.ranks[0], group=self.dp_group)
+            return None
+        out = []
+        for buf in (opt.exp_avg, opt.exp_avg_sq):
+            whole = torch.empty(self.flat.numel, dtype=torch.float32)
+            whole[:buf.numel()].copy_(buf)
+            out.append(whole)
+        for src in self.ranks[1:]:
+            lo, hi = full[src]
+            for whole in out:
+                if hi > lo:
+                    dist.recv(whole[lo:hi], src, group=self.dp_group)
+        return out[0], out[1]
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Full state by parameter name: ``model``, ``optimizer`` (``exp_avg/<name>``,
+        ``exp_avg_sq/<name>``) and JSON ``meta``. Collective over the DP group; returns the
+        state on DP rank 0 and None elsewhere."""
+        self._require_active("state_dict")
+        assert self.flat is not None
+        moments = self._full_moments()
+        if moments is None:
+            return None
+        optim: dict[str, torch.Tensor] = {}
+        for prefix, flat in zip(("exp_avg", "exp_avg_sq"), moments):
+            optim.update({f"{prefix}/{n}": t for n, t in self.flat.named_views(flat)})
+        meta = {**self.meta(), "zero1": self.optim_cfg.zero1}
+        return {"model": dict(self.flat.named_views()), "optimizer": optim, "meta": meta}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load a full state (any DP size, any ZeRO setting); each rank keeps its slice."""
+        self._require_active("load_state_dict")
+        assert self.flat is not None and self.optimizer is not None
+        model, optim = state["model"], state["optimizer"]
+        expected = set(self.flat.names)
+        if set(model) != expected:
+            raise ValueError(f"rank {self.me}: checkpoint parameters differ from the model: "
+                             f"missing {sorted(expected - set(model))[:5]}, unexpected "
+                             f"{sorted(set(model) - expected)[:5]}")
+        self.load_meta(state["meta"])
+        lo, hi = self.optimizer.state_range
+        moments = {"exp_avg": torch.empty(self.flat.numel),
+                   "exp_avg_sq": torch.empty(self.flat.numel)}
+        with torch.no_grad():
+            for name, view in self.flat.named_views():
+                view.copy_(model[name])
+            for prefix, flat in moments.items():
+                for name, view in self.flat.named_views(flat):
+                    view.copy_(optim[f"{prefix}/{name}"])
+        self.optimizer.exp_avg = moments["exp_avg"][lo:hi].clone()
+        self.optimizer.exp_avg_sq = moments["exp_avg_sq"][lo:hi].clone()
+
     # ----------------------------------------------------------------- metadata
     def meta(self) -> dict[str, Any]:
         """Small JSON state that travels with the weights: counters, RNG, data position."""
@@ -186,7 +252,8 @@ class ActorTrainer:
         """Move the actor from the current ranks to ``new_ranks`` in place.
 
         Collective over the union of old and new ranks: every one of them must call it with the
-        same ``new_ranks``. Holders send parameters and Adam state over torch.distributed (no
+        same ``new_ranks``, after all world ranks called
+        ``group_cache.ensure(transition_rank_sets(old, new))``. Holders send parameters and Adam state over torch.distributed (no
         disk); joining ranks build the model skeleton and receive state, step counter, LR
         schedule position, RNG and data state; leaving ranks free their memory. Raises
         ``InvalidDPSizeError`` before any communication if the new DP size is invalid, and
@@ -209,7 +276,7 @@ class ActorTrainer:
         joining = self.me in new and self.me not in old
         if joining and self.model is None:
             self._build(initialize=False)
-        union_group = self.group_cache.get(union, what)
+        union_group = self.group_cache.get(union, what)  # created by ensure() on all ranks
         self._monitored_barrier(union_group, union, what)
         meta = broadcast_json(self.meta() if self.me == old[0] else None, old[0], union_group)
         if joining:

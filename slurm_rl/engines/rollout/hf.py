@@ -25,11 +25,15 @@ def build_hf_llama(cfg: ModelConfig, seed: int = 0, device: str | torch.device =
     """Random-init ``LlamaForCausalLM`` with ``cfg``'s architecture, in eval mode."""
     from transformers import LlamaForCausalLM
 
-    hf_cfg = hf_llama_config(cfg, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    from transformers import GenerationConfig
+
+    # No default eos: generation stops only on SamplingParams.stop_token_ids.
+    hf_cfg = hf_llama_config(cfg, pad_token_id=0, bos_token_id=None, eos_token_id=None)
     hf_cfg._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(hf_cfg)
+    model.generation_config = GenerationConfig(pad_token_id=0)
     return model.to(device=device, dtype=dtype).eval()
 
 

@@ -1,0 +1,180 @@
+"""The discrete-event simulator running the real policies."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+
+from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.lengths import LengthModel
+from slurm_rl.scheduler.policies import make_policy
+from slurm_rl.scheduler.profiles import math_rl
+from slurm_rl.scheduler.report import print_report
+from slurm_rl.scheduler.simulate import (
+    build_setup,
+    parse_placement,
+    parse_policy,
+    scale_placement,
+    simulate,
+)
+from slurm_rl.scheduler.simulator import Simulation
+from slurm_rl.scheduler.state import PolicyConfig
+
+
+@pytest.fixture(scope="module")
+def math8() -> dict:
+    return math_rl(8, num_iterations=2)
+
+
+@pytest.fixture(scope="module")
+def static8(math8: dict):
+    return simulate(math8, policy="static")
+
+
+@pytest.fixture(scope="module")
+def auto8(math8: dict):
+    return simulate(math8, policy="auto")
+
+
+def test_auto_beats_static_on_math_profile(static8, auto8) -> None:
+    assert auto8.total_time_s < 0.85 * static8.total_time_s
+    assert all(it.placement_changes == 0 for it in static8.iterations)
+    assert all(it.placement_changes >= 2 for it in auto8.iterations)
+
+
+def test_options_also_beat_static(math8: dict, static8) -> None:
+    for policy in ("auto+pre_process", "auto+wait_before_last_iter"):
+        assert simulate(math8, policy=policy).total_time_s < 0.85 * static8.total_time_s
+
+
+def test_deterministic_given_seed(math8: dict, auto8) -> None:
+    again = simulate(math8, policy="auto")
+    assert again.to_json() == auto8.to_json()
+    other = simulate(math8, policy="auto", seed=7)
+    assert other.total_time_s != auto8.total_time_s
+
+
+def test_gpu_seconds_add_up(auto8) -> None:
+    for it in auto8.iterations:
+        total = sum(it.busy_gpu_s.values()) + sum(it.idle_gpu_s.values()) + it.unassigned_gpu_s
+        assert total == pytest.approx(auto8.gpus * it.time_s, rel=1e-6)
+        assert it.bubble_gpu_s == pytest.approx(auto8.gpus * it.time_s
+                                                - sum(it.busy_gpu_s.values()), rel=1e-6)
+        assert all(v >= -1e-6 for v in it.idle_gpu_s.values())
+        assert it.busy_gpu_s["actor"] > 0 and it.busy_gpu_s["rollout"] > 0
+
+
+def test_report_json_and_table(auto8) -> None:
+    data = json.loads(auto8.to_json())
+    assert data["policy"] == "auto" and len(data["iterations"]) == 2
+    assert data["iterations"][0]["decisions"][0]["reason"]
+    from rich.console import Console
+    console = Console(file=io.StringIO(), width=200, record=True)
+    print_report(auto8, console)
+    text = console.export_text()
+    assert "simulated auto on 8 GPUs" in text and "bubble" in text
+
+
+def _tiny(policy: str, **cluster) -> dict:
+    """A small deterministic workload: fixed lengths, 4 GPUs."""
+    return {
+        "cluster": {"num_nodes": 1, "gpus_per_node": 4,
+                    "component_placement": {"actor": "0", "rollout": "1-2", "inference": 3},
+                    **cluster},
+        "train": {"num_iterations": 1, "rollout_batch_size": 8, "group_size": 4,
+                  "global_batch_size": 8, "micro_batch_size": 1},
+        "scheduler": {"policy": policy, "max_running_requests": 8},
+        "emulated": {"rollout_s_per_token": 0.01, "inference_s_per_token": 0.001,
+                     "actor_s_per_token": 0.01, "response_len_mean": 100,
+                     "response_len_max": 100, "response_len_dist": "fixed", "prompt_len": 0,
+                     "scaling": 1.0, "reshard_s_per_gb": 0.0, "model_params": 0},
+    }
+
+
+def test_fixed_workload_matches_hand_computation() -> None:
+    # 32 requests of 100 tokens on 2 instances x 8 slots: two waves of 100 / (1/(0.01*8)) = 8 s.
+    report = simulate(_tiny("static"))
+    it = report.iterations[0]
+    # The first wave ends at 8 s, its first 8 samples go through inference (8 x 100 x 0.001 =
+    # 0.8 s), then the actor is the bottleneck: 4 mini-batches of 8 x 100 x 0.01 = 8 s on one GPU.
+    assert it.time_s == pytest.approx(8 + 0.8 + 4 * 8, rel=1e-6)
+    assert it.busy_gpu_s["rollout"] == pytest.approx(2 * 16)
+
+
+def test_migration_keeps_generated_tokens() -> None:
+    setup, _ = build_setup(_tiny("static"))
+    sim = Simulation(setup, make_policy("static", setup.policy_cfg))
+    sim._start_iteration(0)
+    sim._new_report(0)
+    sim._dispatch()
+    sim._advance(3.0)
+    inst = next(i for i in sim.instances.values() if i.ranks == (1,))
+    rids = sorted(inst.running)
+    sim.placement = {**sim.placement, "rollout": (2,)}
+    sim._rebuild_instances(ready_at=3.0)
+    rate = 1 / (0.01 * 8)
+    for rid in rids:
+        assert sim.requests[rid].generated == pytest.approx(3.0 * rate)
+    assert list(sim.pending)[:len(rids)] == rids
+    assert sim.report.migrated_requests == len(rids)
+
+
+def test_scripted_policy_in_simulator() -> None:
+    cfg = _tiny("scripted")
+    cfg["scheduler"]["script"] = [{"at_phase": "rollout", "at_iteration": 0,
+                                   "placement": {"actor": [0], "rollout": [1],
+                                                 "inference": [2, 3]}}]
+    it = simulate(cfg).iterations[0]
+    assert it.placement_changes == 1
+    assert it.migrated_requests > 0
+
+
+def test_gpus_override_scales_placement() -> None:
+    cfg = math_rl(8, num_iterations=1)
+    setup, name = build_setup(cfg, gpus=16, policy="auto+pre_process")
+    assert name == "auto" and setup.policy_cfg.use_pre_process_policy
+    assert setup.initial == {"actor": tuple(range(4)), "rollout": tuple(range(4, 12)),
+                             "inference": tuple(range(12, 16))}
+    assert scale_placement(setup.initial, 16, 16, PolicyConfig()) == setup.initial
+
+
+def test_config_errors_name_the_key() -> None:
+    cfg = _tiny("static")
+    cfg["cluster"]["component_placement"] = {"actor": "0-2", "rollout": "1-2", "inference": 3}
+    with pytest.raises(ValueError, match="cluster.component_placement"):
+        simulate(cfg)
+    with pytest.raises(ValueError, match="allowed"):
+        parse_policy("auto+turbo")
+    with pytest.raises(ValueError, match="placed twice"):
+        parse_placement({"actor,rollout": "0-1", "actor": 2}, 4)
+    assert parse_placement({"actor,inference": "0-1,3", "rollout": "all"}, 2)["inference"] == (
+        0, 1, 3)
+
+
+def test_length_model_is_long_tailed() -> None:
+    lens = LengthModel(mean=1649, max_len=16384).sample(random.Random(0), 20000)
+    lens.sort()
+    assert 900 < lens[len(lens) // 2] < 1100          # median ~1k
+    assert lens[-1] == 16384                          # clipped tail
+    assert sum(lens) / len(lens) == pytest.approx(1649, rel=0.05)
+
+
+def test_cost_model_matches_emulated_runtime() -> None:
+    emulated = pytest.importorskip("slurm_rl.engines.emulated")
+    params = dict(rollout_s_per_token=1e-3, inference_s_per_token=2e-4, actor_s_per_token=5e-4,
+                  scaling=0.9, reshard_s_per_gb=0.1, model_params=10**9)
+    ours = SimCostModel(**params)
+    theirs = emulated.CostModel.from_config(params)
+    for comp in ("rollout", "inference", "actor"):
+        for gpus in (1, 3, 8):
+            tokens = 12000
+            assert ours.seconds(comp, tokens, gpus) == pytest.approx(
+                theirs.share_seconds(comp, tokens / gpus, gpus))
+    for old, new in ((1, 4), (0, 2), (4, 2)):
+        assert ours.reshard_bytes(old, new) == theirs.reshard_bytes(old, new)
+    # A full instance decodes at the component law.
+    full = ours.decode_tokens_per_s(2, 64, 64) * 64
+    assert 1 / full == pytest.approx(ours.seconds("rollout", 1, 2))
