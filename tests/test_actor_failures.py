@@ -42,6 +42,7 @@ def failure_worker(rank: int, world: int) -> dict[str, Any]:
             cache.ensure(sets, what="epoch 4 actor reshard")
         except GroupTimeoutError as exc:
             out["group_timeout"] = [str(exc), time.monotonic() - t0]
+    dist.barrier()  # rank 2 announces itself only after the others gave up
 
     # Now every rank creates the groups, but rank 2 never enters the reshard collective.
     cache.ensure(sets, what="epoch 4 actor reshard")

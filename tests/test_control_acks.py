@@ -86,7 +86,7 @@ def test_dead_rank_fails_the_ack_wait_early(paths: RunPaths) -> None:
         start = time.monotonic()
         with pytest.raises(DeadRankError) as info:
             waiter.wait(timeout_s=30)
-    assert time.monotonic() - start < 2, "dead rank noticed only after the ack timeout"
+    assert time.monotonic() - start < 10, "dead rank noticed only after the 30s ack timeout"
     message = str(info.value)
     assert re.search(r"epoch 4 .*rank 5 \(host n2\) last heartbeat \d+\.\d+s ago", message), message
     assert "rank 1" not in message

@@ -148,7 +148,7 @@ def test_wait_next_times_out_naming_rank_epoch_and_path(paths: RunPaths) -> None
     start = time.monotonic()
     with pytest.raises(WaitTimeout, match=r"rank 9: timed out after 0.2s waiting for reshard plan \(epoch 5 at .*000005.json\)"):
         watcher.wait_next(0.2, what="reshard plan")
-    assert 0.2 <= time.monotonic() - start < 2
+    assert 0.2 <= time.monotonic() - start < 5
     assert watcher.polls <= 12  # back-off: not 20 polls of 10 ms
 
 

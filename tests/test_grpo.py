@@ -140,3 +140,13 @@ def test_reward_exact_partial_and_missing_eos() -> None:
     assert score_answer(tok.encode("1", add_bos=False) + eos, "12", tok) == 0.25
     assert score_answer(eos, "7", tok) == 0.0
     assert score_answer(tok.encode("x7", add_bos=False) + eos, "7", tok) == 0.0
+
+
+def test_place_responses_matches_next_token_layout() -> None:
+    from slurm_rl.rl.grpo import place_responses
+
+    vals, mask = place_responses([3, 2], [[-1.0, -2.0], [-3.0]], width=4)
+    assert vals.tolist() == [[0, 0, -1, -2], [0, -3, 0, 0]]
+    assert mask.tolist() == [[0, 0, 1, 1], [0, 1, 0, 0]]
+    with pytest.raises(ValueError, match="row 0"):
+        place_responses([4], [[1.0, 2.0]], width=4)

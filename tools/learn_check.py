@@ -53,7 +53,7 @@ def main() -> None:
     from slurm_rl.engines.inference import ReferenceScorer
     from slurm_rl.engines.model_config import ModelConfig
     from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
-    from slurm_rl.rl.grpo import group_advantages, grpo_loss
+    from slurm_rl.rl.grpo import group_advantages, grpo_loss, place_responses
     from slurm_rl.rl.tasks import TaskConfig, sample_problems, score_answer
     from slurm_rl.rl.tokenizer import CharTokenizer, pad_batch
 
@@ -93,14 +93,10 @@ def main() -> None:
         ids, attn = pad_batch(seqs, tok.pad_id)
         ids_t, attn_t = torch.tensor(ids), torch.tensor(attn)
         width = ids_t.shape[1] - 1
-        mask = torch.zeros(len(seqs), width)
-        old = torch.zeros(len(seqs), width)
-        refm = torch.zeros(len(seqs), width)
-        for i, g in enumerate(gens):
-            s, n = len(g.prompt_ids) - 1, len(g.token_ids)
-            mask[i, s:s + n] = 1
-            old[i, s:s + n] = torch.tensor(g.logprobs)
-            refm[i, s:s + n] = ref_lp[i][s:s + n]
+        prompt_lens = [len(g.prompt_ids) for g in gens]
+        old, mask = place_responses(prompt_lens, [g.logprobs for g in gens], width)
+        refm, _ = place_responses(prompt_lens, [r[n - 1:] for r, n in zip(ref_lp, prompt_lens)],
+                                  width)
         n_tokens = int(mask.sum())
         opt.zero_grad(set_to_none=True)
         loss_sum = kl_sum = 0.0

@@ -62,7 +62,7 @@ def _bcast_json(obj: Any, src: int, group: Any, device: torch.device,
     buf = (torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device) if is_src
            else torch.empty(int(n.item()), dtype=torch.uint8, device=device))
     _bcast(buf, src, group, timeout, what + " (header)")
-    return obj if is_src else json.loads(bytes(buf.cpu().tolist()).decode())
+    return obj if is_src else json.loads(buf.cpu().numpy().tobytes().decode())
 
 
 def _buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int

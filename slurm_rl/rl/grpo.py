@@ -10,6 +10,7 @@ summing micro-batch losses and all-reducing gradients gives the same update for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -94,3 +95,23 @@ def response_mask(lengths: Tensor, width: int) -> Tensor:
     """``[batch, width]`` float mask with the first ``lengths[i]`` positions set."""
     return (torch.arange(width, device=lengths.device).unsqueeze(0)
             < lengths.unsqueeze(1)).float()
+
+
+def place_responses(prompt_lens: Sequence[int], values: Sequence[Sequence[float]], width: int
+                    ) -> tuple[Tensor, Tensor]:
+    """Lay per-response-token values into the ``[batch, width]`` next-token layout.
+
+    For a sequence ``prompt + response`` the logprob of response token ``j`` sits at column
+    ``len(prompt) - 1 + j`` of ``token_logprobs(ids)`` (width ``T - 1``). Returns
+    ``(values, mask)`` in that layout, zeros outside the responses.
+    """
+    out = torch.zeros(len(values), width)
+    mask = torch.zeros(len(values), width)
+    for i, (p, v) in enumerate(zip(prompt_lens, values)):
+        s, n = p - 1, len(v)
+        if s < 0 or s + n > width:
+            raise ValueError(f"place_responses: row {i}: prompt {p} + response {n} tokens do "
+                             f"not fit width {width}")
+        out[i, s:s + n] = torch.as_tensor(v, dtype=torch.float32)
+        mask[i, s:s + n] = 1.0
+    return out, mask

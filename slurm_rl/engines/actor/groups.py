@@ -10,7 +10,8 @@ groups created that way and never creates one, so a rank cannot silently diverge
 
 Before connecting, members announce themselves in the default store; a member that does not
 arrive within the timeout turns into a ``GroupTimeoutError`` naming the missing ranks instead of
-an opaque gloo connect timeout.
+an opaque gloo connect timeout. Arrival keys are not removed on failure: a group timeout is
+meant to end the run, and a retry of the same ``ensure`` by every rank still succeeds.
 """
 
 from __future__ import annotations
@@ -102,7 +103,6 @@ class GroupCache:
             store.wait(keys, self.timeout)
         except Exception as exc:  # the store raises a generic error on timeout
             missing = [r for r, k in zip(key, keys) if not store.check([k])]
-            store.delete_key(f"{prefix}/{me}")  # a later attempt must announce itself anew
             raise GroupTimeoutError(
                 f"rank {me} on {socket.gethostname()}: ranks {missing} did not arrive within "
                 f"{self.timeout.total_seconds():.0f}s to create {what} over ranks {list(key)}"

@@ -1,0 +1,113 @@
+"""Model construction on CPU, log-probs, LR schedule and micro-batching (fast unit tests)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from slurm_rl.engines.actor.local_dist import run_local
+from slurm_rl.engines.actor.lr_schedule import LRScheduleConfig, SampleLRScheduler, lr_at
+from slurm_rl.engines.actor.microbatch import BatchConfig, collate, split_microbatches
+from slurm_rl.engines.model_config import ModelConfig
+
+
+def model_worker(rank: int, world: int) -> dict[str, Any]:
+    from slurm_rl.engines.actor.cpu_shim import apply_cpu_shim
+    from slurm_rl.engines.actor.model import build_gpt_model, token_logprobs
+
+    cfg = ModelConfig(num_query_groups=2)
+    a, b = build_gpt_model(cfg, seed=3), build_gpt_model(cfg, seed=3)
+    c = build_gpt_model(cfg, seed=4)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    lp = token_logprobs(a, ids, mask)
+    lp.sum().backward()
+    changed = ids.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 64
+    tied = build_gpt_model(ModelConfig(tie_word_embeddings=True), seed=1)
+    return {
+        "shim_idempotent": apply_cpu_shim() and apply_cpu_shim(),
+        "same_init": all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())),
+        "seed_matters": not torch.equal(a.output_layer.weight, c.output_layer.weight),
+        "numel": sum(p.numel() for p in a.parameters()), "expected": cfg.num_parameters(),
+        "names": [n for n, _ in a.named_parameters()],
+        "qkv": tuple(a.decoder.layers[0].self_attention.linear_qkv.weight.shape),
+        "shape": tuple(lp.shape), "all_grads": all(p.grad is not None for p in a.parameters()),
+        "causal": torch.allclose(lp[:, :5], token_logprobs(a, changed, mask)[:, :5]),
+        "padding": torch.allclose(lp[1, :6], token_logprobs(a, ids[1:2, :7])[0], atol=1e-6),
+        "tied_names": [n for n, _ in tied.named_parameters() if "output" in n],
+    }
+
+
+@pytest.mark.slow
+def test_gpt_model_on_cpu() -> None:
+    out = run_local(model_worker, 1, timeout_s=200)[0]
+    assert out["shim_idempotent"] is True  # CPU-only torch in the test environment
+    assert out["same_init"] and out["seed_matters"]
+    assert out["numel"] == out["expected"]
+    assert "decoder.layers.1.mlp.linear_fc1.weight" in out["names"]
+    assert out["qkv"] == ((4 + 2 * 2) * 32, 128)
+    assert out["shape"] == (2, 9) and out["all_grads"]
+    assert out["causal"] and out["padding"]
+    assert out["tied_names"] == []
+
+
+def test_model_config_validation() -> None:
+    assert ModelConfig().head_dim >= 32
+    assert ModelConfig.from_dict({"hidden_size": 256}).ffn_size == 704
+    with pytest.raises(ValueError, match="head size"):
+        ModelConfig(hidden_size=64, num_attention_heads=4)
+    with pytest.raises(ValueError, match="model.bogus"):
+        ModelConfig.from_dict({"bogus": 1})
+    with pytest.raises(ValueError, match="num_query_groups"):
+        ModelConfig(num_query_groups=3)
+
+
+def test_lr_schedule_in_samples() -> None:
+    cfg = LRScheduleConfig(lr=1.0, min_lr=0.1, lr_warmup_samples=100, lr_decay_samples=1000)
+    assert lr_at(cfg, 0) == 0.0 and lr_at(cfg, 50) == 0.5 and lr_at(cfg, 100) == 1.0
+    assert math.isclose(lr_at(cfg, 600), 0.55) and lr_at(cfg, 1100) == pytest.approx(0.1)
+    assert lr_at(cfg, 5000) == pytest.approx(0.1)
+    lin = LRScheduleConfig(lr=1.0, lr_decay_samples=10, lr_decay_style="linear")
+    assert lr_at(lin, 5) == 0.5
+
+
+def test_lr_trajectory_ignores_call_count_roll_442() -> None:
+    """Many small optimizer calls (dynamic batching) vs few nominal steps: same decay."""
+    cfg = LRScheduleConfig(lr=1.0, lr_warmup_samples=64, lr_decay_samples=2400 * 64)
+    nominal = SampleLRScheduler(cfg)
+    for _ in range(100):
+        nominal.advance(64)
+    split = SampleLRScheduler(cfg)
+    for _ in range(400):
+        split.advance(16)
+    assert split.current_lr == nominal.current_lr
+    assert split.state_dict()["consumed_samples"] == 6400
+    assert set(split.state_dict()) == {"consumed_samples", "config"}
+    resumed = SampleLRScheduler(cfg)
+    resumed.load_state_dict(split.state_dict())
+    assert resumed.lr_for_step(64) == nominal.lr_for_step(64)
+
+
+def _sample(n: int) -> dict[str, Any]:
+    return {"input_ids": list(range(n)), "advantages": [1.0] * (n - 1), "reward": 2.0}
+
+
+def test_token_packing_and_collate() -> None:
+    samples = [_sample(n) for n in (10, 4, 12, 3, 30, 5)]
+    packed = split_microbatches(samples, BatchConfig(global_batch_size=6,
+                                                     max_tokens_per_microbatch=24))
+    assert [[len(s["input_ids"]) for s in mb] for mb in packed] == [[10, 4], [12, 3], [30], [5]]
+    for mb in packed:
+        assert len(mb) == 1 or len(mb) * max(len(s["input_ids"]) for s in mb) <= 24
+    fixed = split_microbatches(samples, BatchConfig(global_batch_size=6, micro_batch_size=4))
+    assert [len(mb) for mb in fixed] == [4, 2]
+    batch = collate(packed[0])
+    assert batch["input_ids"].shape == (2, 10) and batch["loss_mask"].shape == (2, 9)
+    assert batch["loss_mask"][1].tolist() == [1, 1, 1] + [0] * 6
+    assert batch["attention_mask"][1].sum() == 4 and batch["reward"].tolist() == [2.0, 2.0]
+    assert batch["advantages"][1, 3:].abs().sum() == 0
