@@ -43,7 +43,7 @@ __all__ = [
 DEVICES = ("emulated", "cpu", "cuda")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 POLICIES = ("static", "scripted", "auto")
-PHASES = ("start",)  # scripted steps apply at iteration gates (scheduler.state.PHASES names later phases)
+PHASES = ("start", "rollout", "train", "end")  # as scheduler.state.PHASES: start applies at the gate, the others mid-iteration
 FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -28,17 +29,23 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str, absent: int) -
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=30))
     result: dict = {"rank": rank}
+    present = dist.new_group([r for r in range(world) if r != absent]) if absent >= 0 else None
     try:
-        if rank == absent:
+        if rank == absent:  # alive but busy elsewhere: never joins the sync
+            time.sleep(8.0)
             return
         if rank == 0:  # the actor: megatron-named weights of a seed-7 model
             actor = build_hf_llama(CFG, seed=7)
             meg = list(hf_to_megatron(actor.named_parameters(), CFG))
+            if present is not None:
+                dist.barrier(group=present)  # the present ranks start the sync together
             _, stats = broadcast_weights(megatron_to_hf(meg, CFG), 0, dist.group.WORLD,
                                          timeout=3.0 if absent >= 0 else 30.0,
                                          bucket_bytes=20_000, what="weight sync v1")
         else:  # a rollout rank
             engine = HFRolloutEngine(CFG, seed=0)
+            if present is not None:
+                dist.barrier(group=present)
             got, stats = broadcast_weights(None, 0, dist.group.WORLD,
                                            expected=dict(hf_param_shapes(CFG)),
                                            timeout=3.0 if absent >= 0 else 30.0,
@@ -53,6 +60,8 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str, absent: int) -
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
         if rank != absent:
+            if "error" in result:
+                time.sleep(3.0)  # let rank 0 time out on its own rather than see us leave
             os._exit(0)  # do not wait in destroy for the absent peer
 
 
@@ -82,4 +91,7 @@ def test_broadcast_reaches_all_rollout_ranks(tmp_path: Path) -> None:
 def test_missing_rank_is_named(tmp_path: Path) -> None:
     out = _run(tmp_path, world=3, absent=2)
     assert "error" in out[0]
-    assert "weight sync v1 on rank 0" in out[0]["error"] and "2" in out[0]["error"]
+    err = out[0]["error"]
+    assert "weight sync v1 on rank 0" in err and "group ranks [0, 1, 2]" in err
+    assert "Rank 2" in err  # gloo's monitored barrier names the rank that did not arrive
+    assert "error" in out[1] and "rank 1" in out[1]["error"]

@@ -4,10 +4,12 @@
 Simulated half (default): the math-RL profile (``slurm_rl.scheduler.profiles.math_rl``) at 8, 64
 and 256 GPUs under ``static``, ``auto``, ``auto+pre_process`` and ``auto+wait_before_last_iter``.
 
-Live half (``--live``): the same profile as emulated runs at 8 and 32 ranks through
-``slurm_rl.launch.local.run_local(cfg)`` (imported only then), with every cost scaled by
-``--live-time-scale`` so an iteration takes seconds, next to the simulator's figure for the same
-config (the calibration target is agreement within 10 %).
+Live half (``--live``): the same profile as emulated live runs at 8 and 32 ranks (one local
+process per rank, real epochs, acks, Arrow hand-off, mid-iteration decisions), with every cost
+scaled by ``--live-time-scale`` so an iteration takes seconds and token counts divided by
+``--live-token-scale`` (per-token costs multiplied: same seconds), next to the simulator's
+prediction for the very same config (the calibration target is agreement within 10 %).
+Per-iteration live times are gate-to-gate (``release`` events of the coordinator).
 
     python tools/bench_scheduling.py [--gpus 8,64,256] [--iterations 3] [--seeds 0,1,2] [--live]
 """
@@ -19,13 +21,18 @@ import copy
 import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from slurm_rl.scheduler.profiles import math_rl
 from slurm_rl.scheduler.simulate import simulate
 
 POLICIES = ("static", "auto", "auto+pre_process", "auto+wait_before_last_iter")
+#: Publish-to-all-acked latency of a live epoch as measured on the emulated runs (about 0.1 s);
+#: the simulator is told the same, so the two model one system.
+LIVE_SWITCH_LATENCY_S = 0.1
 
 
 def simulated(gpus: list[int], iterations: int, seeds: list[int]) -> dict[str, Any]:
@@ -55,36 +62,73 @@ def simulated(gpus: list[int], iterations: int, seeds: list[int]) -> dict[str, A
     return out
 
 
-def _scaled(cfg: dict[str, Any], scale: float) -> dict[str, Any]:
-    cfg = copy.deepcopy(cfg)
-    for key in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token",
-                "reshard_s_per_gb"):
-        cfg["emulated"][key] *= scale
-    cfg.setdefault("runtime", {})["device"] = "emulated"
+def live_config(gpus: int, iterations: int, time_scale: float, token_scale: float, run_dir: Path,
+                policy: str) -> dict[str, Any]:
+    """The math-RL profile as an emulated live run: every cost times ``time_scale`` (an iteration
+    takes seconds), and responses/prompts ``token_scale`` times shorter with per-token costs
+    ``token_scale`` times higher (the same seconds, smaller Arrow payloads). The simulator gets
+    the very same config, so the two are compared on one workload."""
+    cfg = copy.deepcopy(math_rl(gpus, num_iterations=iterations))
+    emu = cfg["emulated"]
+    for key in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token"):
+        emu[key] *= time_scale * token_scale
+    emu["reshard_s_per_gb"] *= time_scale
+    for key in ("response_len_mean", "response_len_max", "prompt_len"):
+        emu[key] = max(1, int(round(emu[key] / token_scale)))
+    base, _, opts = policy.partition("+")
+    cfg["scheduler"].update(policy=base, switch_latency_s=LIVE_SWITCH_LATENCY_S)
+    cfg["cluster"].update(auto_scheduler=base == "auto", use_pre_process_policy="pre_process" in opts,
+                          use_wait_before_last_iter_policy="wait_before_last_iter" in opts)
+    cfg["runtime"] = {"device": "emulated", "run_dir": str(run_dir), "heartbeat_timeout_s": 60.0,
+                      "ack_timeout_s": 60.0, "wait_timeout_s": 120.0, "run_timeout_s": 900.0}
     return cfg
 
 
-def live(ranks: list[int], iterations: int, scale: float) -> dict[str, Any]:
-    """Emulated live runs (needs the local launcher), next to the simulator on the same config."""
-    from slurm_rl.launch.local import run_local  # lazy: the runtime is only needed here
+def run_live(cfg: dict[str, Any], workdir: Path) -> list[float]:
+    """Run ``cfg`` with one local process per rank; seconds per iteration (gate to gate)."""
+    import yaml
 
+    from slurm_rl.control.events import read_events
+    from slurm_rl.control.paths import RunPaths
+    from slurm_rl.launch.local import run_local  # lazy: the runtime is only needed here
+    from slurm_rl.launch.prepare import prepare_run
+
+    path = workdir / (Path(cfg["runtime"]["run_dir"]).name + ".yaml")
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    resolved, run_dir = prepare_run(path)
+    run_local(run_dir, resolved.placement.world_size, timeout_s=resolved.runtime.run_timeout_s)
+    released = [e["released_at"] for e in read_events(RunPaths(run_dir), "release")]
+    return [b - a for a, b in zip(released, released[1:])]
+
+
+def live(ranks: list[int], iterations: int, time_scale: float, token_scale: float, root: Path,
+         policies: list[str]) -> dict[str, Any]:
+    """Emulated live runs next to the simulator's prediction for the same configs."""
     out: dict[str, Any] = {}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in ranks:
         row: dict[str, Any] = {}
-        for policy in POLICIES:
-            cfg = _scaled(math_rl(n, num_iterations=iterations), scale)
-            base, _, opts = policy.partition("+")
-            cfg["scheduler"]["policy"] = base
-            cfg["cluster"]["auto_scheduler"] = base == "auto"
-            cfg["cluster"]["use_pre_process_policy"] = "pre_process" in opts
-            cfg["cluster"]["use_wait_before_last_iter_policy"] = "wait_before_last_iter" in opts
+        for policy in policies:
+            run_dir = root / f"bench-{stamp}-{n}-{policy.replace('+', '-')}"
+            cfg = live_config(n, iterations, time_scale, token_scale, run_dir, policy)
             t0 = time.perf_counter()
-            result = run_local(cfg)
+            times = run_live(cfg, root)
             wall = time.perf_counter() - t0
             sim = simulate(cfg, policy=policy)
-            row[policy] = {"live_wall_s": round(wall, 2),
-                           "live_result": result if _jsonable(result) else repr(result),
-                           "simulated_total_s": round(sim.total_time_s, 2)}
+            sim_times = [it.time_s for it in sim.iterations]
+            row[policy] = {
+                "live_iteration_s": [round(t, 3) for t in times],
+                "simulated_iteration_s": [round(t, 3) for t in sim_times],
+                "live_total_s": round(sum(times), 3),
+                "simulated_total_s": round(sum(sim_times), 3),
+                "live_vs_simulated": round(sum(times) / sum(sim_times) - 1, 3),
+                "live_wall_s": round(wall, 1),
+                "run_dir": str(run_dir),
+            }
+        base = row.get("static", {}).get("live_total_s")
+        for policy in policies:
+            if base:
+                row[policy]["live_reduction_vs_static"] = round(1 - row[policy]["live_total_s"] / base, 3)
         out[str(n)] = row
     return out
 
@@ -105,16 +149,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", action="store_true", help="also run emulated live runs")
     ap.add_argument("--live-ranks", default="8,32")
     ap.add_argument("--live-time-scale", type=float, default=0.01)
+    ap.add_argument("--live-token-scale", type=float, default=16.0)
+    ap.add_argument("--live-policies", default=",".join(POLICIES))
+    ap.add_argument("--live-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir(),
+                    help="where the live run dirs go (tmpfs keeps fsync out of the figures)")
+    ap.add_argument("--no-sim", action="store_true", help="skip the simulated half")
     args = ap.parse_args(argv)
     result: dict[str, Any] = {
         "profile": "math_rl",
         "policies": list(POLICIES),
-        "simulated": simulated([int(g) for g in args.gpus.split(",")], args.iterations,
-                               [int(s) for s in args.seeds.split(",")]),
     }
+    if not args.no_sim:
+        result["simulated"] = simulated([int(g) for g in args.gpus.split(",")], args.iterations,
+                                        [int(s) for s in args.seeds.split(",")])
     if args.live:
-        result["live"] = live([int(n) for n in args.live_ranks.split(",")], args.iterations,
-                              args.live_time_scale)
+        root = Path(args.live_dir) / "slurm_rl_bench"
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        result["live"] = {
+            "time_scale": args.live_time_scale, "token_scale": args.live_token_scale,
+            "switch_latency_s": LIVE_SWITCH_LATENCY_S,
+            "ranks": live([int(n) for n in args.live_ranks.split(",")], args.iterations,
+                          args.live_time_scale, args.live_token_scale, root, args.live_policies.split(",")),
+        }
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

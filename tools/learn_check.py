@@ -5,7 +5,7 @@ with plain AdamW, and a megatron -> HF weight conversion + ``update_weights`` ev
 (on-policy: iteration k samples with weight version k). Prints one JSON line per iteration and a
 summary line at the end.
 
-    .venv/bin/python tools/learn_check.py --iterations 60 --threads 1
+    .venv/bin/python tools/learn_check.py            # quickstart settings, stops at 0.9
 """
 
 from __future__ import annotations
@@ -21,24 +21,25 @@ import torch
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="add")
-    p.add_argument("--max-operand", type=int, default=9)
+    p.add_argument("--max-operand", type=int, default=4)
     p.add_argument("--length", type=int, default=2)
     p.add_argument("--alphabet", type=int, default=6)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=48)
-    p.add_argument("--prompts", type=int, default=32, help="prompts per iteration")
-    p.add_argument("--group", type=int, default=8, help="samples per prompt")
+    p.add_argument("--prompts", type=int, default=16, help="prompts per iteration")
+    p.add_argument("--group", type=int, default=16, help="samples per prompt")
     p.add_argument("--micro-batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
-    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--kl-coef", type=float, default=0.05)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--iterations", type=int, default=60)
-    p.add_argument("--time-limit", type=float, default=900.0, help="stop after this many s")
-    p.add_argument("--target", type=float, default=0.8, help="stop when reward reaches this")
+    p.add_argument("--iterations", type=int, default=600)
+    p.add_argument("--time-limit", type=float, default=600.0, help="stop after this many s")
+    p.add_argument("--target", type=float, default=0.9,
+                   help="stop when the mean reward of the last 3 iterations reaches this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args()

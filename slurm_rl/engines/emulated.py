@@ -1,14 +1,23 @@
 """Emulated compute: a calibrated cost model that replaces GPU work by sleeps.
 
 A component holding ``n`` GPUs processes ``T`` tokens in ``T * s_per_token / n**scaling`` seconds,
-the same law the simulator uses. A rank doing its share ``t`` of that work therefore sleeps
-``t * s_per_token * n**(1 - scaling)``. No torch import: emulated ranks stay a few tens of MB.
+the same law the simulator uses (``slurm_rl.scheduler.cost_model``). A rank doing its share ``t``
+of that work therefore sleeps ``t * s_per_token * n**(1 - scaling)``.
+
+Rollout decodes per request, as the simulator does: an instance of ``g`` GPUs runs up to
+``m = max_running_requests`` requests at once, and one decode step (one token for each of the ``b``
+running requests) takes ``rollout_s_per_token * m / g**scaling * (f + (1 - f) * b / m)`` seconds
+with ``f = decode_fixed_fraction``. :class:`DecodeBatch` advances such an instance in virtual time
+driven by the wall clock, so bookkeeping between decode steps costs no emulated GPU time.
+
+No torch import: emulated ranks stay a few tens of MB.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 BYTES_PER_PARAM_STATE = 16  # fp32 param + grad + two Adam moments
@@ -24,29 +33,44 @@ class CostModel:
     scaling: float
     reshard_s_per_gb: float
     model_params: int
+    decode_fixed_fraction: float = 1.0
 
     @classmethod
     def from_config(cls, emulated: Mapping[str, Any] | Any) -> "CostModel":
-        get: Callable[[str], Any] = (
-            emulated.__getitem__ if isinstance(emulated, Mapping) else lambda k: getattr(emulated, k)
+        get: Callable[[str, Any], Any] = (
+            (lambda k, d: emulated.get(k, d)) if isinstance(emulated, Mapping) else (lambda k, d: getattr(emulated, k, d))
         )
         return cls(
-            rollout_s_per_token=float(get("rollout_s_per_token")),
-            inference_s_per_token=float(get("inference_s_per_token")),
-            actor_s_per_token=float(get("actor_s_per_token")),
-            scaling=float(get("scaling")),
-            reshard_s_per_gb=float(get("reshard_s_per_gb")),
-            model_params=int(get("model_params")),
+            rollout_s_per_token=float(get("rollout_s_per_token", None)),
+            inference_s_per_token=float(get("inference_s_per_token", None)),
+            actor_s_per_token=float(get("actor_s_per_token", None)),
+            scaling=float(get("scaling", 1.0)),
+            reshard_s_per_gb=float(get("reshard_s_per_gb", 0.0)),
+            model_params=int(get("model_params", 0)),
+            decode_fixed_fraction=float(get("decode_fixed_fraction", 1.0)),
         )
 
-    def share_seconds(self, component: str, tokens: int, component_gpus: int) -> float:
-        """Seconds one rank of a component with ``component_gpus`` GPUs spends on ``tokens``."""
-        per_token = {
+    def _per_token(self, component: str) -> float:
+        return {
             "rollout": self.rollout_s_per_token,
             "inference": self.inference_s_per_token,
             "actor": self.actor_s_per_token,
         }[component]
-        return tokens * per_token * max(1, component_gpus) ** (1.0 - self.scaling)
+
+    def share_seconds(self, component: str, tokens: int, component_gpus: int) -> float:
+        """Seconds one rank of a component with ``component_gpus`` GPUs spends on ``tokens``."""
+        return tokens * self._per_token(component) * max(1, component_gpus) ** (1.0 - self.scaling)
+
+    def seconds(self, component: str, tokens: float, gpus: int) -> float:
+        """Seconds the whole component with ``gpus`` GPUs needs for ``tokens`` tokens."""
+        return tokens * self._per_token(component) / max(1, gpus) ** self.scaling
+
+    def decode_step_seconds(self, instance_gpus: int, max_running_requests: int, running: int) -> float:
+        """One decode step (one token for every running request) of a rollout instance."""
+        m = max_running_requests
+        f = self.decode_fixed_fraction
+        step = self.rollout_s_per_token * m / max(1, instance_gpus) ** self.scaling
+        return step * (f + (1 - f) * min(running, m) / m)
 
     def reshard_bytes(self, old_dp: int, new_dp: int) -> int:
         """Bytes of actor state that must reach ranks that join the actor (0 when only shrinking)."""
@@ -56,6 +80,7 @@ class CostModel:
         return state * (new_dp - old_dp) // max(1, new_dp)
 
     def reshard_seconds(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` of actor state."""
         return nbytes / 1e9 * self.reshard_s_per_gb
 
 
@@ -64,3 +89,76 @@ def emulate(seconds: float) -> float:
     if seconds > 0:
         time.sleep(seconds)
     return max(0.0, seconds)
+
+
+@dataclass
+class DecodeBatch:
+    """One emulated rollout instance decoding up to ``max_running`` requests at once.
+
+    ``counter`` counts decode steps since the start; a request admitted at ``counter = c`` with
+    ``r`` tokens left finishes at ``c + r``. :meth:`advance` moves virtual time to ``now``
+    piecewise (the step time changes whenever a request finishes) and returns what finished.
+    """
+
+    cost: CostModel
+    instance_gpus: int
+    max_running: int
+    t: float = 0.0
+    counter: float = 0.0
+    running: dict[int, tuple[float, int]] = field(default_factory=dict)  # id -> (finish counter, length)
+    _heap: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_running - len(self.running))
+
+    def _step_s(self) -> float:
+        return self.cost.decode_step_seconds(self.instance_gpus, self.max_running, len(self.running))
+
+    def admit(self, request_id: int, generated: int, length: int, now: float) -> None:
+        """Start decoding a request of ``length`` tokens of which ``generated`` exist already."""
+        if len(self.running) >= self.max_running:
+            raise RuntimeError(f"decode batch full ({self.max_running} running requests)")
+        if not self.running:
+            self.t = now
+        finish = self.counter + max(1e-9, float(length - generated))
+        self.running[request_id] = (finish, length)
+        heapq.heappush(self._heap, (finish, request_id))
+
+    def advance(self, now: float) -> list[int]:
+        """Decode up to ``now``; the ids of requests that finished, in finishing order."""
+        done: list[int] = []
+        while self.running and self.t < now:
+            step = self._step_s()
+            head = self._heap[0][0]
+            reach = self.t + (head - self.counter) * step
+            if reach > now:
+                self.counter += (now - self.t) / step
+                self.t = now
+                break
+            self.t, self.counter = reach, head
+            while self._heap and self._heap[0][0] <= self.counter + 1e-9:
+                _, rid = heapq.heappop(self._heap)
+                del self.running[rid]
+                done.append(rid)
+        if not self.running:
+            self.t = max(self.t, now)
+        return done
+
+    def next_finish_at(self) -> float | None:
+        """Wall time at which the next request finishes if nothing else changes."""
+        if not self.running:
+            return None
+        return self.t + (self._heap[0][0] - self.counter) * self._step_s()
+
+    def generated(self, request_id: int) -> int:
+        """Tokens generated so far for a running request."""
+        finish, length = self.running[request_id]
+        return max(0, min(length - 1, int(length - (finish - self.counter))))
+
+    def evict_all(self) -> dict[int, int]:
+        """Stop every running request; returns id -> tokens generated so far."""
+        out = {rid: self.generated(rid) for rid in self.running}
+        self.running.clear()
+        self._heap.clear()
+        return out

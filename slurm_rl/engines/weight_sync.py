@@ -98,12 +98,15 @@ def broadcast_weights(named_tensors: Iterable[tuple[str, Tensor]] | None, src_ra
     is_src = rank == src_rank
     if is_src and named_tensors is None:
         raise ValueError(f"{what}: source rank {src_rank} passed no tensors")
-    where = f"{what} on rank {rank} ({socket.gethostname()}), source rank {src_rank}"
+    ranks = dist.get_process_group_ranks(group)
+    where = (f"{what} on rank {rank} ({socket.gethostname()}), source rank {src_rank}, "
+             f"group ranks {ranks}")
     t0 = time.perf_counter()
     try:
         dist.monitored_barrier(group=barrier_group or group, timeout=td, wait_all_ranks=True)
     except RuntimeError as err:
-        raise WeightSyncError(f"{where}: ranks missing at the barrier: {err}") from err
+        raise WeightSyncError(f"{where}: not all ranks arrived within {timeout:.0f}s: {err}"
+                              ) from err
     t_barrier = time.perf_counter() - t0
     received: list[tuple[str, Tensor]] = []
     total = tensors = buckets = 0

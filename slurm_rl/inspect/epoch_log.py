@@ -101,7 +101,8 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
 
     console = console or Console(width=max(Console().width, 140))
     table = Table(title="placement epochs")
-    for column in ("epoch", "gen", "iter", "published", "reason", *COMPONENT_ORDER, "acks", "switch s", "bytes moved"):
+    for column in ("epoch", "gen", "iter", "boundary", "published", "reason", *COMPONENT_ORDER, "acks", "switch s",
+                   "bytes moved"):
         table.add_column(column, justify="right" if column not in ("reason",) else "left")
     t0 = records[0].published_at if records else 0.0
     for r in records:
@@ -109,6 +110,7 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
             str(r.epoch),
             str(r.generation),
             str(r.iteration),
+            r.boundary,
             f"+{r.published_at - t0:.2f}s",
             r.reason,
             *(compress_ranks(r.placement.get(c, [])) for c in COMPONENT_ORDER),

@@ -27,15 +27,19 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import write_coordinator_status
 from slurm_rl.control.errors import DeadRankError, WaitTimeout
+from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
     build_policy,
     build_state,
+    check_setup,
     initial_decision,
     placement_json,
+    policy_config,
     restart_decision,
 )
-from slurm_rl.scheduler.state import Decision
+from slurm_rl.scheduler.placement_ops import placement_problems
+from slurm_rl.scheduler.state import Decision, SchedState, normalize_placement
 
 
 @dataclass
@@ -53,6 +57,9 @@ class CoordinatorLoop:
         self.world = list(range(self.cfg.placement.world_size))
         self.runtime = self.cfg.runtime
         self.released = -1
+        self.rejected: set[str] = set()
+        self.checked_at = 0.0  # state-read time of the last policy call that answered a boundary
+        self.tick_s = max(self.runtime.poll_interval_s, defaults.LIVE_TICK_S)
         self.current: Epoch | None = self.store.latest()  # not None when a coordinator restarts
 
     # -- publishing -----------------------------------------------------------------------------
@@ -60,7 +67,8 @@ class CoordinatorLoop:
         progress = read_all_progress(self.paths, self.world)
         return {r: str(doc.get("host", "?")) for r, doc in progress.items()}
 
-    def publish(self, decision: Decision, iteration: int, state_read_at: float) -> Epoch:
+    def publish(self, decision: Decision, iteration: int, state_read_at: float,
+                state: SchedState | None = None) -> Epoch:
         """Publish the decision as the next epoch and wait until every rank acknowledged it."""
         number = 0 if self.current is None else self.current.epoch + 1
         epoch = Epoch(
@@ -93,6 +101,10 @@ class CoordinatorLoop:
                 "generation": self.generation,
                 "iteration": iteration,
                 "reason": decision.reason,
+                "boundary": decision.boundary,
+                "phase": None if state is None else state.phase,
+                "mid_iteration": state is not None and state.phase != "start",
+                "progress": None if state is None else _progress_summary(state),
                 "decision_latency_s": published - state_read_at,
                 "switch_latency_s": max(0.0, last_ack - published),
                 "published_at": published,
@@ -103,7 +115,7 @@ class CoordinatorLoop:
 
     def status(self, state: str, **extra: Any) -> None:
         doc = {"generation": self.generation, "state": state, "released_iteration": self.released,
-               "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+               "checked_at": self.checked_at, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
         doc.update(extra)
         write_coordinator_status(self.paths, doc)
 
@@ -120,10 +132,43 @@ class CoordinatorLoop:
             )
             raise DeadRankError(f"dead ranks (heartbeat older than {self.runtime.heartbeat_timeout_s}s): {described}")
 
+    def _usable(self, decision: Decision) -> list[str]:
+        """Why ``decision`` cannot be carried out (empty when it can)."""
+        return placement_problems(decision.placement, self.world, policy_config(self.cfg),
+                                  self.cfg.train.global_batch_size, self.cfg.train.micro_batch_size,
+                                  allow_empty_actor=True)
+
+    def decide_mid_iteration(self, iteration: int, progress: Mapping[int, dict], read_at: float) -> Epoch | None:
+        """Consult the policy inside ``iteration`` (level-triggered); publish what it decides.
+
+        Decisions for the iteration boundary wait for the gate; a placement that fails validation
+        is logged once and not published (the placement in force stays: the fallback).
+        """
+        assert self.current is not None
+        state = build_state(self.cfg, self.current, progress, iteration, at_gate=False)
+        decision = self.policy(state)
+        if decision is None or decision.boundary == "iteration":
+            return None
+        current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
+        if decision.placement == current:
+            return None
+        problems = self._usable(decision)
+        if problems:
+            key = repr(sorted(decision.placement.items()))
+            if key not in self.rejected:
+                self.rejected.add(key)
+                append_event(self.paths, "rejected", {"iteration": iteration, "reason": decision.reason,
+                                                      "problems": problems, "phase": state.phase})
+                self.log(f"iteration {iteration}: policy decision not carried out ({'; '.join(problems)})")
+            return None
+        return self.publish(decision, iteration=iteration, state_read_at=read_at, state=state)
+
     def run(self) -> None:
         """Drive the run from epoch 0 to the release of the final gate."""
         num_iterations = self.cfg.train.num_iterations
         self.status("starting")
+        if self.cfg.scheduler.policy == "auto":
+            check_setup(self.cfg)
         if self.current is None:
             self.publish(initial_decision(self.cfg), iteration=0, state_read_at=time.time())
         else:  # a new generation re-publishes the placement in force, which fences the old one
@@ -132,20 +177,32 @@ class CoordinatorLoop:
         self.status("running")
         started = time.monotonic()
         last_liveness = 0.0
+        last_tick = 0.0
+        dynamic = self.cfg.scheduler.policy != "static"
         while self.released < num_iterations:
             read_at = time.time()
             progress = read_all_progress(self.paths, self.world)
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
-                # Policies are consulted at iteration gates; mid-iteration epochs are applied by
-                # ranks at safe points, but the live loop only decides at gates for now.
                 if gate < num_iterations:
-                    decision = self.policy(build_state(self.cfg, self.current, progress, gate, at_gate=True))
+                    state = build_state(self.cfg, self.current, progress, gate, at_gate=True)
+                    decision = self.policy(state)
                     if decision is not None:
-                        self.publish(decision, iteration=gate, state_read_at=read_at)
+                        self.publish(decision, iteration=gate, state_read_at=read_at, state=state)
                 self.released = gate
+                append_event(self.paths, "release", {"iteration": gate, "released_at": time.time()})
                 self.status("running")
                 continue
+            boundary = max((float(d.get("boundary_at") or 0.0) for d in progress.values()), default=0.0)
+            asked = boundary > self.checked_at  # the actor waits at a mini-batch boundary for a decision
+            if dynamic and 0 <= self.released < num_iterations and (asked or time.monotonic() - last_tick >= self.tick_s):
+                last_tick = time.monotonic()
+                published = self.decide_mid_iteration(self.released, progress, read_at)
+                if asked:
+                    self.checked_at = read_at
+                    self.status("running", checked_at=read_at)
+                if published is not None:
+                    continue
             if time.monotonic() - last_liveness > self.runtime.heartbeat_interval_s:
                 self.check_alive()
                 last_liveness = time.monotonic()
@@ -153,6 +210,12 @@ class CoordinatorLoop:
                 raise WaitTimeout(f"run did not finish within runtime.run_timeout_s={self.runtime.run_timeout_s}s")
             time.sleep(self.runtime.poll_interval_s)
         self.status("finished")
+
+
+def _progress_summary(state: SchedState) -> dict[str, Any]:
+    return {"running": state.rollout.running, "pending": state.rollout.pending,
+            "finished": state.rollout.finished, "inference_done": state.inference.done,
+            "minibatches_done": state.actor.minibatches_done, "actor_busy": state.actor.busy}
 
 
 def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:

@@ -16,6 +16,10 @@ Policy
     USE_WAIT_BEFORE_LAST_ITER_POLICY off: the actor's last mini-batch does not wait for every GPU.
     RANKS_PER_INSTANCE              GPUs per rollout instance / per actor model replica (TP x PP).
 
+Live coordinator
+    LIVE_TICK_S                     seconds between mid-iteration policy calls (each reads every
+                                    rank's progress file once).
+
 Simulator
     SWITCH_LATENCY_S                publish-to-applied latency of one placement epoch.
     TICK_S                          simulated seconds between policy calls when nothing happens.
@@ -36,6 +40,8 @@ PRE_PROCESS_MIN_FINISHED = 0.1
 USE_PRE_PROCESS_POLICY = False
 USE_WAIT_BEFORE_LAST_ITER_POLICY = False
 RANKS_PER_INSTANCE = 1
+
+LIVE_TICK_S = 0.05
 
 SWITCH_LATENCY_S = 0.5
 TICK_S = 0.5

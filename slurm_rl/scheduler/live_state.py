@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 
 from slurm_rl.config import Config
 from slurm_rl.control.epochs import Epoch
+from slurm_rl.scheduler.placement_ops import setup_problems
 from slurm_rl.scheduler.policies import make_policy
 from slurm_rl.scheduler.state import (
     ActorProgress,
@@ -20,6 +21,7 @@ from slurm_rl.scheduler.state import (
     RolloutProgress,
     SchedState,
     ScriptStep,
+    derive_phase,
 )
 
 PolicyFn = Callable[[SchedState], "Decision | None"]
@@ -57,6 +59,8 @@ def policy_config(cfg: Config) -> PolicyConfig:
     )
     return PolicyConfig(
         max_running_requests=cfg.scheduler.max_running_requests,
+        rollout_ranks_per_instance=cfg.scheduler.rollout_ranks_per_instance,
+        actor_ranks_per_instance=cfg.scheduler.actor_ranks_per_instance,
         pre_process_threshold=cfg.scheduler.pre_process_threshold,
         use_pre_process_policy=cfg.cluster.use_pre_process_policy,
         use_wait_before_last_iter_policy=cfg.cluster.use_wait_before_last_iter_policy,
@@ -64,35 +68,57 @@ def policy_config(cfg: Config) -> PolicyConfig:
     )
 
 
+def check_setup(cfg: Config) -> None:
+    """Refuse an initial placement the configured policy cannot schedule (names the problems)."""
+    pcfg = policy_config(cfg)
+    problems = setup_problems(_ranks(cfg.placement), range(cfg.placement.world_size), pcfg,
+                              cfg.train.global_batch_size, cfg.train.micro_batch_size)
+    if problems:
+        raise ValueError(f"cluster.component_placement cannot be scheduled by policy "
+                         f"{cfg.scheduler.policy!r}: " + "; ".join(problems))
+
+
 def build_policy(cfg: Config) -> PolicyFn:
     """The configured policy, bound to its config."""
     return make_policy(cfg.scheduler.policy, policy_config(cfg))
 
 
-def _sum(progress: Mapping[int, dict], role: str, key: str) -> int:
-    return sum(int(doc.get(key, 0)) for doc in progress.values() if doc.get("role") == role)
+def _current(progress: Mapping[int, dict], iteration: int) -> list[dict]:
+    """Progress documents of ranks working on (or done with: waiting at the next gate) ``iteration``."""
+    return [d for d in progress.values() if d.get("iteration") == iteration]
+
+
+def _sum(docs: list[dict], key: str) -> int:
+    return sum(int(doc.get(key, 0) or 0) for doc in docs)
 
 
 def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], iteration: int, at_gate: bool) -> SchedState:
-    """A ``SchedState`` of the live run (at an iteration gate: phase ``start``)."""
+    """A ``SchedState`` of the live run: at an iteration gate phase ``start``; otherwise from
+    the ranks' progress counters of ``iteration`` (rollout finished/running, inference done,
+    actor mini-batches done and busy)."""
     samples = cfg.train.rollout_batch_size * cfg.train.group_size
     batch = BatchSpec(cfg.train.global_batch_size, cfg.train.micro_batch_size, samples)
+    has_inference = bool(cfg.placement.components.get("inference") and cfg.placement.components["inference"].ranks)
+    inf_total = samples if has_inference else 0
     if at_gate:
         rollout = RolloutProgress(running=0, pending=samples, finished=0, total=samples)
-        inference = InferenceProgress(done=0, total=samples)
+        inference = InferenceProgress(done=0, total=inf_total)
         actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration)
-        phase = "start"
     else:
-        finished = min(samples, _sum(progress, "rollout", "samples_done"))
-        rollout = RolloutProgress(running=0, pending=samples - finished, finished=finished, total=samples)
-        inference = InferenceProgress(done=min(samples, _sum(progress, "inference", "samples_done")), total=samples)
-        steps = max((int(d.get("minibatches_done", 0)) for d in progress.values() if d.get("role") == "actor"), default=0)
-        actor = ActorProgress(min(samples, steps * cfg.train.global_batch_size), samples, steps, batch.minibatches_per_iteration)
-        phase = "end" if steps >= batch.minibatches_per_iteration else ("train" if steps else ("rollout" if finished else "start"))
+        docs = _current(progress, iteration)
+        finished = min(samples, _sum(docs, "rollout_finished"))
+        running = min(samples - finished, _sum(docs, "rollout_running"))
+        rollout = RolloutProgress(running=running, pending=samples - finished - running, finished=finished, total=samples)
+        inference = InferenceProgress(done=min(inf_total, _sum(docs, "inference_done")), total=inf_total)
+        steps = min(batch.minibatches_per_iteration,
+                    max((int(d.get("actor_minibatches_done", 0) or 0) for d in docs), default=0))
+        busy = any(bool(d.get("actor_busy")) for d in docs)
+        actor = ActorProgress(steps * cfg.train.global_batch_size, samples, steps,
+                              batch.minibatches_per_iteration, busy=busy)
     return SchedState(
         iteration=iteration,
         num_iterations=cfg.train.num_iterations,
-        phase=phase,
+        phase=derive_phase(rollout, actor),
         world_ranks=tuple(range(cfg.placement.world_size)),
         initial=_ranks(cfg.placement),
         current={c: tuple(s["ranks"]) for c, s in current.placement.items()},

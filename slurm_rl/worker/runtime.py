@@ -119,6 +119,10 @@ class WorkerRuntime:
                 )
             time.sleep(max(self.poll_interval_s, self._watcher.interval))
 
+    def wait_for(self, done: Callable[[], bool], what: str) -> None:
+        """Wait until ``done()`` while applying epochs; a timeout names ``what`` and this rank."""
+        self._wait_until(lambda status: done(), what)
+
     def gate(self, iteration: int) -> None:
         """Wait at the start of ``iteration`` until the coordinator releases it, applying epochs."""
         self.report("at_gate", gate=iteration)

@@ -28,14 +28,20 @@ FORMAT = "slurm_rl.actor/1"
 def save_checkpoint(trainer: ActorTrainer, path: str | os.PathLike[str]) -> Path | None:
     """Save the actor (collective over its DP group); DP rank 0 writes ``path``.
 
-    Returns the path on the writing rank, None on the others. Refuses to overwrite.
+    Returns the path on the writing rank, None on the others, once the checkpoint is in place
+    (all DP ranks return after the rename). Refuses to overwrite.
     """
-    from safetensors.torch import save_file
-
     target = Path(path)
     state = trainer.state_dict()
-    if state is None:
-        return None
+    written = _write(state, target) if state is not None else None
+    if trainer.dp_size > 1:
+        dist.barrier(group=trainer.dp_group)  # bounded by the DP group's timeout
+    return written
+
+
+def _write(state: dict, target: Path) -> Path:
+    from safetensors.torch import save_file
+
     if target.exists():
         raise FileExistsError(f"checkpoint {target} already exists")
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")

@@ -87,10 +87,16 @@ def _pre_process(state: SchedState) -> Decision | None:
         return None
     actor = state.initial["actor"]
     taken = set(actor)
-    placement: Placement = {c: tuple(r for r in ranks if r not in taken)
+    # Whole rollout instances that touch the actor's ranks leave (rollout keeps whole instances).
+    leaving = [inst for inst in rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)
+               if taken & set(inst)]
+    gone = taken | {r for inst in leaving for r in inst}
+    placement: Placement = {c: tuple(r for r in ranks if r not in gone)
                             for c, ranks in state.current.items()}
     placement["actor"] = actor
-    migrate = tuple(r for r in state.current["rollout"] if r in taken) if out else ()
+    if [c for c in starved_components(state, placement) if c != "actor"]:
+        return None  # the actor's ranks are still the only ranks of a component with work
+    migrate = tuple(r for r in state.current["rollout"] if r in gone) if out else ()
     return Decision(placement,
                     f"pre-process: {out} of {total} requests outstanding "
                     f"(<= {state.cfg.pre_process_threshold:g}); actor starts on {len(actor)} ranks",

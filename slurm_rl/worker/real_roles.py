@@ -1,0 +1,394 @@
+"""Roles with real engines (``runtime.device: cpu | cuda``): GRPO on a verifiable toy task.
+
+Same flow as the emulated roles — epochs, gates, Arrow stages — with real compute:
+- every rank joins one torch.distributed world (gloo on cpu, nccl on cuda); sub-groups are
+  created by every rank in the same order when an epoch is applied (``GroupCache.ensure``);
+- actor: megatron-core GPT trained by :class:`ActorTrainer` (DP over the actor ranks), resharded in
+  place when an epoch changes the actor's ranks;
+- rollout: an hf (or vllm) engine; at the start of each iteration the actor leader broadcasts its
+  weights (converted to HF names) to the rollout ranks, so iteration ``k`` samples with version
+  ``k`` (on-policy);
+- inference: reference-policy logprobs from the frozen initial weights (rebuilt from the seed).
+Epochs are applied at iteration gates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slurm_rl.config import Config
+from slurm_rl.control.epochs import Epoch
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.data.emulated import make_actor_batch
+from slurm_rl.data.gc import collect_garbage
+from slurm_rl.data.layout import expected_path
+from slurm_rl.data.migration import claim_pending, write_pending
+from slurm_rl.data.reader import StageReader
+from slurm_rl.data.schemas import ACTOR_BATCH, INFERENCE, PENDING, ROLLOUTS, make_group_id, make_sample_id
+from slurm_rl.data.writer import StageWriter, write_expected
+from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.worker.runtime import WorkerRuntime
+
+ROLLOUTS_STAGE = "rollouts"
+INFERENCE_STAGE = "inference"
+ACTOR_STAGE = "actor_batch"
+METRICS_FILE = "metrics.jsonl"
+
+
+def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
+    """Join the allocation-wide torch.distributed world (gloo on cpu, nccl on cuda)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(info.local_rank % max(1, torch.cuda.device_count()))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _append_jsonl(path: os.PathLike[str], row: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class RealRoles:
+    """The :class:`~slurm_rl.worker.runtime.Roles` of ``runtime.device: cpu | cuda``."""
+
+    def __init__(self, cfg: Config, info: RankInfo, paths: RunPaths) -> None:
+        import torch
+
+        from slurm_rl.engines.actor.groups import GroupCache
+        from slurm_rl.engines.actor.microbatch import BatchConfig
+        from slurm_rl.engines.actor.optimizer import OptimConfig
+        from slurm_rl.engines.model_config import ModelConfig
+        from slurm_rl.rl.tasks import TaskConfig
+        from slurm_rl.rl.tokenizer import CharTokenizer
+
+        self.cfg, self.info, self.paths, self.run_dir = cfg, info, paths, paths.run_dir
+        self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
+        torch.set_num_threads(int(cfg.actor.get("threads", 1)))
+        init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s)
+        self.tok = CharTokenizer()
+        self.task = TaskConfig(**dict(cfg.task))
+        model = dict(cfg.model)
+        model.setdefault("vocab_size", self.tok.vocab_size)
+        self.model_cfg = ModelConfig.from_dict(model)
+        actor = dict(cfg.actor)
+        actor.pop("threads", None)
+        self.optim_cfg = OptimConfig.from_dict(actor)
+        self.batch_cfg = BatchConfig(
+            global_batch_size=cfg.train.global_batch_size,
+            micro_batch_size=cfg.train.micro_batch_size,
+            max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch,
+        )
+        algo = dict(cfg.algorithm)
+        self.clip_eps = float(algo.get("clip_eps", 0.2))
+        self.kl_coef = float(algo.get("kl_coef", 0.0))
+        self.temperature = float(algo.get("temperature", 1.0))
+        self.backend = str(cfg.rollout.get("backend", "hf"))
+        self.groups = GroupCache(timeout=cfg.runtime.wait_timeout_s)
+        self.seed = cfg.runtime.seed
+        self.trainer: Any = None
+        self.engine: Any = None
+        self.ref: Any = None
+        self.sync_seconds = 0.0
+        self.sync_bytes = 0
+
+    # -- epoch transitions ----------------------------------------------------------------------
+    @staticmethod
+    def _sync_ranks(epoch: Epoch) -> list[int]:
+        actor, rollout = epoch.ranks_of("actor"), epoch.ranks_of("rollout")
+        return sorted({min(actor), *rollout})
+
+    def transition(self, old: Epoch | None, new: Epoch, rt: WorkerRuntime) -> dict[str, Any]:
+        """Create the epoch's groups (every rank, same order), reshard the actor, move engines."""
+        from slurm_rl.engines.actor.groups import transition_rank_sets
+        from slurm_rl.engines.actor.trainer import ActorTrainer
+
+        start = time.perf_counter()
+        rank = self.info.rank
+        new_actor = sorted(new.ranks_of("actor"))
+        old_actor = sorted(old.ranks_of("actor")) if old else []
+        sets: list[list[int]] = [new_actor]
+        if old is not None and old_actor != new_actor:
+            sets = [list(s) for s in transition_rank_sets(old_actor, new_actor)]
+        sets.append(self._sync_ranks(new))
+        self.groups.ensure(sets, f"epoch {new.epoch}")
+        figures: dict[str, Any] = {"bytes_moved": 0, "seconds": 0.0}
+        if self.trainer is None:
+            self.trainer = ActorTrainer(self.model_cfg, self.optim_cfg, self.batch_cfg, new_actor, self.groups,
+                                        self.seed, self.device)
+        elif old_actor != new_actor and rank in set(old_actor) | set(new_actor):
+            moved = self.trainer.reshard(new_actor, epoch=new.epoch)
+            figures["bytes_moved"] = int(moved.get("bytes_received", 0))
+            figures["reshard_seconds"] = moved.get("seconds", 0.0)
+        roles = set(new.role_of(rank))
+        if "rollout" in roles and self.engine is None:
+            from slurm_rl.engines.rollout import make_rollout_engine
+
+            self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
+                                              pad_id=self.tok.pad_id)
+        elif "rollout" not in roles and self.engine is not None:
+            self.engine.release()
+            self.engine = None
+        if "inference" in roles and self.ref is None:
+            self.ref = self._reference_scorer()
+        elif "inference" not in roles:
+            self.ref = None
+        figures["seconds"] = time.perf_counter() - start
+        return figures
+
+    def _reference_scorer(self) -> Any:
+        """The frozen initial policy: every rank builds the same weights from the seed."""
+        from slurm_rl.engines.actor.model import build_gpt_model
+        from slurm_rl.engines.inference import ReferenceScorer
+
+        initial = build_gpt_model(self.model_cfg, self.seed, "cpu")
+        return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device)
+
+    # -- one iteration --------------------------------------------------------------------------
+    def run_iteration(self, iteration: int, rt: WorkerRuntime) -> None:
+        assert rt.epoch is not None
+        epoch = rt.epoch
+        self._sync_weights(iteration, epoch)
+        for role in ("rollout", "inference", "actor"):
+            if role in rt.roles:
+                getattr(self, f"_{role}")(iteration, epoch, rt)
+
+    def _sync_weights(self, k: int, epoch: Epoch) -> None:
+        """Actor leader -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations)."""
+        from slurm_rl.engines.convert import megatron_to_hf
+        from slurm_rl.engines.weight_sync import broadcast_weights
+
+        ranks = self._sync_ranks(epoch)
+        rank = self.info.rank
+        if rank not in ranks:
+            return
+        src = min(epoch.ranks_of("actor"))
+        named = megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg) if rank == src else None
+        received, stats = broadcast_weights(
+            named, src, self.groups.get(ranks, "weight sync"), timeout=self.cfg.runtime.wait_timeout_s,
+            what=f"weight sync v{k}",
+        )
+        if self.engine is not None and rank != src:
+            self.engine.update_weights(received, version=k)
+        self.sync_seconds = float(getattr(stats, "seconds", 0.0))
+        self.sync_bytes = int(getattr(stats, "bytes", 0))
+
+    def _publish_requests(self, k: int, ranks: list[int]) -> None:
+        """Rollout leader: the iteration's prompts, ``group_size`` requests each, as claimable work."""
+        from slurm_rl.rl.tasks import sample_problems
+
+        g = self.cfg.train.group_size
+        problems = sample_problems(self.task, self.tok, self.seed, k, self.cfg.train.rollout_batch_size)
+        rows = []
+        for p_idx, prob in enumerate(problems):
+            for j in range(g):
+                sid = make_sample_id(k, p_idx, j, g)
+                rows.append({
+                    "sample_id": sid, "group_id": make_group_id(k, p_idx), "sample_index": j,
+                    "prompt_ids": prob.prompt_ids, "prompt_text": prob.prompt, "partial_response_ids": [],
+                    "partial_logprobs": [], "seed": (self.seed * 1_000_003 + sid) % (2**62), "step": 0,
+                    "weight_version": k, "metadata_json": json.dumps({"target": prob.target}),
+                })
+        table = pa.Table.from_pylist(rows, schema=PENDING)
+        write_pending(self.run_dir, k, self.info.rank, table, num_chunks=max(1, min(len(rows) // g, 4 * len(ranks))))
+        write_expected(self.run_dir, k, ROLLOUTS_STAGE, ranks)
+
+    def _rollout(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
+        from slurm_rl.engines.rollout import SamplingParams
+        from slurm_rl.rl.tasks import score_answer
+
+        ranks = sorted(epoch.ranks_of("rollout"))
+        rank = self.info.rank
+        if rank == ranks[0]:
+            self._publish_requests(k, ranks)
+        else:
+            path = expected_path(self.run_dir, k, ROLLOUTS_STAGE)
+            rt.wait_for(path.exists, f"the requests of iteration {k} from rollout rank {ranks[0]} ({path})")
+        samples = self.cfg.train.rollout_batch_size * self.cfg.train.group_size
+        chunk = max(1, samples // (4 * len(ranks)))
+        done = 0
+        with StageWriter(self.run_dir, k, ROLLOUTS_STAGE, rank, ROLLOUTS) as writer:
+            while True:
+                rt.safe_point()
+                requests = claim_pending(self.run_dir, k, rank, max_rows=chunk)
+                if requests.num_rows == 0:
+                    break
+                t0 = time.time()
+                rows = requests.to_pylist()
+                sampling = SamplingParams(
+                    max_new_tokens=self.task.max_new_tokens, temperature=self.temperature,
+                    seed=int(rows[0]["seed"]) % (2**31), stop_token_ids=(self.tok.eos_id,),
+                )
+                gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
+                t1 = time.time()
+                out = {
+                    "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
+                    "sample_index": [r["sample_index"] for r in rows], "prompt_ids": [r["prompt_ids"] for r in rows],
+                    "prompt_text": [r["prompt_text"] for r in rows],
+                    "response_ids": [g.token_ids for g in gens], "sampled_logprobs": [g.logprobs for g in gens],
+                    "reward": [score_answer(g.token_ids, json.loads(r["metadata_json"])["target"], self.tok)
+                               for g, r in zip(gens, rows)],
+                    "finish_reason": [g.finish_reason for g in gens], "weight_version": [g.weight_version for g in gens],
+                    "rollout_rank": [rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
+                }
+                if any(v != k for v in out["weight_version"]):
+                    raise RuntimeError(f"rank {rank}: iteration {k} sampled with weight versions "
+                                       f"{sorted(set(out['weight_version']))}, expected {k} (on-policy)")
+                writer.write(out)
+                done += len(rows)
+                rt.report("working", role="rollout", samples_done=done)
+
+    def _inference(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
+        ranks = sorted(epoch.ranks_of("inference"))
+        rank = self.info.rank
+        index = ranks.index(rank)
+        if index == 0:
+            write_expected(self.run_dir, k, INFERENCE_STAGE, ranks)
+        reader = StageReader(self.run_dir, k, ROLLOUTS_STAGE, None, self.cfg.runtime.poll_interval_s,
+                             self.cfg.runtime.wait_timeout_s, on_poll=rt.safe_point)
+        done = 0
+        with StageWriter(self.run_dir, k, INFERENCE_STAGE, rank, INFERENCE) as writer:
+            for n, shard in enumerate(reader.iter_entries()):
+                if n % len(ranks) != index:
+                    continue
+                table = shard.table
+                prompts = table.column("prompt_ids").to_pylist()
+                responses = table.column("response_ids").to_pylist()
+                scores = self.ref.score([p + r for p, r in zip(prompts, responses)])
+                ref = [s[len(p) - 1:].tolist() for s, p in zip(scores, prompts)]
+                cols = {name: table.column(name) for name in ROLLOUTS.names}
+                cols.update(ref_logprobs=pa.array(ref, pa.list_(pa.float32())),
+                            values=pa.nulls(table.num_rows, pa.list_(pa.float32())),
+                            inference_rank=pa.array([rank] * table.num_rows, pa.int32()))
+                writer.write(pa.table(cols, schema=INFERENCE))
+                done += table.num_rows
+                rt.report("working", role="inference", samples_done=done)
+
+    def _actor(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
+        from slurm_rl.engines.actor.microbatch import shard_for_rank
+
+        ranks = sorted(epoch.ranks_of("actor"))
+        rank = self.info.rank
+        dp_rank, dp = ranks.index(rank), len(ranks)
+        if dp_rank == 0:
+            self._cut_minibatches(k, epoch, rt)
+        reader = StageReader(self.run_dir, k, ACTOR_STAGE, [ranks[0]], self.cfg.runtime.poll_interval_s,
+                             self.cfg.runtime.wait_timeout_s, on_poll=rt.safe_point)
+        started = time.perf_counter()
+        stats: list[dict[str, float]] = []
+        rewards: list[float] = []
+        kls: list[float] = []
+        tokens = 0
+        for step, shard in enumerate(reader.iter_entries()):
+            rows = shard.table.to_pylist()
+            mine = shard_for_rank(rows, dp_rank, dp)
+            stats.append(self.trainer.train_step([self._sample(r) for r in mine], self._loss_fn()))
+            rewards.extend(r["reward"] for r in rows)
+            kls.extend(_k3(r["old_logprobs"], r["ref_logprobs"]) for r in rows)
+            tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+            rt.report("working", role="actor", minibatches_done=step + 1)
+        if dp_rank == 0:
+            seconds = time.perf_counter() - started
+            _append_jsonl(self.run_dir / METRICS_FILE, {
+                "iteration": k, "reward_mean": float(np.mean(rewards)) if rewards else None,
+                "kl": float(np.mean(kls)) if kls else None,
+                "loss": float(np.mean([s["loss"] for s in stats])) if stats else None,
+                "lr": stats[-1]["lr"] if stats else None, "samples": len(rewards), "minibatches": len(stats),
+                "consumed_samples": stats[-1]["consumed_samples"] if stats else None,
+                "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+                "actor_dp": dp, "time": time.time(),
+            })
+            collect_garbage(self.run_dir, consumed_through_iteration=k, keep_last=self.cfg.runtime.keep_iterations)
+
+    def _sample(self, row: dict[str, Any]) -> dict[str, Any]:
+        """One trainer sample: prompt+response ids with per-token fields in next-token layout."""
+        prompt, response = row["prompt_ids"], row["response_ids"]
+        width = len(prompt) + len(response) - 1
+        start = len(prompt) - 1
+
+        def place(values: list[float]) -> list[float]:
+            out = [0.0] * width
+            out[start:start + len(values)] = values
+            return out
+
+        mask = place([1.0] * len(response))
+        return {"input_ids": prompt + response, "loss_mask": mask, "old_logprobs": place(row["old_logprobs"]),
+                "ref_logprobs": place(row["ref_logprobs"]), "advantages": [row["advantage"] * m for m in mask]}
+
+    def _loss_fn(self) -> Any:
+        from slurm_rl.rl.grpo import grpo_token_loss
+
+        clip, kl = self.clip_eps, self.kl_coef
+
+        def loss(logprobs: Any, batch: dict[str, Any]) -> Any:
+            return grpo_token_loss(logprobs, batch["old_logprobs"], batch["advantages"],
+                                   clip_eps=clip, ref_logprobs=batch["ref_logprobs"], kl_coef=kl)
+
+        return loss
+
+    def _cut_minibatches(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
+        """Actor leader: publish runs of whole groups, ``global_batch_size`` samples each, as they arrive."""
+        source = INFERENCE_STAGE if epoch.ranks_of("inference") else ROLLOUTS_STAGE
+        if source == ROLLOUTS_STAGE:
+            raise RuntimeError(f"iteration {k}: the real roles need an inference component for reference logprobs")
+        g, gbs = self.cfg.train.group_size, self.cfg.train.global_batch_size
+        reader = StageReader(self.run_dir, k, source, None, self.cfg.runtime.poll_interval_s,
+                             self.cfg.runtime.wait_timeout_s, on_poll=rt.safe_point)
+        partial: dict[int, list[pa.Table]] = {}
+        ready: list[pa.Table] = []
+        ready_rows = 0
+        with StageWriter(self.run_dir, k, ACTOR_STAGE, self.info.rank, ACTOR_BATCH) as writer:
+            for shard in reader.iter_entries():
+                table = shard.table
+                for gid in pc.unique(table.column("group_id")).to_pylist():
+                    part = table.filter(pc.equal(table.column("group_id"), gid))
+                    partial.setdefault(gid, []).append(part)
+                    if sum(t.num_rows for t in partial[gid]) == g:
+                        ready.extend(partial.pop(gid))
+                        ready_rows += g
+                while ready_rows >= gbs:
+                    merged = pa.concat_tables(ready).combine_chunks()
+                    writer.write(make_actor_batch(merged.slice(0, gbs)))
+                    rest = merged.slice(gbs)
+                    ready, ready_rows = ([rest] if rest.num_rows else []), rest.num_rows
+            if ready_rows or partial:
+                raise RuntimeError(f"iteration {k}: {ready_rows} samples and {len(partial)} incomplete groups left "
+                                   f"after cutting mini-batches of {gbs}")
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.engine is not None:
+            self.engine.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _k3(sampled: list[float], ref: list[float]) -> float:
+    """Mean k3 estimate of KL(rollout policy || reference) over a response's tokens."""
+    if not sampled:
+        return 0.0
+    d = np.asarray(ref, dtype=np.float64) - np.asarray(sampled, dtype=np.float64)
+    return float(np.mean(np.exp(d) - d - 1.0))

@@ -1,0 +1,167 @@
+"""Dynamic scheduling in the live emulated runtime: mid-iteration epochs, migration, agreement.
+
+The end-to-end tests run real rank processes (``slurm-rl run``) under ``static`` and ``auto`` on
+the same config and compare them; the unit tests pin the pieces (decode model, live state).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from emulated_configs import write_config
+from slurm_rl.config import load_config
+from slurm_rl.control.epochs import Epoch, EpochStore
+from slurm_rl.control.events import read_events
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.data.migration import pending_dir
+from slurm_rl.data.reader import StageReader
+from slurm_rl.engines.emulated import CostModel, DecodeBatch
+from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.live_state import build_state
+from slurm_rl.scheduler.policies import decide_auto
+
+REPO = Path(__file__).resolve().parents[1]
+
+COSTS = {"rollout_s_per_token": 2.0e-4, "inference_s_per_token": 2.0e-5, "actor_s_per_token": 1.2e-4,
+         "response_len_mean": 64, "response_len_max": 512, "response_len_sigma": 1.0,
+         "decode_fixed_fraction": 0.3, "prompt_len": 16, "scaling": 0.95, "reshard_s_per_gb": 0.002,
+         "model_params": 1_000_000_000}
+
+
+def live_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> dict:
+    """8 ranks (actor 0-1, rollout 2-5, inference 6-7), 256 long-tailed samples per iteration,
+    16 running requests per rollout instance, 4 mini-batches; about 2 s per iteration."""
+    return {
+        "cluster": {"num_nodes": 1, "gpus_per_node": 8, "auto_scheduler": policy == "auto",
+                    "component_placement": {"actor": "0-1", "rollout": "2-5", "inference": "6-7"}, **cluster},
+        "runtime": {"device": "emulated", "run_dir": str(run_dir), "heartbeat_timeout_s": 20.0,
+                    "ack_timeout_s": 30.0, "wait_timeout_s": 60.0, "run_timeout_s": 300.0},
+        "train": {"num_iterations": iterations, "rollout_batch_size": 16, "group_size": 16,
+                  "global_batch_size": 64, "micro_batch_size": 4},
+        "scheduler": {"policy": policy, "max_running_requests": 16, "switch_latency_s": 0.1},
+        "emulated": dict(COSTS),
+    }
+
+
+def _run(tmp_path: Path, name: str, cfg: dict) -> Path:
+    path = write_config(tmp_path / f"{name}.yaml", cfg)
+    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return Path(cfg["runtime"]["run_dir"])
+
+
+def iteration_times(run_dir: Path) -> list[float]:
+    """Seconds between consecutive gate releases (the last one: the final gate)."""
+    released = [e["released_at"] for e in read_events(RunPaths(run_dir), "release")]
+    return [b - a for a, b in zip(released, released[1:])]
+
+
+def _stage_ids(run_dir: Path, k: int, stage: str, producers: list[int] | None) -> Counter:
+    table = StageReader(run_dir, k, stage, producers, timeout_s=5).read_all()
+    return Counter(table.column("sample_id").to_pylist())
+
+
+@pytest.mark.slow
+def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path) -> None:
+    static = _run(tmp_path, "static", live_config(tmp_path / "static", "static"))
+    auto = _run(tmp_path, "auto", live_config(tmp_path / "auto", "auto"))
+    t_static, t_auto = iteration_times(static), iteration_times(auto)
+    assert len(t_static) == len(t_auto) == 2
+    assert sum(t_auto) < sum(t_static), (t_auto, t_static)
+
+    paths = RunPaths(auto)
+    decisions = read_events(paths, "decision")
+    for k in range(2):
+        mid = [d for d in decisions if d["iteration"] == k and d["mid_iteration"]]
+        assert len(mid) >= 2, decisions  # placement changes at least twice inside every iteration
+        assert all(d["switch_latency_s"] < 10 and d["decision_latency_s"] < 5 for d in mid)
+    epochs = EpochStore(paths).all()
+    assert [e.epoch for e in epochs] == list(range(len(epochs)))
+    assert {e.boundary for e in epochs} >= {"minibatch", "iteration"}
+    for e in epochs:  # every epoch was acknowledged by every rank
+        assert all(paths.ack(e.epoch, r).exists() for r in range(8)), e.epoch
+    # The actor grew mid-iteration: some mini-batches were stamped with a larger DP group.
+    metrics = [json.loads(line) for line in (auto / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["samples"] == 256 for m in metrics)
+    assert all(max(p["dp"] for p in m["plan"]) > 2 for m in metrics), metrics
+    # Every iteration starts again from the configured placement.
+    starts = [e for e in epochs if e.boundary == "iteration" and e.epoch > 0]
+    assert all(e.ranks_of("actor") == [0, 1] and e.ranks_of("rollout") == [2, 3, 4, 5] for e in starts)
+
+    inspected = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(auto), "--json"], cwd=REPO,
+                               capture_output=True, text=True, timeout=60)
+    assert inspected.returncode == 0, inspected.stderr
+    assert {r["boundary"] for r in json.loads(inspected.stdout)} >= {"minibatch", "iteration"}
+
+
+@pytest.mark.slow
+def test_migration_loses_and_duplicates_no_sample(tmp_path: Path) -> None:
+    """Released rollout ranks hand their unfinished requests back; every sample id is produced
+    once by rollout and trained once by the actor."""
+    run_dir = _run(tmp_path, "auto", live_config(tmp_path / "run", "auto"))
+    migrated_total = 0
+    for k in range(2):
+        expected = {k * 10**9 + i for i in range(256)}
+        rollouts = _stage_ids(run_dir, k, "rollouts", None)
+        assert set(rollouts) == expected and max(rollouts.values()) == 1
+        trained = _stage_ids(run_dir, k, "actor_batch", [0])
+        assert set(trained) == expected and max(trained.values()) == 1
+        tickets = [json.loads(p.read_text()) for p in pending_dir(run_dir, k).glob("claimed-*.json")]
+        unclaimed = list(pending_dir(run_dir, k).glob("pending-*.json"))
+        assert unclaimed == []
+        migrated = [sid for t in tickets for sid in t["sample_ids"]]
+        assert len(migrated) == len(set(migrated)) and set(migrated) <= expected
+        migrated_total += len(migrated)
+    assert migrated_total > 0
+    # The released ranks reported what they handed back in their epoch acks.
+    acked = sum(json.loads(p.read_text())["figures"].get("migrated_requests", 0)
+                for p in RunPaths(run_dir).acks_dir(0).parent.glob("*/rank-*.json"))
+    assert acked == migrated_total
+
+
+def test_decode_batch_follows_the_simulator_law() -> None:
+    params = dict(COSTS)
+    emu, sim = CostModel.from_config(params), SimCostModel.from_config(params)
+    batch = DecodeBatch(emu, instance_gpus=1, max_running=16)
+    for rid, length in enumerate([10, 20, 40]):
+        batch.admit(rid, 0, length, now=0.0)
+    # Three requests: each advances one token per step at the simulator's per-request speed.
+    speed = sim.decode_tokens_per_s(1, 16, 3)
+    assert batch.next_finish_at() == pytest.approx(10 / speed)
+    assert batch.advance(10 / speed + 1e-9) == [0]
+    # Then two run faster (decode_fixed_fraction < 1): 10 more tokens at the two-request speed.
+    t2 = 10 / speed + 10 / sim.decode_tokens_per_s(1, 16, 2)
+    assert batch.advance(t2 - 1e-6) == []
+    assert batch.generated(1) == 19
+    assert batch.advance(t2 + 1e-6) == [1]
+    left = batch.evict_all()
+    assert left == {2: 20} or left == {2: 19}
+    assert batch.free_slots == 16
+
+
+def test_live_state_from_progress_drives_auto(tmp_path: Path) -> None:
+    cfg_path = write_config(tmp_path / "c.yaml", live_config(tmp_path / "run", "auto"))
+    cfg = load_config(cfg_path)
+    epoch = Epoch(epoch=1, generation=1, created_at=0.0, reason="", iteration=0, boundary="iteration",
+                  placement={"actor": {"ranks": [0, 1]}, "rollout": {"ranks": [2, 3, 4, 5]},
+                             "inference": {"ranks": [6, 7]}})
+    docs = {r: {"iteration": 0, "state": "working", "rollout_finished": 56, "rollout_running": 4,
+                "inference_done": 0, "actor_minibatches_done": 0, "actor_busy": False} for r in (2, 3, 4, 5)}
+    docs[0] = {"iteration": 0, "state": "working", "actor_minibatches_done": 1, "actor_busy": False}
+    docs[7] = {"iteration": -1, "state": "at_gate", "rollout_finished": 999}  # an older iteration: ignored
+    state = build_state(cfg, epoch, docs, 0, at_gate=False)
+    assert (state.rollout.finished, state.rollout.running, state.rollout.pending) == (224, 16, 16)
+    assert state.phase == "train" and state.actor.minibatches_done == 1 and not state.actor.busy
+    decision = decide_auto(state)
+    assert decision is not None and decision.boundary == "minibatch"
+    assert len(decision.placement["actor"]) == 4 and set(decision.migrate_from) == {2, 3}
+    busy = build_state(cfg, epoch, {**docs, 0: {**docs[0], "actor_busy": True}}, 0, at_gate=False)
+    assert busy.actor.busy and decide_auto(busy) is None  # the actor changes only between mini-batches
+    assert build_state(cfg, epoch, docs, 1, at_gate=True).phase == "start"
