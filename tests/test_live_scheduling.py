@@ -165,3 +165,53 @@ def test_live_state_from_progress_drives_auto(tmp_path: Path) -> None:
     busy = build_state(cfg, epoch, {**docs, 0: {**docs[0], "actor_busy": True}}, 0, at_gate=False)
     assert busy.actor.busy and decide_auto(busy) is None  # the actor changes only between mini-batches
     assert build_state(cfg, epoch, docs, 1, at_gate=True).phase == "start"
+
+
+def _coordinator(tmp_path: Path, policy_fn=None, **runtime):
+    from slurm_rl.control.acks import write_ack
+    from slurm_rl.scheduler.coordinator import CoordinatorLoop
+    from slurm_rl.scheduler.live_state import build_policy, initial_decision
+
+    cfg_dict = live_config(tmp_path / "run", "auto")
+    cfg_dict["runtime"].update(runtime)
+    cfg = load_config(write_config(tmp_path / "c.yaml", cfg_dict))
+    paths = RunPaths(tmp_path / "run").ensure()
+    for rank in range(8):  # epoch 0 is acknowledged by everyone
+        write_ack(paths, 0, rank, "n0", 0.0, 0.0, {})
+    loop = CoordinatorLoop(cfg, paths, generation=0, policy=policy_fn or build_policy(cfg), log=lambda m: None)
+    loop.publish(initial_decision(cfg), iteration=0, state_read_at=0.0)
+    loop.released = 0
+    return loop, paths
+
+
+def _rollout_tail_progress() -> dict[int, dict]:
+    docs = {r: {"iteration": 0, "state": "working", "rollout_finished": 60, "rollout_running": 2} for r in (2, 3, 4, 5)}
+    docs[0] = {"iteration": 0, "state": "working", "actor_minibatches_done": 1, "actor_busy": False}
+    return docs
+
+
+def test_decision_without_acks_ends_in_a_clear_error(tmp_path: Path) -> None:
+    """A mid-iteration decision whose epoch nobody acknowledges fails naming epoch and ranks."""
+    import time
+
+    from slurm_rl.control.errors import ControlError
+
+    loop, paths = _coordinator(tmp_path, ack_timeout_s=1.0, heartbeat_timeout_s=60.0)
+    started = time.monotonic()
+    with pytest.raises(ControlError, match=r"epoch 1 .*rank 0") as info:
+        loop.decide_mid_iteration(0, _rollout_tail_progress(), time.time())
+    assert time.monotonic() - started < 30
+    assert EpochStore(paths).read(1).boundary == "minibatch"  # published, then not acknowledged
+    assert "host" in str(info.value)
+
+
+def test_unusable_decision_is_logged_and_not_published(tmp_path: Path) -> None:
+    from slurm_rl.scheduler.state import Decision
+
+    bad = Decision({"actor": (0, 1, 2), "rollout": (2, 3), "inference": (6, 7)}, "bad", boundary="minibatch")
+    loop, paths = _coordinator(tmp_path, policy_fn=lambda state: bad)
+    for _ in range(3):  # level-triggered: asked again, still refused, logged once
+        assert loop.decide_mid_iteration(0, _rollout_tail_progress(), 0.0) is None
+    assert [e.epoch for e in EpochStore(paths).all()] == [0]
+    rejected = read_events(paths, "rejected")
+    assert len(rejected) == 1 and any("rank 2 assigned to both" in p for p in rejected[0]["problems"])

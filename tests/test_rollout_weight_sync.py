@@ -32,7 +32,9 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str, absent: int) -
     present = dist.new_group([r for r in range(world) if r != absent]) if absent >= 0 else None
     try:
         if rank == absent:  # alive but busy elsewhere: never joins the sync
-            time.sleep(8.0)
+            deadline = time.monotonic() + 60
+            while not Path(out_dir, "rank0.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
             return
         if rank == 0:  # the actor: megatron-named weights of a seed-7 model
             actor = build_hf_llama(CFG, seed=7)

@@ -115,3 +115,22 @@ def place_responses(prompt_lens: Sequence[int], values: Sequence[Sequence[float]
         out[i, s:s + n] = torch.as_tensor(v, dtype=torch.float32)
         mask[i, s:s + n] = 1.0
     return out, mask
+
+
+def grpo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+                    clip_eps: float = 0.2, clip_eps_high: float | None = None,
+                    ref_logprobs: Tensor | None = None, kl_coef: float = 0.0) -> Tensor:
+    """Per-token GRPO loss ``[batch, tokens]`` (no mask, no normalisation).
+
+    The same terms as :func:`grpo_loss`; for trainers that apply the loss mask and divide by the
+    global token count of the optimizer step themselves (``ActorTrainer.train_step``).
+    """
+    adv = advantages.to(logprobs.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logprobs - old_logprobs.detach())
+    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv)
+    if ref_logprobs is not None and kl_coef:
+        per_token = per_token + kl_coef * kl_k3(logprobs, ref_logprobs.detach())
+    return per_token

@@ -5,18 +5,23 @@ point, advance each part the rank currently holds, sleep until the next event. `
 re-read on every pass, so a rank whose roles change mid-iteration starts its new role's work in
 the same iteration.
 
-- rollout: the lowest rollout rank of the iteration publishes the requests as claimable pending
-  tickets (``write_pending``). The head rank of every rollout instance claims them and decodes up
-  to ``scheduler.max_running_requests`` at once (:class:`~slurm_rl.engines.emulated.DecodeBatch`:
-  per-request decode steps, the simulator's law), streaming finished samples as ``rollouts``
-  shards. A rank released from rollout stops at its next pass and writes its unfinished requests,
-  with their partial responses, back as pending tickets; the remaining ranks claim them.
+- rollout: the iteration's requests are deterministic (seeded), so the head rank of every rollout
+  instance builds them and claims chunks by creating ``requests/claim-NNNNNN`` exclusively (one
+  winner per chunk, no directory listing). It decodes up to ``scheduler.max_running_requests``
+  at once (:class:`~slurm_rl.engines.emulated.DecodeBatch`: per-request decode steps, the
+  simulator's law) and streams finished samples as ``rollouts`` shards. A rank released from
+  rollout stops at its next pass and writes its unfinished requests, with their partial
+  responses, back as pending tickets (``write_pending``); the remaining ranks claim them
+  (``claim_pending``) once the initial chunks are gone. Rollout ends when every sample of the
+  iteration is listed in some ``rollouts`` manifest.
 - inference: the inference ranks of the iteration start share the ``rollouts`` shards by a hash
   of (producer, seq) and write ``inference`` shards; a rank released after its share finished
   simply closes its writer.
 - actor: the mini-batch cutter (lowest actor rank of the iteration start, else of the configured
   placement) cuts whole GRPO groups into mini-batches of ``train.global_batch_size`` once the
-  previous one ended, and stamps each with the epoch in force (``plan.json`` next to the
+  previous one ended and (dynamic policies) the coordinator answered the boundary (the
+  ``boundary_at`` progress field and the ``checked_at`` status field), and stamps each with the
+  epoch in force (``plan.json`` next to the
   ``actor_batch`` shards, written before the shard). Every rank follows the plan: it applies
   epochs up to the stamp, trains the mini-batch if the stamped epoch places it in the actor (the
   DP group of that mini-batch) and skips it otherwise, so actor growth takes effect at a
