@@ -703,7 +703,9 @@ class _Iteration:
                     f"{self.actor.next}/{self.minibatches} seen; waiting for {self._waiting_for()})")
             if rt.watchdog is not None:
                 rt.watchdog()
-            time.sleep(max(0.0, min(min(wakes), now + quantum) - time.time()))
+            # Wake for the next event, but not more often than every poll interval: events due in
+            # between (e.g. several decode finishes) are handled together, in virtual time.
+            time.sleep(max(self.roles.poll, min(min(wakes), now + quantum) - time.time()))
         self._finish()
 
     def _waiting_for(self) -> str:

@@ -170,6 +170,7 @@ class RealRoles:
     def run_iteration(self, iteration: int, rt: WorkerRuntime) -> None:
         assert rt.epoch is not None
         epoch = rt.epoch
+        self.iteration_started = time.time()
         self._sync_weights(iteration, epoch)
         for role in ("rollout", "inference", "actor"):
             if role in rt.roles:
@@ -296,28 +297,31 @@ class RealRoles:
             self._cut_minibatches(k, epoch, rt)
         reader = StageReader(self.run_dir, k, ACTOR_STAGE, [ranks[0]], self.cfg.runtime.poll_interval_s,
                              self.cfg.runtime.wait_timeout_s, on_poll=rt.safe_point)
-        started = time.perf_counter()
         stats: list[dict[str, float]] = []
         rewards: list[float] = []
         kls: list[float] = []
         tokens = 0
+        train_s = 0.0
         for step, shard in enumerate(reader.iter_entries()):
             rows = shard.table.to_pylist()
             mine = shard_for_rank(rows, dp_rank, dp)
+            t0 = time.perf_counter()
             stats.append(self.trainer.train_step([self._sample(r) for r in mine], self._loss_fn()))
+            train_s += time.perf_counter() - t0
             rewards.extend(r["reward"] for r in rows)
             kls.extend(_k3(r["old_logprobs"], r["ref_logprobs"]) for r in rows)
             tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
             rt.report("working", role="actor", minibatches_done=step + 1)
         if dp_rank == 0:
-            seconds = time.perf_counter() - started
+            seconds = time.time() - self.iteration_started
             _append_jsonl(self.run_dir / METRICS_FILE, {
                 "iteration": k, "reward_mean": float(np.mean(rewards)) if rewards else None,
                 "kl": float(np.mean(kls)) if kls else None,
                 "loss": float(np.mean([s["loss"] for s in stats])) if stats else None,
                 "lr": stats[-1]["lr"] if stats else None, "samples": len(rewards), "minibatches": len(stats),
                 "consumed_samples": stats[-1]["consumed_samples"] if stats else None,
-                "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+                "seconds": seconds, "train_s": train_s, "sync_s": self.sync_seconds, "sync_bytes": self.sync_bytes,
+                "tokens_per_s": tokens / seconds if seconds > 0 else None,
                 "actor_dp": dp, "time": time.time(),
             })
             collect_garbage(self.run_dir, consumed_through_iteration=k, keep_last=self.cfg.runtime.keep_iterations)
