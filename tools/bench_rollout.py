@@ -77,7 +77,7 @@ def _sync_worker(rank: int, world: int, store: str, cfg_dict: dict, rounds: int)
     import torch
     import torch.distributed as dist
 
-    from slurm_rl.engines.actor.model import build_gpt_model, init_local_process_group  # noqa
+    from slurm_rl.engines.actor.model import build_gpt_model
     from slurm_rl.engines.convert import megatron_to_hf
     from slurm_rl.engines.model_config import ModelConfig
     from slurm_rl.engines.rollout import make_rollout_engine

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from slurm_rl.data.errors import InvalidManifestError
-from slurm_rl.data.layout import validate_shard_name
+from slurm_rl.data.layout import manifest_path, validate_shard_name
 
 MANIFEST_FORMAT = "slurm_rl.data.manifest/1"
 
@@ -130,3 +130,16 @@ class ProducerManifest:
     def load(cls, path: Path, *, iteration: int, stage: str, producer_rank: int) -> "ProducerManifest":
         """Read and validate a manifest file."""
         return cls.parse(path.read_bytes(), path, iteration=iteration, stage=stage, producer_rank=producer_rank)
+
+
+def produced_rows(run_dir: str | Path, iteration: int, stage: str, producer_ranks: Sequence[int]) -> int:
+    """Rows the given producers have published for ``stage`` so far (reads one manifest each)."""
+    total = 0
+    for rank in producer_ranks:
+        path = manifest_path(run_dir, iteration, stage, rank)
+        try:
+            m = ProducerManifest.load(path, iteration=iteration, stage=stage, producer_rank=rank)
+        except FileNotFoundError:
+            continue
+        total += sum(s.rows for s in m.shards)
+    return total

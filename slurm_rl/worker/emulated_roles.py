@@ -57,7 +57,6 @@ from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.manifest import ProducerManifest
 from slurm_rl.data.migration import claim_pending, write_pending
-from slurm_rl.data.partition import take_dp_share
 from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, ROLLOUTS
 from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
@@ -70,7 +69,8 @@ ROLLOUTS_STAGE = "rollouts"
 INFERENCE_STAGE = "inference"
 ACTOR_STAGE = "actor_batch"
 REQUESTS_STAGE = "requests"  # claim markers of the iteration's request chunks
-BOUNDARY_WAIT_S = 0.5  # at most this long the cutter waits for the coordinator at a mini-batch boundary
+BOUNDARY_WAIT_S = 0.5
+IDLE_POLL_S = 0.1  # loop period of a rank with no rollout, inference or cutting work  # at most this long the cutter waits for the coordinator at a mini-batch boundary
 PLAN_FILE = "plan.json"
 REPORT_EVERY_S = 0.05  # progress files are rewritten at most this often (and on state changes)
 CLAIM_EVERY_S = 0.05  # a rollout rank lists the pending directory at most this often
@@ -433,9 +433,9 @@ class _Cutter:
         self.it = it
         self.source = source
         self.follower = _Follower(it.roles.run_dir, it.k, source)
-        self.groups: dict[int, list[pa.Table]] = {}
-        self.group_rows: dict[int, int] = {}
-        self.ready: list[pa.Table] = []
+        self.buffer: list[pa.Table] = []  # received, not cut yet
+        self.group_rows: dict[int, int] = {}  # samples received per group not cut yet
+        self.complete: list[int] = []  # complete groups in completion order
         self.ready_rows = 0
         self.cut = 0
         self.prev_end = 0.0
@@ -449,21 +449,35 @@ class _Cutter:
         self.boundary_at: float | None = None
 
     def _take(self, table: pa.Table) -> None:
+        """Buffer a shard; count the samples of each group (a group is ready once complete)."""
         if self.source == ROLLOUTS_STAGE:
             table = fake.make_fake_inference(table, seed=self.it.k, inference_rank=self.it.rank)
+        self.buffer.append(table)
         if not self.whole_groups:
-            self.ready.append(table)
             self.ready_rows += table.num_rows
             return
-        gids = table.column("group_id").to_numpy()
-        for gid in np.unique(gids):
-            part = table.filter(pa.array(gids == gid))
-            g = int(gid)
-            self.groups.setdefault(g, []).append(part)
-            self.group_rows[g] = self.group_rows.get(g, 0) + part.num_rows
-            if self.group_rows[g] >= self.group_size:
-                self.ready.extend(self.groups.pop(g))
-                self.ready_rows += self.group_rows.pop(g)
+        for g in table.column("group_id").to_pylist():
+            n = self.group_rows.get(g, 0) + 1
+            self.group_rows[g] = n
+            if n == self.group_size:
+                self.complete.append(g)
+                self.ready_rows += n
+
+    def _cut_batch(self) -> pa.Table:
+        """The next ``gbs`` samples: whole groups in completion order (else arrival order)."""
+        merged = pa.concat_tables(self.buffer).combine_chunks()
+        if not self.whole_groups:
+            batch, rest = merged.slice(0, self.gbs), merged.slice(self.gbs)
+        else:
+            take = self.complete[: self.gbs // self.group_size]
+            del self.complete[: len(take)]
+            for g in take:
+                del self.group_rows[g]
+            mask = pc.is_in(merged.column("group_id"), value_set=pa.array(take, pa.int64()))
+            batch, rest = merged.filter(mask), merged.filter(pc.invert(mask))
+        self.buffer = [rest] if rest.num_rows else []
+        self.ready_rows -= batch.num_rows
+        return batch
 
     def _coordinator_saw_boundary(self, now: float, rt: WorkerRuntime) -> bool:
         """Mini-batch boundary handshake: the actor is idle and the next mini-batch is ready;
@@ -492,10 +506,7 @@ class _Cutter:
         if not actor:
             return None  # the actor holds no ranks yet (pre-process): the mini-batch waits
         self.boundary_at = None
-        merged = pa.concat_tables(self.ready).combine_chunks()
-        batch = fake.make_actor_batch(merged.slice(0, self.gbs))
-        rest = merged.slice(self.gbs)
-        self.ready, self.ready_rows = ([rest] if rest.num_rows else []), rest.num_rows
+        batch = fake.make_actor_batch(self._cut_batch())
         tokens = _tokens(batch) + _tokens(batch, "prompt_ids")
         reshard = self.it.roles.reshard_due_s
         self.it.roles.reshard_due_s = 0.0
@@ -509,9 +520,10 @@ class _Cutter:
         self.cut += 1
         self.prev_end = now + seconds
         if self.cut >= self.it.minibatches:
-            if self.ready_rows or self.groups:
+            left = sum(t.num_rows for t in self.buffer)
+            if left:
                 raise RuntimeError(
-                    f"iteration {self.it.k}: {self.ready_rows + sum(self.group_rows.values())} samples left over after "
+                    f"iteration {self.it.k}: {left} samples left over after "
                     f"cutting {self.cut} mini-batches of {self.gbs} (train.rollout_batch_size x train.group_size must be "
                     "a multiple of train.global_batch_size)")
             self.writer.close()
@@ -575,9 +587,9 @@ class _ActorFollower:
                 self.next += 1
                 continue
             info = self.shards[self.next]
-            table = open_shard(stage_dir(self.it.roles.run_dir, self.it.k, ACTOR_STAGE) / info.name,
-                               nbytes=info.bytes, digest=info.xxh3_64)
-            take_dp_share(table, actor.index(self.it.rank), len(actor), group_column=None)
+            # Read (and verify) the mini-batch as a trainer would; its DP share is timed, not computed.
+            open_shard(stage_dir(self.it.roles.run_dir, self.it.k, ACTOR_STAGE) / info.name,
+                       nbytes=info.bytes, digest=info.xxh3_64)
             self.busy_until = float(entry["start_at"]) + float(entry["seconds"])
         return None
 
@@ -677,7 +689,10 @@ class _Iteration:
             rt.safe_point()
             now = time.time()
             roles = rt.roles
-            wakes: list[float] = [now + quantum]
+            active = self.cutter is not None or any(p is not None and not p.done for p in (self.rollout, self.inference))
+            # A rank that only follows the mini-batch plan needs no fast polling: its training
+            # ends at the stamped time whenever it notices the mini-batch.
+            wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             assert rt.epoch is not None
             if self.rollout is None and self._is_rollout_head(rt.epoch) and "rollout" in roles:
                 self.rollout = _Rollout(self)
@@ -705,7 +720,7 @@ class _Iteration:
                 rt.watchdog()
             # Wake for the next event, but not more often than every poll interval: events due in
             # between (e.g. several decode finishes) are handled together, in virtual time.
-            time.sleep(max(self.roles.poll, min(min(wakes), now + quantum) - time.time()))
+            time.sleep(max(self.roles.poll, min(wakes) - time.time()))
         self._finish()
 
     def _waiting_for(self) -> str:

@@ -30,6 +30,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.emulated import make_actor_batch
 from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path
+from slurm_rl.data.manifest import produced_rows
 from slurm_rl.data.migration import claim_pending, write_pending
 from slurm_rl.data.reader import StageReader
 from slurm_rl.data.schemas import ACTOR_BATCH, INFERENCE, PENDING, ROLLOUTS, make_group_id, make_sample_id
@@ -129,11 +130,13 @@ class RealRoles:
         rank = self.info.rank
         new_actor = sorted(new.ranks_of("actor"))
         old_actor = sorted(old.ranks_of("actor")) if old else []
-        sets: list[list[int]] = [new_actor]
-        if old is not None and old_actor != new_actor:
-            sets = [list(s) for s in transition_rank_sets(old_actor, new_actor)]
-        sets.append(self._sync_ranks(new))
-        self.groups.ensure(sets, f"epoch {new.epoch}")
+        if old is not None and not rt.at_gate:
+            # Mid-iteration: no process group may be created here (new_group is collective over the
+            # world and other ranks may be inside a collective), so only rollout may shrink.
+            self._check_mid_iteration(old, new)
+        elif old is None or old_actor != new_actor:
+            sets = [new_actor] if old is None else [list(s) for s in transition_rank_sets(old_actor, new_actor)]
+            self.groups.ensure(sets, f"epoch {new.epoch}")
         figures: dict[str, Any] = {"bytes_moved": 0, "seconds": 0.0}
         if self.trainer is None:
             self.trainer = ActorTrainer(self.model_cfg, self.optim_cfg, self.batch_cfg, new_actor, self.groups,
@@ -158,6 +161,16 @@ class RealRoles:
         figures["seconds"] = time.perf_counter() - start
         return figures
 
+    @staticmethod
+    def _check_mid_iteration(old: Epoch, new: Epoch) -> None:
+        changed = [c for c in ("actor", "inference") if sorted(old.ranks_of(c)) != sorted(new.ranks_of(c))]
+        grown = set(new.ranks_of("rollout")) - set(old.ranks_of("rollout"))
+        if changed or grown:
+            raise RuntimeError(
+                f"epoch {new.epoch} changes {', '.join(changed) or 'rollout (grows by ' + str(sorted(grown)) + ')'} "
+                "mid-iteration; with real engines such changes apply at iteration gates only "
+                "(mid-iteration epochs may only release rollout ranks)")
+
     def _reference_scorer(self) -> Any:
         """The frozen initial policy: every rank builds the same weights from the seed."""
         from slurm_rl.engines.actor.model import build_gpt_model
@@ -171,6 +184,8 @@ class RealRoles:
         assert rt.epoch is not None
         epoch = rt.epoch
         self.iteration_started = time.time()
+        # Every rank, same order, right after the gate: the group of this iteration's weight sync.
+        self.groups.ensure([self._sync_ranks(epoch)], f"iteration {iteration} weight sync")
         self._sync_weights(iteration, epoch)
         for role in ("rollout", "inference", "actor"):
             if role in rt.roles:
@@ -217,9 +232,7 @@ class RealRoles:
         write_expected(self.run_dir, k, ROLLOUTS_STAGE, ranks)
 
     def _rollout(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
-        from slurm_rl.engines.rollout import SamplingParams
-        from slurm_rl.rl.tasks import score_answer
-
+        """Claim request chunks and generate them; a rank released mid-iteration hands back the rest."""
         ranks = sorted(epoch.ranks_of("rollout"))
         rank = self.info.rank
         if rank == ranks[0]:
@@ -229,37 +242,57 @@ class RealRoles:
             rt.wait_for(path.exists, f"the requests of iteration {k} from rollout rank {ranks[0]} ({path})")
         samples = self.cfg.train.rollout_batch_size * self.cfg.train.group_size
         chunk = max(1, samples // (4 * len(ranks)))
+        sub_batch = max(1, int(self.cfg.rollout.get("sub_batch", chunk)))
         done = 0
         with StageWriter(self.run_dir, k, ROLLOUTS_STAGE, rank, ROLLOUTS) as writer:
-            while True:
-                rt.safe_point()
+            while "rollout" in rt.roles:
                 requests = claim_pending(self.run_dir, k, rank, max_rows=chunk)
                 if requests.num_rows == 0:
-                    break
-                t0 = time.time()
+                    if produced_rows(self.run_dir, k, ROLLOUTS_STAGE, ranks) >= samples:
+                        break  # every sample of the iteration exists (migrated ones included)
+                    time.sleep(self.cfg.runtime.poll_interval_s)
+                    rt.safe_point()
+                    continue
                 rows = requests.to_pylist()
-                sampling = SamplingParams(
-                    max_new_tokens=self.task.max_new_tokens, temperature=self.temperature,
-                    seed=int(rows[0]["seed"]) % (2**31), stop_token_ids=(self.tok.eos_id,),
-                )
-                gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
-                t1 = time.time()
-                out = {
-                    "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
-                    "sample_index": [r["sample_index"] for r in rows], "prompt_ids": [r["prompt_ids"] for r in rows],
-                    "prompt_text": [r["prompt_text"] for r in rows],
-                    "response_ids": [g.token_ids for g in gens], "sampled_logprobs": [g.logprobs for g in gens],
-                    "reward": [score_answer(g.token_ids, json.loads(r["metadata_json"])["target"], self.tok)
-                               for g, r in zip(gens, rows)],
-                    "finish_reason": [g.finish_reason for g in gens], "weight_version": [g.weight_version for g in gens],
-                    "rollout_rank": [rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
-                }
-                if any(v != k for v in out["weight_version"]):
-                    raise RuntimeError(f"rank {rank}: iteration {k} sampled with weight versions "
-                                       f"{sorted(set(out['weight_version']))}, expected {k} (on-policy)")
-                writer.write(out)
-                done += len(rows)
-                rt.report("working", role="rollout", samples_done=done)
+                for start in range(0, len(rows), sub_batch):
+                    if "rollout" not in rt.roles:  # released: the unstarted requests migrate
+                        rest = pa.Table.from_pylist(rows[start:], schema=PENDING)
+                        write_pending(self.run_dir, k, rank, rest, tag=rt.epoch.epoch if rt.epoch else 0,
+                                      num_chunks=max(1, min(len(rows) - start, len(ranks))))
+                        rt.report("working", role="rollout", samples_done=done, migrated=len(rows) - start)
+                        break
+                    writer.write(self._generate(k, rows[start:start + sub_batch]))
+                    done += min(sub_batch, len(rows) - start)
+                    rt.report("working", role="rollout", samples_done=done)
+                    rt.safe_point()
+
+    def _generate(self, k: int, rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+        """Generate one batch of requests; the ROLLOUTS columns with rewards."""
+        from slurm_rl.engines.rollout import SamplingParams
+        from slurm_rl.rl.tasks import score_answer
+
+        rank = self.info.rank
+        t0 = time.time()
+        sampling = SamplingParams(
+            max_new_tokens=self.task.max_new_tokens, temperature=self.temperature,
+            seed=int(rows[0]["seed"]) % (2**31), stop_token_ids=(self.tok.eos_id,),
+        )
+        gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
+        t1 = time.time()
+        versions = sorted({g.weight_version for g in gens})
+        if versions != [k]:
+            raise RuntimeError(f"rank {rank}: iteration {k} sampled with weight versions {versions}, "
+                               f"expected {k} (on-policy)")
+        return {
+            "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
+            "sample_index": [r["sample_index"] for r in rows], "prompt_ids": [r["prompt_ids"] for r in rows],
+            "prompt_text": [r["prompt_text"] for r in rows],
+            "response_ids": [g.token_ids for g in gens], "sampled_logprobs": [g.logprobs for g in gens],
+            "reward": [score_answer(g.token_ids, json.loads(r["metadata_json"])["target"], self.tok)
+                       for g, r in zip(gens, rows)],
+            "finish_reason": [g.finish_reason for g in gens], "weight_version": [g.weight_version for g in gens],
+            "rollout_rank": [rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
+        }
 
     def _inference(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
         ranks = sorted(epoch.ranks_of("inference"))

@@ -56,6 +56,7 @@ class WorkerRuntime:
     iteration: int = -1
     counters: dict[str, Any] = field(default_factory=dict)
     watchdog: Callable[[], None] | None = None  # raises when something this rank depends on died
+    at_gate: bool = False  # True while waiting at an iteration gate (every rank is between iterations)
 
     def __post_init__(self) -> None:
         self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s, rank=self.info.rank)
@@ -130,8 +131,12 @@ class WorkerRuntime:
         def released(status: dict[str, Any] | None) -> bool:
             return status is not None and status.get("released_iteration", -1) >= iteration
 
-        self._wait_until(released, f"the coordinator to release iteration {iteration}")
-        self.safe_point()
+        self.at_gate = True
+        try:
+            self._wait_until(released, f"the coordinator to release iteration {iteration}")
+            self.safe_point()
+        finally:
+            self.at_gate = False
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> None:

@@ -39,9 +39,16 @@ def rank_set(ranks: Iterable[int]) -> RankSet:
 
 
 def transition_rank_sets(old_ranks: Sequence[int], new_ranks: Sequence[int]) -> list[RankSet]:
-    """Groups an actor reshard from ``old_ranks`` to ``new_ranks`` uses, in creation order."""
-    union = rank_set([*old_ranks, *new_ranks])
-    return [union, rank_set(new_ranks)]
+    """Groups an actor reshard from ``old_ranks`` to ``new_ranks`` uses, in creation order:
+    the union (barrier, metadata, sharded moves), the new DP group and, when ranks join, the
+    replicated-state broadcast group (source holder plus joiners)."""
+    from .reshard import broadcast_ranks
+
+    sets = [rank_set([*old_ranks, *new_ranks]), rank_set(new_ranks)]
+    bcast = broadcast_ranks(old_ranks, new_ranks)
+    if bcast:
+        sets.append(rank_set(bcast))
+    return list(dict.fromkeys(sets))
 
 
 class GroupCache:

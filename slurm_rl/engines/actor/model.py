@@ -114,6 +114,17 @@ def ensure_megatron_globals() -> None:
         parallel_state._set_global_memory_buffer()
 
 
+def preload_megatron(device: str = "cpu") -> None:
+    """Import the megatron-core modules :func:`build_gpt_model` needs (and apply the CPU shim),
+    so that a later build costs only the module construction. Idempotent."""
+    if device.startswith("cpu"):
+        apply_cpu_shim()
+    from megatron.core.models.gpt import GPTModel  # noqa: F401
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: F401
+    from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: F401
+    from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: F401
+
+
 def _process_groups(tp_group: Any | None) -> Any:
     """Explicit megatron process groups (TP as given, or a one-rank group)."""
     from megatron.core.process_groups_config import ProcessGroupCollection

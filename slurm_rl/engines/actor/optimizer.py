@@ -72,9 +72,16 @@ def _no_decay(name: str, param: torch.Tensor) -> bool:
 
 
 class FlatParams:
-    """The model's trainable parameters and gradients as views into two flat fp32 buffers."""
+    """The model's trainable parameters and gradients as views into two flat fp32 buffers.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    ``slots > 1`` makes the parameter buffer the first of ``slots`` adjacent ``numel``-sized
+    slots of one ``storage`` tensor; the optimizer keeps its (unsharded) Adam moments in slots
+    1 and 2, so parameters plus optimizer state are one contiguous buffer that a reshard sends
+    as a single message. ``copy_values=False`` skips copying the model's current values (a
+    skeleton whose weights are about to be overwritten).
+    """
+
+    def __init__(self, model: torch.nn.Module, slots: int = 1, copy_values: bool = True) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.shapes = [tuple(p.shape) for _, p in named]
@@ -84,17 +91,27 @@ class FlatParams:
             self.offsets.append(total)
             total += p.numel()
         self.numel = total
+        self.slots = slots
         device = named[0][1].device if named else torch.device("cpu")
-        self.data = torch.empty(total, dtype=torch.float32, device=device)
+        alloc = torch.empty if copy_values else torch.zeros
+        self.storage = alloc(slots * total, dtype=torch.float32, device=device)
+        self.data = self.storage[:total]
         self.grad = torch.zeros(total, dtype=torch.float32, device=device)
         self.params = [p for _, p in named]
         self.decay_segments = [(o, o + p.numel()) for (n, p), o in zip(named, self.offsets)
                                if not _no_decay(n, p)]
         with torch.no_grad():
             for p, off in zip(self.params, self.offsets):
-                self.data[off:off + p.numel()].copy_(p.detach().reshape(-1))
+                if copy_values:
+                    self.data[off:off + p.numel()].copy_(p.detach().reshape(-1))
                 p.data = self.data[off:off + p.numel()].view(p.shape)
                 p.grad = self.grad[off:off + p.numel()].view(p.shape)
+
+    def slot(self, index: int) -> torch.Tensor:
+        """Slot ``index`` of ``storage`` (slot 0 is the parameters)."""
+        if not 0 <= index < self.slots:
+            raise IndexError(f"slot {index} of a FlatParams with {self.slots} slots")
+        return self.storage[index * self.numel:(index + 1) * self.numel]
 
     def zero_grad(self) -> None:
         """Zero gradients, keeping every ``param.grad`` a view of the flat buffer."""
@@ -131,8 +148,12 @@ class DPAdamW:
         self.step_count = 0
         self.set_group(dp_group, dp_rank, dp_size)
         lo, hi = self.state_range
-        self.exp_avg = torch.zeros(hi - lo, dtype=torch.float32, device=flat.data.device)
-        self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+        if not cfg.zero1 and flat.slots >= 3:  # moments adjacent to the parameters
+            self.exp_avg = flat.slot(1).zero_()
+            self.exp_avg_sq = flat.slot(2).zero_()
+        else:
+            self.exp_avg = torch.zeros(hi - lo, dtype=torch.float32, device=flat.data.device)
+            self.exp_avg_sq = torch.zeros_like(self.exp_avg)
 
     def set_group(self, dp_group: dist.ProcessGroup | None, dp_rank: int, dp_size: int) -> None:
         """Point the optimizer at a (new) DP group; state buffers are replaced by the caller."""

@@ -1,11 +1,15 @@
 """Plan and execute an in-place DP reshard: who sends which slice of which flat array.
 
 The plan is a pure function of the old and new rank lists and the array layout, so every rank
-of the transition computes the same plan without talking to the others. Replicated arrays
-(parameters; Adam state without ZeRO) are held whole by every old rank; a joining rank's
-missing range is split evenly over all old ranks so they send in parallel. Sharded arrays
-(ZeRO-1 Adam state) move from the owner of each old slice to the owner of each new slice;
-what a rank already holds is copied locally.
+of the transition computes the same plan without talking to the others.
+
+* Replicated state (parameters; Adam moments without ZeRO) is needed whole by every joining
+  rank, so it moves as ONE ``broadcast`` of one contiguous buffer from one holder
+  (:func:`broadcast_source`) over the group of that holder and the joiners
+  (:func:`broadcast_ranks`): that is the bandwidth bound itself.
+* Sharded state (ZeRO-1 Adam moments) moves from the owner of each old slice to the owner of
+  each new slice (:func:`plan_reshard`), packed into one message per (source, destination)
+  pair (:func:`execute_plan`); what a rank already holds is copied locally.
 """
 
 from __future__ import annotations
@@ -84,6 +88,25 @@ def plan_reshard(old_ranks: Sequence[int], new_ranks: Sequence[int],
     return plan
 
 
+def broadcast_source(old_ranks: Sequence[int], new_ranks: Sequence[int]) -> int:
+    """The holder that broadcasts replicated state: the first old rank that stays, else the
+    first old rank."""
+    old, new = sorted(set(old_ranks)), set(new_ranks)
+    if not old:
+        raise ValueError(f"no old ranks to reshard from (new ranks {sorted(new)})")
+    staying = [r for r in old if r in new]
+    return staying[0] if staying else old[0]
+
+
+def broadcast_ranks(old_ranks: Sequence[int], new_ranks: Sequence[int]) -> list[int]:
+    """Ranks of the replicated-state broadcast: the source and the joining ranks, or ``[]``
+    when no rank joins."""
+    joiners = sorted(set(new_ranks) - set(old_ranks))
+    if not joiners or not old_ranks:
+        return []
+    return sorted({broadcast_source(old_ranks, new_ranks), *joiners})
+
+
 def plan_bytes(plan: Sequence[Transfer], itemsize: int = 4) -> int:
     """Total bytes the plan moves between ranks."""
     return sum((t.hi - t.lo) * itemsize for t in plan)
@@ -92,26 +115,46 @@ def plan_bytes(plan: Sequence[Transfer], itemsize: int = 4) -> int:
 def execute_plan(plan: Sequence[Transfer], me: int, group: dist.ProcessGroup,
                  sources: Mapping[str, tuple[torch.Tensor, int]],
                  targets: Mapping[str, tuple[torch.Tensor, int]]) -> tuple[int, int]:
-    """Run this rank's sends and receives of ``plan`` over ``group``.
+    """Run this rank's sends and receives of ``plan`` over ``group``, one message per peer.
 
     ``sources[name] = (buffer, offset)``: this rank's old holding of the array, where
-    ``buffer[0]`` is flat index ``offset``; ``targets`` likewise for the new holding. Returns
-    ``(bytes_sent, bytes_received)`` of this rank.
+    ``buffer[0]`` is flat index ``offset``; ``targets`` likewise for the new holding. All
+    pieces a rank sends to one peer are packed into one contiguous buffer (no copy when there
+    is a single piece) and unpacked on arrival. Returns ``(bytes_sent, bytes_received)``.
     """
-    ops: list[dist.P2POp] = []
-    sent = received = 0
-    for tag, t in enumerate(plan):
-        if t.src == me:
+    outgoing: dict[int, list[torch.Tensor]] = {}
+    incoming: dict[int, list[torch.Tensor]] = {}
+    for t in plan:
+        if t.src == me and t.dst != me:
             buf, off = sources[t.array]
-            ops.append(dist.P2POp(dist.isend, buf[t.lo - off:t.hi - off], t.dst, group, tag))
-            sent += (t.hi - t.lo) * buf.element_size()
-        elif t.dst == me:
+            outgoing.setdefault(t.dst, []).append(buf[t.lo - off:t.hi - off])
+        elif t.dst == me and t.src != me:
             buf, off = targets[t.array]
-            ops.append(dist.P2POp(dist.irecv, buf[t.lo - off:t.hi - off], t.src, group, tag))
-            received += (t.hi - t.lo) * buf.element_size()
+            incoming.setdefault(t.src, []).append(buf[t.lo - off:t.hi - off])
+    ops: list[dist.P2POp] = []
+    unpack: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+    sent = received = 0
+    for peer, pieces in outgoing.items():
+        packed = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        ops.append(dist.P2POp(dist.isend, packed, peer, group))
+        sent += packed.numel() * packed.element_size()
+    for peer, pieces in incoming.items():
+        if len(pieces) == 1:
+            packed = pieces[0]
+        else:
+            packed = torch.empty(sum(p.numel() for p in pieces), dtype=pieces[0].dtype,
+                                 device=pieces[0].device)
+            unpack.append((packed, pieces))
+        ops.append(dist.P2POp(dist.irecv, packed, peer, group))
+        received += packed.numel() * packed.element_size()
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+    for packed, pieces in unpack:
+        offset = 0
+        for piece in pieces:
+            piece.copy_(packed[offset:offset + piece.numel()])
+            offset += piece.numel()
     return sent, received
 
 

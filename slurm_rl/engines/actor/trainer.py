@@ -20,10 +20,11 @@ from slurm_rl.engines.model_config import ModelConfig
 from .groups import GroupCache
 from .lr_schedule import SampleLRScheduler
 from .microbatch import BatchConfig, check_dp_size, collate, split_microbatches
-from .model import build_gpt_model, token_logprobs
+from .model import build_gpt_model, preload_megatron, token_logprobs
 from .optimizer import DPAdamW, FlatParams, OptimConfig
-from .reshard import (broadcast_json, copy_local, decode_tensor, encode_tensor, execute_plan,
-                      holding, plan_bytes, plan_reshard)
+from .reshard import (broadcast_json, broadcast_ranks, broadcast_source, copy_local,
+                      decode_tensor, encode_tensor, execute_plan, holding, plan_bytes,
+                      plan_reshard)
 
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 """``(logprobs [B, T-1], batch) -> per-token loss [B, T-1]``. The trainer multiplies by
@@ -71,6 +72,10 @@ class ActorTrainer:
             self.dp_group = group_cache.get(self.ranks, "actor DP group")
             self.optimizer = DPAdamW(self.flat, optim_cfg, self.dp_group, self.dp_rank,
                                      self.dp_size)
+        else:
+            # Import megatron now so that joining the actor later costs a skeleton build, not
+            # the first import of megatron-core (tens of seconds on a loaded node).
+            preload_megatron(device)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -108,7 +113,10 @@ class ActorTrainer:
     def _build(self, initialize: bool) -> None:
         self.model = build_gpt_model(self.model_cfg, self.seed, self.device,
                                      initialize=initialize)
-        self.flat = FlatParams(self.model)
+        # Without ZeRO-1 the Adam moments live in slots 1-2 next to the parameters, so a
+        # reshard broadcasts parameters and optimizer state as one buffer.
+        self.flat = FlatParams(self.model, slots=1 if self.optim_cfg.zero1 else 3,
+                               copy_values=initialize)
 
     # ----------------------------------------------------------------- training
     def train_step(self, samples: Sequence[Mapping[str, Any]],
@@ -223,8 +231,8 @@ class ActorTrainer:
             for prefix, flat in moments.items():
                 for name, view in self.flat.named_views(flat):
                     view.copy_(optim[f"{prefix}/{name}"])
-        self.optimizer.exp_avg = moments["exp_avg"][lo:hi].clone()
-        self.optimizer.exp_avg_sq = moments["exp_avg_sq"][lo:hi].clone()
+        self.optimizer.exp_avg.copy_(moments["exp_avg"][lo:hi])
+        self.optimizer.exp_avg_sq.copy_(moments["exp_avg_sq"][lo:hi])
 
     # ----------------------------------------------------------------- metadata
     def meta(self) -> dict[str, Any]:
@@ -267,8 +275,8 @@ class ActorTrainer:
         if self.me not in union:
             raise ValueError(f"rank {self.me} called reshard {old}->{new} it takes no part in")
         figures = {"bytes_moved": 0.0, "bytes_sent": 0.0, "bytes_received": 0.0,
-                   "seconds": 0.0, "transfer_seconds": 0.0, "old_dp": float(len(old)),
-                   "new_dp": float(len(new))}
+                   "seconds": 0.0, "transfer_seconds": 0.0, "build_seconds": 0.0,
+                   "wait_seconds": 0.0, "old_dp": float(len(old)), "new_dp": float(len(new))}
         if new == old:
             return figures
         t0 = time.perf_counter()
@@ -276,13 +284,18 @@ class ActorTrainer:
         joining = self.me in new and self.me not in old
         if joining and self.model is None:
             self._build(initialize=False)
+            assert self.flat is not None
+            self.optimizer = DPAdamW(self.flat, self.optim_cfg, None, new.index(self.me),
+                                     len(new))
+        t_built = time.perf_counter()
         union_group = self.group_cache.get(union, what)  # created by ensure() on all ranks
         self._monitored_barrier(union_group, union, what)
+        t_arrived = time.perf_counter()
         meta = broadcast_json(self.meta() if self.me == old[0] else None, old[0], union_group)
         if joining:
             self.load_meta(meta)
         t1 = time.perf_counter()
-        sent, received, plan = self._move_state(old, new, union_group, meta)
+        sent, received, moved = self._move_state(old, new, union_group, meta, what)
         figures["transfer_seconds"] = time.perf_counter() - t1
         self.ranks = new
         if self.me in new:
@@ -291,8 +304,9 @@ class ActorTrainer:
             self.optimizer.set_group(self.dp_group, self.dp_rank, self.dp_size)
         else:
             self.free()
-        figures.update(bytes_moved=float(plan), bytes_sent=float(sent),
-                       bytes_received=float(received), seconds=time.perf_counter() - t0)
+        figures.update(bytes_moved=float(moved), bytes_sent=float(sent),
+                       bytes_received=float(received), build_seconds=t_built - t0,
+                       wait_seconds=t_arrived - t_built, seconds=time.perf_counter() - t0)
         return figures
 
     def _monitored_barrier(self, group: dist.ProcessGroup, union: list[int], what: str) -> None:
@@ -305,42 +319,69 @@ class ActorTrainer:
                 f"{timeout.total_seconds():.0f}s (group ranks 0..{len(union) - 1} are global "
                 f"ranks {union}): {exc}") from exc
 
+    def _replicated_buffer(self) -> torch.Tensor:
+        """Parameters (+ Adam moments without ZeRO-1) as one contiguous tensor."""
+        assert self.flat is not None and self.optimizer is not None
+        flat, opt = self.flat, self.optimizer
+        if self.optim_cfg.zero1:
+            return flat.data
+        if flat.slots < 3:
+            raise RuntimeError(f"rank {self.me}: parameters were built without room for the "
+                               "Adam moments (FlatParams slots < 3)")
+        for index, buf in ((1, opt.exp_avg), (2, opt.exp_avg_sq)):
+            if buf.data_ptr() != flat.slot(index).data_ptr():
+                flat.slot(index).copy_(buf)
+        opt.exp_avg, opt.exp_avg_sq = flat.slot(1), flat.slot(2)
+        return flat.storage
+
     def _move_state(self, old: list[int], new: list[int], group: dist.ProcessGroup,
-                    meta: Mapping[str, Any]) -> tuple[int, int, int]:
+                    meta: Mapping[str, Any], what: str) -> tuple[int, int, int]:
+        """Send/receive this rank's part of the state; ``(sent, received, moved)`` bytes."""
         numel = int(meta["numel"])
         zero1 = self.optim_cfg.zero1
-        arrays = {"params": (numel, False), "exp_avg": (numel, zero1),
-                  "exp_avg_sq": (numel, zero1)}
+        sent = received = moved = 0
+        bcast = broadcast_ranks(old, new)
+        if bcast:  # replicated state: one broadcast from one holder to all joiners
+            src = broadcast_source(old, new)
+            nbytes = numel * (1 if zero1 else 3) * 4
+            moved += (len(bcast) - 1) * nbytes
+            if self.me in bcast:
+                buf = self._replicated_buffer()
+                if buf.numel() * buf.element_size() != nbytes:
+                    raise RuntimeError(f"rank {self.me}: {what}: replicated state has "
+                                       f"{buf.numel()} elements, the source has {nbytes // 4}")
+                dist.broadcast(buf, src=src,
+                               group=self.group_cache.get(bcast, f"{what} broadcast"))
+                if self.me == src:
+                    sent += (len(bcast) - 1) * nbytes
+                else:
+                    received += nbytes
+        if not zero1:
+            return sent, received, moved
+        # ZeRO-1 moments: from old shard owners to new shard owners, one message per pair.
+        arrays = {"exp_avg": (numel, True), "exp_avg_sq": (numel, True)}
         plan = plan_reshard(old, new, arrays)
         sources: dict[str, tuple[torch.Tensor, int]] = {}
         targets: dict[str, tuple[torch.Tensor, int]] = {}
         if self.me in old:
-            assert self.flat is not None and self.optimizer is not None
+            assert self.optimizer is not None
             lo = self.optimizer.state_range[0]
-            sources = {"params": (self.flat.data, 0), "exp_avg": (self.optimizer.exp_avg, lo),
+            sources = {"exp_avg": (self.optimizer.exp_avg, lo),
                        "exp_avg_sq": (self.optimizer.exp_avg_sq, lo)}
         if self.me in new:
             assert self.flat is not None
-            lo, hi = holding(new, numel, zero1)[self.me]
-            targets["params"] = (self.flat.data, 0)
-            for name in ("exp_avg", "exp_avg_sq"):
-                if self.me in old and not zero1:
-                    targets[name] = sources[name]
-                else:
-                    buf = torch.zeros(hi - lo, dtype=torch.float32, device=self.flat.data.device)
-                    copy_local(self.me, old, new, numel, zero1,
-                               sources[name][0] if name in sources else None, buf)
-                    targets[name] = (buf, lo)
-        sent, received = execute_plan(plan, self.me, group, sources, targets)
+            lo, hi = holding(new, numel, True)[self.me]
+            for name in arrays:
+                buf = torch.zeros(hi - lo, dtype=torch.float32, device=self.flat.data.device)
+                copy_local(self.me, old, new, numel, True,
+                           sources[name][0] if name in sources else None, buf)
+                targets[name] = (buf, lo)
+        s, r = execute_plan(plan, self.me, group, sources, targets)
         if self.me in new:
-            if self.optimizer is None:
-                assert self.flat is not None
-                self.optimizer = DPAdamW(self.flat, self.optim_cfg, None,
-                                         new.index(self.me), len(new))
-                self.optimizer.step_count = int(meta["step"])
+            assert self.optimizer is not None
             self.optimizer.exp_avg = targets["exp_avg"][0]
             self.optimizer.exp_avg_sq = targets["exp_avg_sq"][0]
-        return sent, received, plan_bytes(plan)
+        return sent + s, received + r, moved + plan_bytes(plan)
 
     def free(self) -> None:
         """Drop the model and optimizer state (this rank leaves the actor)."""
