@@ -215,3 +215,22 @@ def test_unusable_decision_is_logged_and_not_published(tmp_path: Path) -> None:
     assert [e.epoch for e in EpochStore(paths).all()] == [0]
     rejected = read_events(paths, "rejected")
     assert len(rejected) == 1 and any("rank 2 assigned to both" in p for p in rejected[0]["problems"])
+
+
+@pytest.mark.slow
+def test_scripted_step_mid_iteration_shrinks_rollout_with_migration(tmp_path: Path) -> None:
+    """``scheduler.script[].at_phase: rollout`` applies inside the iteration: ranks 4-5 leave
+    rollout while generating, hand their requests back, and every sample is produced once."""
+    cfg = live_config(tmp_path / "run", "scripted", iterations=1)
+    cfg["scheduler"]["script"] = [{"at_iteration": 0, "at_phase": "rollout",
+                                   "placement": {"actor": "0-1", "rollout": "2-3", "inference": "6-7"}}]
+    run_dir = _run(tmp_path, "scripted", cfg)
+    epochs = EpochStore(RunPaths(run_dir)).all()
+    mid = [e for e in epochs if e.epoch > 0]
+    assert len(mid) == 1 and mid[0].boundary == "now" and mid[0].ranks_of("rollout") == [2, 3]
+    rollouts = _stage_ids(run_dir, 0, "rollouts", None)
+    assert set(rollouts) == set(range(256)) and max(rollouts.values()) == 1
+    migrated = [sid for p in pending_dir(run_dir, 0).glob("claimed-*.json")
+                for sid in json.loads(p.read_text())["sample_ids"]]
+    assert migrated and len(migrated) == len(set(migrated))
+    assert {json.loads(p.read_text())["from_rank"] for p in pending_dir(run_dir, 0).glob("claimed-*.json")} <= {4, 5}

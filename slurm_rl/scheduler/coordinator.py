@@ -3,6 +3,16 @@
 It runs as its own process on the node of rank 0 (started by rank 0, so it never slows rank 0's
 work) and holds the coordinator lease for the whole run. Desired state is the epoch it publishes;
 observed state is acks and progress files (level-triggered, like a Kubernetes controller).
+
+When every rank waits at an iteration gate, the policy sees phase ``start`` (e.g. return to the
+initial placement); then the iteration is released. Inside an iteration the policy is consulted
+every ``defaults.LIVE_TICK_S`` and whenever the actor's mini-batch cutter waits at a boundary
+(its progress ``boundary_at``; answered through the status field ``checked_at``), on a
+``SchedState`` built from the ranks' progress counters. Decisions for the iteration boundary wait
+for the gate; a placement that fails validation is logged (``rejected`` event) and not published;
+an epoch that is not acknowledged in ``runtime.ack_timeout_s`` (or whose missing rank has a stale
+heartbeat) fails the run with an error naming the epoch, ranks and hosts. Each published decision
+logs its decision latency (state read -> published) and switch latency (published -> all acked).
 """
 
 from __future__ import annotations

@@ -48,8 +48,13 @@ def _child(rank: int, world_size: int, init_file: str, timeout_s: float,
 
 
 def run_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
-              timeout_s: float = 120.0, collective_timeout_s: float = 60.0) -> list[Any]:
+              timeout_s: float = 120.0, collective_timeout_s: float = 60.0,
+              daemon: bool = True) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; results by rank.
+
+    ``daemon=False`` lets ``fn`` start processes of its own (megatron-core
+    ``dist_checkpointing`` saves through a ``multiprocessing`` manager, which a daemonic
+    process may not start); the ranks are still terminated on return or timeout.
 
     Raises ``LocalRankError`` with every failing rank's traceback, or ``TimeoutError`` naming
     the ranks that did not finish within ``timeout_s`` (those processes are terminated).
@@ -59,7 +64,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
     with tempfile.TemporaryDirectory(prefix="slurm_rl_dist_") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [ctx.Process(target=_child, args=(r, world_size, init_file, collective_timeout_s,
-                                                  fn, tuple(args), results), daemon=True)
+                                                  fn, tuple(args), results), daemon=daemon)
                  for r in range(world_size)]
         for p in procs:
             p.start()
