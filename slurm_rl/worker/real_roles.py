@@ -184,6 +184,9 @@ class RealRoles:
         assert rt.epoch is not None
         epoch = rt.epoch
         self.iteration_started = time.time()
+        # Counters the live coordinator reads (scheduler/live_state.py); every report carries them.
+        rt.counters.update({"rollout_finished": 0, "rollout_running": 0, "migrated_out": 0, "inference_done": 0,
+                            "actor_minibatches_done": 0, "actor_busy": False})
         # Every rank, same order, right after the gate: the group of this iteration's weight sync.
         self.groups.ensure([self._sync_ranks(epoch)], f"iteration {iteration} weight sync")
         self._sync_weights(iteration, epoch)
@@ -259,11 +262,15 @@ class RealRoles:
                         rest = pa.Table.from_pylist(rows[start:], schema=PENDING)
                         write_pending(self.run_dir, k, rank, rest, tag=rt.epoch.epoch if rt.epoch else 0,
                                       num_chunks=max(1, min(len(rows) - start, len(ranks))))
-                        rt.report("working", role="rollout", samples_done=done, migrated=len(rows) - start)
+                        rt.counters.update(rollout_running=0, migrated_out=rt.counters["migrated_out"] + len(rows) - start)
+                        rt.report("working", role="rollout")
                         break
-                    writer.write(self._generate(k, rows[start:start + sub_batch]))
-                    done += min(sub_batch, len(rows) - start)
-                    rt.report("working", role="rollout", samples_done=done)
+                    batch = rows[start:start + sub_batch]
+                    rt.counters.update(rollout_running=len(rows) - start)
+                    writer.write(self._generate(k, batch))
+                    done += len(batch)
+                    rt.counters.update(rollout_finished=done, rollout_running=len(rows) - start - len(batch))
+                    rt.report("working", role="rollout")
                     rt.safe_point()
 
     def _generate(self, k: int, rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -318,7 +325,8 @@ class RealRoles:
                             inference_rank=pa.array([rank] * table.num_rows, pa.int32()))
                 writer.write(pa.table(cols, schema=INFERENCE))
                 done += table.num_rows
-                rt.report("working", role="inference", samples_done=done)
+                rt.counters.update(inference_done=done)
+                rt.report("working", role="inference")
 
     def _actor(self, k: int, epoch: Epoch, rt: WorkerRuntime) -> None:
         from slurm_rl.engines.actor.microbatch import shard_for_rank
@@ -339,12 +347,15 @@ class RealRoles:
             rows = shard.table.to_pylist()
             mine = shard_for_rank(rows, dp_rank, dp)
             t0 = time.perf_counter()
+            rt.counters.update(actor_busy=True)
+            rt.report("working", role="actor")
             stats.append(self.trainer.train_step([self._sample(r) for r in mine], self._loss_fn()))
             train_s += time.perf_counter() - t0
             rewards.extend(r["reward"] for r in rows)
             kls.extend(_k3(r["old_logprobs"], r["ref_logprobs"]) for r in rows)
             tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
-            rt.report("working", role="actor", minibatches_done=step + 1)
+            rt.counters.update(actor_busy=False, actor_minibatches_done=step + 1)
+            rt.report("working", role="actor")
         if dp_rank == 0:
             seconds = time.time() - self.iteration_started
             _append_jsonl(self.run_dir / METRICS_FILE, {

@@ -39,7 +39,9 @@ def decide_auto(state: SchedState) -> Decision | None:
         if state.current == start:
             return None
         nxt = state.iteration if state.phase == "start" else state.iteration + 1
-        return Decision(start, f"return to the initial placement for iteration {nxt}",
+        what = ("the iteration-start placement (pre-process: rollout also on the actor's ranks)"
+                if start != state.initial else "the initial placement")
+        return Decision(start, f"return to {what} for iteration {nxt}",
                         boundary="iteration")
     if state.phase == "end":
         return None
