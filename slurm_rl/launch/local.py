@@ -64,6 +64,7 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float, log_dir: Path | 
     procs: dict[int, subprocess.Popen] = {}
     logs = []
     start = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # so the finally below stops the ranks
     try:
         for rank in range(world_size):
             log = open(log_dir / f"rank-{rank:04d}.log", "wb")
@@ -77,12 +78,17 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float, log_dir: Path | 
             )
         codes = _wait_all(procs, timeout_s, log_dir)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for p in procs.values():
             if p.poll() is None:
                 _kill(p)
         for log in logs:
             log.close()
     return LocalRunResult(run_dir=run_dir, seconds=time.monotonic() - start, exit_codes=codes)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise LaunchError(f"launcher received signal {signum}; stopping every rank")
 
 
 def _kill(p: subprocess.Popen) -> None:
