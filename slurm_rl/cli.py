@@ -145,6 +145,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code."""
     from slurm_rl.config import ConfigError
+    from slurm_rl.launch.submit import SubmitError
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -155,10 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except (FileNotFoundError, FileExistsError) as exc:
         return _bad(str(exc))
-    except ValueError as exc:  # SubmitError and other argument errors
-        if type(exc).__name__ in ("SubmitError",):
-            return _bad(str(exc))
-        raise
+    except SubmitError as exc:
+        return _bad(str(exc))
 
 
 if __name__ == "__main__":
