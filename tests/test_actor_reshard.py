@@ -140,3 +140,18 @@ def test_plan_covers_every_new_holding() -> None:
     assert sum(v for (a, _), v in got.items() if a == "m") == plan_bytes(
         [t for t in plan if t.array == "m"]) // 4
     assert plan_reshard([0, 1], [0, 1], arrays) == []
+
+
+def test_replicated_state_moves_as_one_broadcast() -> None:
+    """Joiners get the replicated state from one staying holder; its group is pre-created."""
+    from slurm_rl.engines.actor.groups import transition_rank_sets
+    from slurm_rl.engines.actor.reshard import broadcast_ranks, broadcast_source
+
+    assert broadcast_source([0, 1], [0, 1, 2, 3]) == 0
+    assert broadcast_ranks([0, 1], [0, 1, 2, 3]) == [0, 2, 3]  # rank 1 already has it
+    assert broadcast_source([0, 1], [1, 2]) == 1 and broadcast_ranks([0, 1], [1, 2]) == [1, 2]
+    assert broadcast_ranks([0, 1], [2, 3]) == [0, 2, 3]  # nobody stays: first old rank sends
+    assert broadcast_ranks([0, 1, 2, 3], [0, 1]) == []  # shrinking moves nothing replicated
+    assert transition_rank_sets([0, 1], [0, 1, 2, 3]) == [(0, 1, 2, 3), (0, 2, 3)]
+    assert transition_rank_sets([0], [0, 1]) == [(0, 1)]
+    assert transition_rank_sets([0, 1], [1, 2]) == [(0, 1, 2), (1, 2)]

@@ -17,7 +17,6 @@ Per-iteration live times are gate-to-gate (``release`` events of the coordinator
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.scheduler.profiles import math_rl
+from slurm_rl.scheduler.profiles import math_rl, scaled_for_live
 from slurm_rl.scheduler.simulate import simulate
 
 POLICIES = ("static", "auto", "auto+pre_process", "auto+wait_before_last_iter")
@@ -68,13 +67,7 @@ def live_config(gpus: int, iterations: int, time_scale: float, token_scale: floa
     takes seconds), and responses/prompts ``token_scale`` times shorter with per-token costs
     ``token_scale`` times higher (the same seconds, smaller Arrow payloads). The simulator gets
     the very same config, so the two are compared on one workload."""
-    cfg = copy.deepcopy(math_rl(gpus, num_iterations=iterations))
-    emu = cfg["emulated"]
-    for key in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token"):
-        emu[key] *= time_scale * token_scale
-    emu["reshard_s_per_gb"] *= time_scale
-    for key in ("response_len_mean", "response_len_max", "prompt_len"):
-        emu[key] = max(1, int(round(emu[key] / token_scale)))
+    cfg = scaled_for_live(math_rl(gpus, num_iterations=iterations), time_scale, token_scale)
     base, _, opts = policy.partition("+")
     cfg["scheduler"].update(policy=base, switch_latency_s=LIVE_SWITCH_LATENCY_S)
     cfg["cluster"].update(auto_scheduler=base == "auto", use_pre_process_policy="pre_process" in opts,

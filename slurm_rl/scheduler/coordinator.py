@@ -211,6 +211,9 @@ class CoordinatorLoop:
                 if asked:
                     self.checked_at = read_at
                     self.status("running", checked_at=read_at)
+                    append_event(self.paths, "boundary", {"iteration": self.released, "boundary_at": boundary,
+                                                          "checked_at": read_at, "answered_at": time.time(),
+                                                          "published": published is not None})
                 if published is not None:
                     continue
             if time.monotonic() - last_liveness > self.runtime.heartbeat_interval_s:

@@ -60,4 +60,21 @@ def math_rl(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
     }
 
 
+def scaled_for_live(cfg: dict[str, Any], time_scale: float, token_scale: float) -> dict[str, Any]:
+    """A copy of ``cfg`` for an emulated live run: every cost times ``time_scale`` (a 300 s
+    iteration takes 300 * time_scale s), and responses/prompts ``token_scale`` times shorter with
+    per-token costs ``token_scale`` times higher (the same seconds, smaller Arrow payloads). Give
+    the simulator the same copy to compare the two on one workload."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    emu = out["emulated"]
+    for key in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token"):
+        emu[key] *= time_scale * token_scale
+    emu["reshard_s_per_gb"] *= time_scale
+    for key in ("response_len_mean", "response_len_max", "prompt_len"):
+        emu[key] = max(1, int(round(emu[key] / token_scale)))
+    return out
+
+
 PROFILES = {"math_rl": math_rl}

@@ -69,7 +69,8 @@ ROLLOUTS_STAGE = "rollouts"
 INFERENCE_STAGE = "inference"
 ACTOR_STAGE = "actor_batch"
 REQUESTS_STAGE = "requests"  # claim markers of the iteration's request chunks
-BOUNDARY_WAIT_S = 0.5  # at most this long the cutter waits for the coordinator at a mini-batch boundary
+BOUNDARY_WAIT_S = 2.0  # at most this long the cutter waits for the coordinator at a mini-batch boundary
+STATUS_CHECK_EVERY_S = 0.5  # how often a working rank looks for a coordinator failure
 IDLE_POLL_S = 0.1  # loop period of a rank with no rollout, inference or cutting work
 PLAN_FILE = "plan.json"
 REPORT_EVERY_S = 0.05  # progress files are rewritten at most this often (and on state changes)
@@ -685,6 +686,7 @@ class _Iteration:
         quantum = max(2 * self.roles.poll, 0.02)
         deadline = time.monotonic() + self.roles.timeout
         last_progress = (-1, -1, -1, -1)
+        next_status_check = 0.0
         while True:
             rt.safe_point()
             now = time.time()
@@ -718,6 +720,12 @@ class _Iteration:
                     f"{self.actor.next}/{self.minibatches} seen; waiting for {self._waiting_for()})")
             if rt.watchdog is not None:
                 rt.watchdog()
+            if time.monotonic() >= next_status_check:  # a failed coordinator stops every rank
+                next_status_check = time.monotonic() + STATUS_CHECK_EVERY_S
+                status = read_coordinator_status(rt.paths) or {}
+                if status.get("state") == "failed":
+                    raise RuntimeError(f"coordinator failed: {status.get('error')}; rank {self.rank} "
+                                       f"(host {self.roles.info.host}) stops in iteration {self.k}")
             # Wake for the next event, but not more often than every poll interval: events due in
             # between (e.g. several decode finishes) are handled together, in virtual time.
             time.sleep(max(self.roles.poll, min(wakes) - time.time()))

@@ -60,6 +60,7 @@ class WorkerRuntime:
 
     def __post_init__(self) -> None:
         self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s, rank=self.info.rank)
+        self._gate_iteration = -1
 
     # -- epochs ---------------------------------------------------------------------------------
     def _describe(self) -> str:
@@ -77,7 +78,10 @@ class WorkerRuntime:
         self.roles = roles_in(epoch, self.info.rank)
         figures = dict(figures, roles=list(self.roles))
         write_ack(self.paths, epoch.epoch, self.info.rank, self.info.host, seen_at, time.time(), figures)
-        self.report("applied-epoch")
+        if self.at_gate:  # still waiting at the gate: the coordinator must keep counting it there
+            self.report("at_gate", gate=self._gate_iteration)
+        else:
+            self.report("applied-epoch")
 
     def safe_point(self) -> bool:
         """Apply every epoch published since the last poll; True when one was applied."""
@@ -131,7 +135,7 @@ class WorkerRuntime:
         def released(status: dict[str, Any] | None) -> bool:
             return status is not None and status.get("released_iteration", -1) >= iteration
 
-        self.at_gate = True
+        self.at_gate, self._gate_iteration = True, iteration
         try:
             self._wait_until(released, f"the coordinator to release iteration {iteration}")
             self.safe_point()

@@ -1,7 +1,8 @@
 """Make megatron-core 0.16.1 GPTModel build and train on a CPU-only torch.
 
 megatron-core assumes CUDA in a few places that the local (non-TransformerEngine) layer spec
-still reaches on CPU: ``torch.cuda.current_device()`` as a device argument, the CUDA RNG state
+still reaches on CPU: ``torch.cuda.current_device()`` as a device argument,
+``torch.cuda.synchronize()`` before ``dist_checkpointing`` writes, the CUDA RNG state
 tracker forked around attention dropout, and the default causal mask created on ``"cuda"``.
 This module is the one place that monkeypatches megatron/torch for that; it does nothing when
 CUDA is available. Patching is process-wide by nature, so it is idempotent.
@@ -77,6 +78,8 @@ def apply_cpu_shim() -> bool:
     from megatron.core.transformer import utils as mutils
 
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    # dist_checkpointing synchronises the device before writing; nothing to wait for on CPU.
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     tracker = _cpu_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER = tracker
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

@@ -93,10 +93,14 @@ class FlatParams:
         self.numel = total
         self.slots = slots
         device = named[0][1].device if named else torch.device("cpu")
+        # A skeleton's storage is zero-filled here so that its pages are resident before a
+        # reshard receives into it (faulting them in during the receive made the transfer
+        # ~2x slower than the broadcast bound); its gradients are zeroed by train_step.
         alloc = torch.empty if copy_values else torch.zeros
         self.storage = alloc(slots * total, dtype=torch.float32, device=device)
         self.data = self.storage[:total]
-        self.grad = torch.zeros(total, dtype=torch.float32, device=device)
+        grad_alloc = torch.zeros if copy_values else torch.empty
+        self.grad = grad_alloc(total, dtype=torch.float32, device=device)
         self.params = [p for _, p in named]
         self.decay_segments = [(o, o + p.numel()) for (n, p), o in zip(named, self.offsets)
                                if not _no_decay(n, p)]
@@ -112,6 +116,16 @@ class FlatParams:
         if not 0 <= index < self.slots:
             raise IndexError(f"slot {index} of a FlatParams with {self.slots} slots")
         return self.storage[index * self.numel:(index + 1) * self.numel]
+
+    def release(self) -> None:
+        """Drop the model's references to the flat buffers so that they are freed with this
+        object even if the model sits in a reference cycle (no ``gc.collect`` needed)."""
+        empty = torch.empty(0, dtype=torch.float32, device=self.data.device)
+        for p in self.params:
+            p.data = empty
+            p.grad = None
+        self.params = []
+        self.storage = self.data = self.grad = empty
 
     def zero_grad(self) -> None:
         """Zero gradients, keeping every ``param.grad`` a view of the flat buffer."""
@@ -142,18 +156,22 @@ class DPAdamW:
     """AdamW with fp32 state over a DP group; ZeRO-1 shards ``exp_avg``/``exp_avg_sq``."""
 
     def __init__(self, flat: FlatParams, cfg: OptimConfig, dp_group: dist.ProcessGroup | None,
-                 dp_rank: int, dp_size: int) -> None:
+                 dp_rank: int, dp_size: int, zero_state: bool = True) -> None:
+        """``zero_state=False`` leaves the moments uninitialised (about to be received)."""
         self.flat = flat
         self.cfg = cfg
         self.step_count = 0
         self.set_group(dp_group, dp_rank, dp_size)
         lo, hi = self.state_range
+        alloc = torch.zeros if zero_state else torch.empty
         if not cfg.zero1 and flat.slots >= 3:  # moments adjacent to the parameters
-            self.exp_avg = flat.slot(1).zero_()
-            self.exp_avg_sq = flat.slot(2).zero_()
+            self.exp_avg, self.exp_avg_sq = flat.slot(1), flat.slot(2)
+            if zero_state:
+                self.exp_avg.zero_()
+                self.exp_avg_sq.zero_()
         else:
-            self.exp_avg = torch.zeros(hi - lo, dtype=torch.float32, device=flat.data.device)
-            self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+            self.exp_avg = alloc(hi - lo, dtype=torch.float32, device=flat.data.device)
+            self.exp_avg_sq = alloc(hi - lo, dtype=torch.float32, device=flat.data.device)
 
     def set_group(self, dp_group: dist.ProcessGroup | None, dp_rank: int, dp_size: int) -> None:
         """Point the optimizer at a (new) DP group; state buffers are replaced by the caller."""

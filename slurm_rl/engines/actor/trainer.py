@@ -7,7 +7,6 @@ current actor rank list are *inactive* (no model in memory) until a reshard adds
 from __future__ import annotations
 
 import datetime
-import gc
 import socket
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -286,7 +285,7 @@ class ActorTrainer:
             self._build(initialize=False)
             assert self.flat is not None
             self.optimizer = DPAdamW(self.flat, self.optim_cfg, None, new.index(self.me),
-                                     len(new))
+                                     len(new), zero_state=False)
         t_built = time.perf_counter()
         union_group = self.group_cache.get(union, what)  # created by ensure() on all ranks
         self._monitored_barrier(union_group, union, what)
@@ -387,6 +386,7 @@ class ActorTrainer:
         """Drop the model and optimizer state (this rank leaves the actor)."""
         if self.optimizer is not None:
             self._step = self.optimizer.step_count
+        if self.flat is not None:
+            self.flat.release()  # frees the buffers now, without a (slow) gc.collect()
         self.model = self.flat = self.optimizer = None
         self.dp_group = None
-        gc.collect()
