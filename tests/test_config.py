@@ -304,15 +304,24 @@ def test_load_config_takes_gpus_per_node_from_env_and_writes_it_back() -> None:
 def test_quickstart_sections_and_defaults() -> None:
     cfg = load_config(REPO / "configs/quickstart.yaml", env={})
     assert isinstance(cfg, Config)
+    assert cfg.runtime.device == "cpu" and cfg.cluster.gpus_per_node == 4
+    assert cfg.runtime.seed == 1234 and cfg.runtime.keep_iterations == 2  # defaults
+    assert cfg.scheduler.policy == "static" and cfg.scheduler.script == []
+    assert ranks(cfg.placement) == {"actor": (0,), "rollout": (1, 2), "inference": (3,)}
+    assert cfg.model["num_attention_heads"] == 2 and cfg.task["name"] == "add"
+    assert cfg.algorithm["kl_coef"] == 0.05
+    with pytest.raises(Exception):
+        cfg.raw.train.num_iterations = 9  # read-only
+
+
+def test_emulated_example_sections() -> None:
+    cfg = load_config(REPO / "configs/examples/emulated_8.yaml", env={})
     assert cfg.runtime.device == "emulated" and cfg.cluster.gpus_per_node == 8
     assert cfg.train.num_iterations == 4 and cfg.train.global_batch_size == 32
-    assert cfg.runtime.seed == 1234 and cfg.runtime.keep_iterations == 2  # defaults
     assert cfg.scheduler.policy == "scripted" and 2 <= len(cfg.scheduler.script) <= 3
     assert len(cfg.script_placements) == len(cfg.scheduler.script)
     assert ranks(cfg.placement) == {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)}
     assert cfg.model == {} and cfg.algorithm == {}
-    with pytest.raises(Exception):
-        cfg.raw.train.num_iterations = 9  # read-only
 
 
 def test_free_form_sections_kept() -> None:
@@ -344,7 +353,7 @@ def test_override_replaces_whole_placement_mapping() -> None:
 
 
 def test_override_script_item() -> None:
-    cfg = load_config(REPO / "configs/quickstart.yaml", ["scheduler.script.0.at_iteration=2",
+    cfg = load_config(REPO / "configs/examples/emulated_8.yaml", ["scheduler.script.0.at_iteration=2",
                                                          "scheduler.script.1.at_iteration=1"])
     assert [s.at_iteration for s in cfg.scheduler.script[:2]] == [2, 1]
 
