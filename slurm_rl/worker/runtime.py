@@ -149,6 +149,7 @@ class WorkerRuntime:
         for iteration in range(self.num_iterations):
             self.gate(iteration)
             self.iteration = iteration
+            self.counters.clear()  # progress counters are per iteration: none of the last one's may leak
             self.report("working")
             self.roles_impl.run_iteration(iteration, self)
         self.gate(self.num_iterations)
