@@ -29,7 +29,7 @@ def run_simulation(cfg: Config, gpus: int | None, policy: str | None, as_json: b
         print(f"error: cannot simulate {gpus or world} GPUs: {exc}", file=sys.stderr)
         return 2
     if as_json:
-        print(json.dumps(report.to_json() if hasattr(report, "to_json") else report.as_dict(), indent=1))
+        print(json.dumps(report.as_dict(), indent=1))
     else:
         print_report(report)
     return 0
