@@ -109,3 +109,22 @@ def test_stalled_rank_fails_run_naming_it(tmp_path: Path) -> None:
     assert proc.returncode == 1, out + err
     coordinator_log = (run_dir / "logs" / "coordinator.log").read_text()
     assert "rank 5" in coordinator_log and "heartbeat" in coordinator_log, coordinator_log
+
+
+@pytest.mark.slow
+def test_sigusr1_from_slurm_does_not_kill_a_rank(tmp_path: Path) -> None:
+    """sbatch/train.sh forwards Slurm's USR1 (time limit ahead) to the ranks: they note it and go on."""
+    run_dir = tmp_path / "run"
+    cfg = emulated_config(run_dir, iterations=3)
+    cfg["emulated"]["rollout_s_per_token"] = 5.0e-5
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "c.yaml", cfg)),
+                             "--no-inspect"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ack = RunPaths(run_dir).ack(0, 3)
+    deadline = time.monotonic() + 120
+    while not ack.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ack.exists(), "rank 3 never acknowledged epoch 0"
+    os.kill(json.loads(RunPaths(run_dir).heartbeat(3).read_text())["pid"], signal.SIGUSR1)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    assert "SIGUSR1" in (run_dir / "logs" / "rank-0003.log").read_text()

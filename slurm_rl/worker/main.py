@@ -75,6 +75,9 @@ def run_worker(run_dir: Path) -> int:
             file=sys.stderr,
         )
         return 2
+    # Slurm's --signal (forwarded by sbatch/train.sh) must not kill the rank: note it and go on.
+    note = f"rank {info.rank}: SIGUSR1 (preemption / time limit ahead) received\n".encode()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(2, note))  # no buffered I/O in a handler
     heartbeat = HeartbeatWriter(paths, info.rank, info.host, cfg.runtime.heartbeat_interval_s)
     heartbeat.start()
     coordinator = start_coordinator(run_dir, log_dir) if info.rank == COORDINATOR_RANK else None
