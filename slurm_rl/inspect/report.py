@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from slurm_rl.inspect.epoch_log import epoch_records, render_table
-
-METRICS_FILE = "metrics.jsonl"
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Per-iteration metrics rows written by the actor leader (``RUN_DIR/metrics.jsonl``)."""
-    path = run_dir / METRICS_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-    return rows
-
+from slurm_rl.metrics import read_metrics
 
 def report_json(run_dir: Path) -> dict[str, Any]:
     return {

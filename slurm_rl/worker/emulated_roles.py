@@ -34,7 +34,6 @@ sampling order, so an emulated run and ``slurm-rl simulate`` see the same worklo
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -62,6 +61,7 @@ from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.engines.emulated import CostModel, DecodeBatch
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.metrics import append_metrics
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.worker.runtime import WorkerRuntime
 
@@ -762,8 +762,4 @@ class _Iteration:
             "emulated": True,
             "plan": [{k: v for k, v in e.items() if k in ("epoch", "dp", "seconds", "reshard_s")} for e in self.cutter.plan],
         }
-        fd = os.open(self.roles.run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, (json.dumps(row) + "\n").encode())
-        finally:
-            os.close(fd)
+        append_metrics(self.roles.run_dir, row)

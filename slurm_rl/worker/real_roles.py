@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import time
 from typing import Any
 
@@ -36,12 +35,12 @@ from slurm_rl.data.reader import StageReader
 from slurm_rl.data.schemas import ACTOR_BATCH, INFERENCE, PENDING, ROLLOUTS, make_group_id, make_sample_id
 from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.metrics import append_metrics
 from slurm_rl.worker.runtime import WorkerRuntime
 
 ROLLOUTS_STAGE = "rollouts"
 INFERENCE_STAGE = "inference"
 ACTOR_STAGE = "actor_batch"
-METRICS_FILE = "metrics.jsonl"
 
 
 def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
@@ -62,14 +61,6 @@ def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
         world_size=info.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-
-
-def _append_jsonl(path: os.PathLike[str], row: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        os.write(fd, (json.dumps(row) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 class RealRoles:
@@ -358,7 +349,7 @@ class RealRoles:
             rt.report("working", role="actor")
         if dp_rank == 0:
             seconds = time.time() - self.iteration_started
-            _append_jsonl(self.run_dir / METRICS_FILE, {
+            append_metrics(self.run_dir, {
                 "iteration": k, "reward_mean": float(np.mean(rewards)) if rewards else None,
                 "kl": float(np.mean(kls)) if kls else None,
                 "loss": float(np.mean([s["loss"] for s in stats])) if stats else None,
