@@ -97,6 +97,7 @@ class ScriptStep:
     placement: Dict[str, Any] = MISSING  # RLinf component_placement mapping
     reason: str = "scripted"  # recorded in the epoch file
     at_phase: str = "start"  # start: the step applies at the gate of its iteration
+    at_rollout_fraction: float = 0.0  # with at_phase rollout: once this fraction of samples is finished
 
 
 @dataclass
@@ -440,7 +441,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     if not 0.0 <= s.pre_process_threshold <= 1.0:
         issues.append(ConfigIssue("scheduler.pre_process_threshold", s.pre_process_threshold,
                                   "a number in [0, 1]"))
-    seen: dict[tuple[int, str], int] = {}
+    seen: dict[tuple[int, str, float], int] = {}
     for i, step in enumerate(s.script):
         key = f"scheduler.script[{i}]"
         if step.at_iteration is MISSING_VALUE:
@@ -450,11 +451,16 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
                                       f"an iteration in 0-{t.num_iterations - 1} (train.num_iterations)"))
         if step.at_phase not in PHASES:
             issues.append(ConfigIssue(f"{key}.at_phase", step.at_phase, "one of " + ", ".join(PHASES)))
-        when = (step.at_iteration, step.at_phase)
+        if not 0.0 <= step.at_rollout_fraction < 1.0:
+            issues.append(ConfigIssue(f"{key}.at_rollout_fraction", step.at_rollout_fraction, "a number in [0, 1)"))
+        elif step.at_rollout_fraction and step.at_phase != "rollout":
+            issues.append(ConfigIssue(f"{key}.at_rollout_fraction", step.at_rollout_fraction,
+                                      f"0 unless at_phase is rollout (it is {step.at_phase!r})"))
+        when = (step.at_iteration, step.at_phase, step.at_rollout_fraction)
         if when in seen:
             issues.append(ConfigIssue(f"{key}.at_iteration", step.at_iteration, (
-                f"one step per (at_iteration, at_phase); scheduler.script[{seen[when]}] is also at "
-                f"{when}")))
+                f"one step per (at_iteration, at_phase, at_rollout_fraction); scheduler.script[{seen[when]}] "
+                f"is also at {when}")))
         seen.setdefault(when, i)
     _positive(issues, "emulated", e, "rollout_s_per_token", "inference_s_per_token",
               "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma",

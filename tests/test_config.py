@@ -403,6 +403,8 @@ scheduler:
   script:
     - {at_iteration: 1, placement: {actor: 0-3, rollout: 0}}
     - {at_iteration: 2, placement: {actor: 0-9, rollout: 2-3}, at_phase: middle}
+    - {at_iteration: 0, placement: {actor: 0-1, rollout: 2}, at_phase: train, at_rollout_fraction: 0.5}
+    - {at_iteration: 0, placement: {actor: 0-1, rollout: 2}, at_phase: rollout, at_rollout_fraction: 1.0}
 emulated: {scaling: 1.5}
 extra_section: {a: 1}
 """
@@ -418,9 +420,11 @@ extra_section: {a: 1}
     assert_issue(err, "scheduler.script[0].placement.rollout", 0, "slot 0 is also used by 'actor'")
     assert_issue(err, "scheduler.script[1].placement.actor", "0-9", "slots 0-3")
     assert_issue(err, "scheduler.script[1].at_phase", "middle", "one of start")
+    assert_issue(err, "scheduler.script[2].at_rollout_fraction", 0.5, "0 unless at_phase is rollout")
+    assert_issue(err, "scheduler.script[3].at_rollout_fraction", 1.0, "a number in [0, 1)")
     assert_issue(err, "emulated.scaling", 1.5, "(0, 1]")
     assert_issue(err, "extra_section", {"a": 1}, "one of the keys cluster")
-    assert len(err.issues) == 11 == len(str(err).splitlines())
+    assert len(err.issues) == 13 == len(str(err).splitlines())
 
 
 def test_type_errors_in_script_items_keep_indices() -> None:

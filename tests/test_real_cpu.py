@@ -109,7 +109,8 @@ def test_rollout_shrinks_mid_iteration_without_losing_samples(tmp_path: Path) ->
     cfg["task"] = {"name": "copy", "length": 6, "alphabet": 6}
     cfg["rollout"]["sub_batch"] = 4
     cfg["scheduler"]["script"] = [
-        {"at_iteration": 0, "at_phase": "rollout", "placement": {"actor": "0", "rollout": "1", "inference": "3"}},
+        {"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.5,
+         "placement": {"actor": "0", "rollout": "1", "inference": "3"}},
         {"at_iteration": 1, "placement": {"actor": "0", "rollout": "1-2", "inference": "3"}},
     ]
     path = tmp_path / "cpu.yaml"

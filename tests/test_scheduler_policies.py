@@ -175,6 +175,23 @@ def test_scripted_follows_its_steps() -> None:
                         current=grown)) is None
 
 
+def test_scripted_rollout_step_waits_for_its_fraction() -> None:
+    half = {"actor": (0, 1), "rollout": (2, 3), "inference": (6, 7)}
+    quarter = {"actor": (0, 1), "rollout": (2,), "inference": (6, 7)}
+    cfg = PolicyConfig(script=(
+        {"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.75, "placement": quarter},
+        {"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.5, "placement": half},
+    ))
+    policy = make_policy("scripted", cfg)
+    assert policy(state(running=400, finished=500, cfg=cfg)) is None  # 49% finished
+    d = policy(state(running=400, finished=600, cfg=cfg))
+    assert d is not None and d.placement == half and d.migrate_from == (4, 5) and d.boundary == "now"
+    d = policy(state(running=200, finished=800, cfg=cfg, current=half))  # the highest fraction reached wins
+    assert d is not None and d.placement == quarter and d.migrate_from == (3,)
+    with pytest.raises(ValueError, match="at_rollout_fraction"):
+        ScriptStep(at_phase="train", placement=INITIAL, at_rollout_fraction=0.5)
+
+
 def test_make_policy_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="allowed"):
         make_policy("greedy", PolicyConfig())

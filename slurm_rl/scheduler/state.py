@@ -53,25 +53,31 @@ def normalize_placement(placement: Mapping[str, Sequence[int]]) -> Placement:
 @dataclass(frozen=True)
 class ScriptStep:
     """One step of the ``scripted`` policy: at ``at_iteration`` (``None``: every iteration) and
-    ``at_phase``, switch to ``placement``."""
+    ``at_phase``, switch to ``placement``; in phase ``rollout`` only once ``at_rollout_fraction``
+    of the iteration's samples are finished."""
 
     at_phase: str
     placement: Mapping[str, Ranks]
     at_iteration: int | None = None
+    at_rollout_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.at_phase not in PHASES:
             raise ValueError(f"scheduler.script.at_phase: got {self.at_phase!r}, allowed {PHASES}")
+        if not 0.0 <= self.at_rollout_fraction < 1.0 or (self.at_rollout_fraction and self.at_phase != "rollout"):
+            raise ValueError(f"scheduler.script.at_rollout_fraction: got {self.at_rollout_fraction!r}, "
+                             "allowed a number in [0, 1), non-zero only with at_phase rollout")
         object.__setattr__(self, "placement", normalize_placement(self.placement))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ScriptStep":
         """Build from ``{at_iteration, at_phase, placement}`` (the config form)."""
-        unknown = set(d) - {"at_iteration", "at_phase", "placement"}
+        unknown = set(d) - {"at_iteration", "at_phase", "at_rollout_fraction", "placement"}
         if unknown:
             raise ValueError(f"scheduler.script: unknown keys {sorted(unknown)}")
         return cls(at_phase=str(d.get("at_phase", "start")), placement=d["placement"],
-                   at_iteration=None if d.get("at_iteration") is None else int(d["at_iteration"]))
+                   at_iteration=None if d.get("at_iteration") is None else int(d["at_iteration"]),
+                   at_rollout_fraction=float(d.get("at_rollout_fraction", 0.0)))
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,9 @@ class RealRoles:
                     continue
                 rows = requests.to_pylist()
                 for start in range(0, len(rows), sub_batch):
+                    # The safe point comes before each sub-batch, so a release always finds the
+                    # claimed requests it has not started (at least this sub-batch) to hand back.
+                    rt.safe_point()
                     if "rollout" not in rt.roles:  # released: the unstarted requests migrate
                         rest = pa.Table.from_pylist(rows[start:], schema=PENDING)
                         write_pending(self.run_dir, k, rank, rest, tag=rt.epoch.epoch if rt.epoch else 0,
@@ -262,7 +265,6 @@ class RealRoles:
                     done += len(batch)
                     rt.counters.update(rollout_finished=done, rollout_running=len(rows) - start - len(batch))
                     rt.report("working", role="rollout")
-                    rt.safe_point()
 
     def _generate(self, k: int, rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
         """Generate one batch of requests; the ROLLOUTS columns with rewards."""

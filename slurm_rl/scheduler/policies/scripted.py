@@ -10,12 +10,16 @@ from slurm_rl.scheduler.state import Decision, SchedState, ScriptStep
 def decide_scripted(state: SchedState, steps: Sequence[ScriptStep]) -> Decision | None:
     """Apply the last step matching the state's iteration and phase, if it changes anything.
 
-    A step with ``at_iteration=None`` matches every iteration. Level-triggered: calling again in
-    the same phase after the switch returns ``None``.
+    A step with ``at_iteration=None`` matches every iteration; a rollout-phase step with
+    ``at_rollout_fraction`` matches once that fraction of samples is finished (the highest such
+    fraction wins). Level-triggered: calling again after the switch returns ``None``.
     """
     match: ScriptStep | None = None
+    finished = state.rollout.finished / max(state.rollout.total, 1)
     for step in steps:
-        if step.at_phase == state.phase and step.at_iteration in (None, state.iteration):
+        if (step.at_phase == state.phase and step.at_iteration in (None, state.iteration)
+                and finished >= step.at_rollout_fraction
+                and (match is None or step.at_rollout_fraction >= match.at_rollout_fraction)):
             match = step
     if match is None or dict(match.placement) == state.current:
         return None
