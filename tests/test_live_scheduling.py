@@ -169,6 +169,13 @@ def test_live_state_from_progress_drives_auto(tmp_path: Path) -> None:
     busy = build_state(cfg, epoch, {**docs, 0: {**docs[0], "actor_busy": True}}, 0, at_gate=False)
     assert busy.actor.busy and decide_auto(busy) is None  # the actor changes only between mini-batches
     assert build_state(cfg, epoch, docs, 1, at_gate=True).phase == "start"
+    # The actor leader has received every sample while rank 5 has not reported its last finishes:
+    # what the actor holds is a floor, so the policy sees rollout and inference done.
+    stale = {**docs, 0: {**docs[0], "actor_minibatches_done": 3, "actor_received": 256}}
+    tail = build_state(cfg, epoch, stale, 0, at_gate=False)
+    assert (tail.rollout.finished, tail.rollout.running, tail.inference.done) == (256, 0, 256)
+    grown = decide_auto(tail)
+    assert grown is not None and len(grown.placement["actor"]) == 8, grown
 
 
 def _coordinator(tmp_path: Path, policy_fn=None, **runtime):
@@ -226,7 +233,8 @@ def test_scripted_step_mid_iteration_shrinks_rollout_with_migration(tmp_path: Pa
     """``scheduler.script[].at_phase: rollout`` applies inside the iteration: ranks 4-5 leave
     rollout while generating, hand their requests back, and every sample is produced once."""
     cfg = live_config(tmp_path / "run", "scripted", iterations=1)
-    cfg["scheduler"]["script"] = [{"at_iteration": 0, "at_phase": "rollout",
+    # At a fifth of the samples finished every rollout rank holds requests (none lags that far).
+    cfg["scheduler"]["script"] = [{"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.2,
                                    "placement": {"actor": "0-1", "rollout": "2-3", "inference": "6-7"}}]
     run_dir = _run(tmp_path, "scripted", cfg)
     epochs = EpochStore(RunPaths(run_dir)).all()

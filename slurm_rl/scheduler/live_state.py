@@ -107,10 +107,14 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], itera
         actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration)
     else:
         docs = _current(progress, iteration)
-        finished = min(samples, _sum(docs, "rollout_finished"))
+        # Samples the actor leader received have finished rollout (and inference): a floor that
+        # does not lag the data as the producers' own reports may.
+        received = max((int(d.get("actor_received", 0) or 0) for d in docs), default=0)
+        finished = min(samples, max(received, _sum(docs, "rollout_finished")))
         running = min(samples - finished, _sum(docs, "rollout_running"))
         rollout = RolloutProgress(running=running, pending=samples - finished - running, finished=finished, total=samples)
-        inference = InferenceProgress(done=min(inf_total, _sum(docs, "inference_done")), total=inf_total)
+        inference = InferenceProgress(done=min(inf_total, max(received if inf_total else 0, _sum(docs, "inference_done"))),
+                                      total=inf_total)
         steps = min(batch.minibatches_per_iteration,
                     max((int(d.get("actor_minibatches_done", 0) or 0) for d in docs), default=0))
         busy = any(bool(d.get("actor_busy")) for d in docs)

@@ -438,6 +438,7 @@ class _Cutter:
         self.group_rows: dict[int, int] = {}  # samples received per group not cut yet
         self.complete: list[int] = []  # complete groups in completion order
         self.ready_rows = 0
+        self.received = 0  # samples received this iteration (they finished rollout and inference)
         self.cut = 0
         self.prev_end = 0.0
         self.plan: list[dict[str, Any]] = []
@@ -454,6 +455,7 @@ class _Cutter:
         if self.source == ROLLOUTS_STAGE:
             table = fake.make_fake_inference(table, seed=self.it.k, inference_rank=self.it.rank)
         self.buffer.append(table)
+        self.received += table.num_rows
         if not self.whole_groups:
             self.ready_rows += table.num_rows
             return
@@ -621,6 +623,7 @@ class _Iteration:
         self.actor = _ActorFollower(self, self.leader)
         self.last_report = 0.0
         self.last_doc: dict[str, Any] = {}
+        self.report_due: float | None = None  # a throttled change is written at this time
         self.claims_dir = stage_dir(roles.run_dir, k, REQUESTS_STAGE)
         if self.start_rollout and self.rank == self.start_rollout[0]:
             write_expected(roles.run_dir, k, ROLLOUTS_STAGE, rollout_heads(self.start_rollout, roles.rollout_tp))
@@ -667,6 +670,9 @@ class _Iteration:
             # the cutter times every mini-batch, so it alone says whether the actor is inside one
             "actor_busy": bool(self.cutter and self.cutter.prev_end > now),
             "boundary_at": self.cutter.boundary_at if self.cutter else None,
+            # what the actor leader has received: a floor for rollout/inference progress that
+            # never lags the data (other ranks' reports may be a report period behind)
+            "actor_received": self.cutter.received if self.cutter else 0,
         }
 
     def report_now(self, now: float) -> None:
@@ -680,6 +686,9 @@ class _Iteration:
             self.rt.counters.update(doc)  # every report of this rank (also at epoch acks) carries them
             self.rt.report("working")
             self.last_doc, self.last_report = doc, now
+            self.report_due = None
+        elif doc != self.last_doc:
+            self.report_due = self.last_report + REPORT_EVERY_S  # do not sleep past a change
 
     def run(self) -> None:
         rt = self.rt
@@ -706,6 +715,8 @@ class _Iteration:
                 wakes.append(self.cutter.step(now, rt) or wakes[0])
             wakes.append(self.actor.step(now, rt) or wakes[0])
             self._report(now)
+            if self.report_due is not None:
+                wakes.append(self.report_due)
             if (self.actor.done and (self.cutter is None or self.cutter.cut >= self.minibatches)
                     and all(p is None or p.done for p in (self.rollout, self.inference))):
                 break
