@@ -252,21 +252,21 @@ def test_scripted_step_mid_iteration_shrinks_rollout_with_migration(tmp_path: Pa
 
 @pytest.mark.slow
 def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
-    """Calibration: the math-RL profile on 8 emulated ranks (1/100 time, 1/16 tokens) against
-    ``slurm-rl simulate`` on the very same config. The target is 10 %; across 16 benchmark runs on
-    a shared 2-core machine the live time exceeded the simulated one by 1-12 % (runtime overheads
-    the model leaves out: polling, file hand-off, CPU contention), so the test allows 20 %."""
+    """Calibration: the math-RL profile on 8 emulated ranks (1/20 time, 1/16 tokens) against
+    ``slurm-rl simulate`` on the very same config agrees within 10 % on end-to-end time. The
+    control plane's own latency (~0.1 s per placement switch) does not shrink with the time
+    scale: at 1/100 time auto ran 4-13 % above the model, at 1/30 5-7 %."""
     from slurm_rl.scheduler.profiles import math_rl, scaled_for_live
     from slurm_rl.scheduler.simulate import simulate
 
     totals = {}
     for policy in ("static", "auto"):
-        cfg = scaled_for_live(math_rl(8, num_iterations=2), time_scale=0.01, token_scale=16.0)
+        cfg = scaled_for_live(math_rl(8, num_iterations=2), time_scale=0.05, token_scale=16.0)
         cfg["scheduler"].update(policy=policy, switch_latency_s=0.1)
         cfg["cluster"]["auto_scheduler"] = policy == "auto"
         cfg["runtime"] = live_config(tmp_path / policy, policy)["runtime"]
         live = sum(iteration_times(_run(tmp_path, policy, cfg)))
         simulated = simulate(cfg, policy=policy).total_time_s
-        assert abs(live / simulated - 1) < 0.20, (policy, live, simulated)
+        assert abs(live / simulated - 1) < 0.10, (policy, live, simulated)
         totals[policy] = live
     assert totals["auto"] < totals["static"]

@@ -143,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--live", action="store_true", help="also run emulated live runs")
     ap.add_argument("--live-ranks", default="8,32")
-    ap.add_argument("--live-time-scale", default="0.01,0.1",
-                    help="cost multiplier per --live-ranks entry (larger: emulated work dominates the "
-                         "runtime's own CPU use; 32 ranks on a small shared machine need ~0.1)")
+    ap.add_argument("--live-time-scale", default="0.1,0.2",
+                    help="cost multiplier per --live-ranks entry. The control plane's own latency "
+                         "(~0.1 s per placement switch: polling, acks) does not shrink with it, so at "
+                         "0.01 a switch weighs as much as 10 s of a full-scale iteration and auto loses "
+                         "4 points of its gain; 0.1 (8 ranks) and 0.2 (32 ranks on 2 cores) keep it small")
     ap.add_argument("--live-token-scale", type=float, default=16.0)
     ap.add_argument("--live-policies", default=",".join(POLICIES))
     ap.add_argument("--live-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir(),
