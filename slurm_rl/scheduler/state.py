@@ -71,7 +71,7 @@ class ScriptStep:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ScriptStep":
-        """Build from ``{at_iteration, at_phase, placement}`` (the config form)."""
+        """Build from ``{at_iteration, at_phase, at_rollout_fraction, placement}`` (the config form)."""
         unknown = set(d) - {"at_iteration", "at_phase", "at_rollout_fraction", "placement"}
         if unknown:
             raise ValueError(f"scheduler.script: unknown keys {sorted(unknown)}")
