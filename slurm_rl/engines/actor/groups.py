@@ -1,17 +1,22 @@
-"""Process sub-groups of the fixed world, cached by rank set.
+"""Process sub-groups of the fixed world, created by their members only, cached by rank set.
 
-Constraint (torch.distributed): a group's identity is derived from how many groups the
-process created before it, so **every rank of the world must create the same groups in the same
-order**, members or not. ``GroupCache.ensure(rank_sets)`` is therefore called by *all* ranks
-with the *same* list, typically at an epoch transition from the rank sets the epoch names
-(``transition_rank_sets`` gives the ones an actor reshard needs). For a non-member the call
-returns at once; members connect to each other (gloo) before it returns. ``get`` only returns
-groups created that way and never creates one, so a rank cannot silently diverge.
+Why members only: placement changes mid-iteration (an actor growing at a mini-batch boundary)
+involve only the ranks of the transition, while the other ranks are busy generating or scoring.
+``torch.distributed.new_group`` cannot serve that: by default it is collective over the whole
+world, and with ``use_local_synchronization=True`` it names the group by a hash of the ranks *and
+the number of groups this process created before*, so two members with different histories
+(ranks 0,1 created ``[0, 1]`` before ``[0, 1, 2]``, rank 2 did not) derive different names and
+wait for each other forever (seen with torch 2.13 on gloo). Here a group's name is a function of
+its rank set alone (``slurm_rl/<r0>_<r1>_...``), so the members of a set agree on it whatever
+else each created, and a non-member never takes part. The group is built the way ``new_group``
+builds one (``_new_process_group_helper``: the backend over a ``PrefixStore`` of the world's
+store, registered with its global-to-group rank map), so every ``torch.distributed`` call
+accepts it. NCCL creates its communicator lazily on the first collective, so the same holds
+there. A rank set's group is created at most once per process; the cache keeps it for the run.
 
-Before connecting, members announce themselves in the default store; a member that does not
+Before connecting, members announce themselves in the world's store; a member that does not
 arrive within the timeout turns into a ``GroupTimeoutError`` naming the missing ranks instead of
-an opaque gloo connect timeout. Arrival keys are not removed on failure: a group timeout is
-meant to end the run, and a retry of the same ``ensure`` by every rank still succeeds.
+an opaque connect timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import socket
 from typing import Iterable, Sequence
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 RankSet = tuple[int, ...]
 
@@ -29,19 +35,20 @@ class GroupTimeoutError(TimeoutError):
     """Members of a process group did not arrive within the timeout."""
 
 
-class GroupNotCreatedError(KeyError):
-    """A group was requested that was not created by ``GroupCache.ensure`` on all ranks."""
-
-
 def rank_set(ranks: Iterable[int]) -> RankSet:
     """Canonical key of a rank set: sorted, without duplicates."""
     return tuple(sorted(set(int(r) for r in ranks)))
 
 
+def group_name(key: RankSet) -> str:
+    """The name (and store prefix) of the group over ``key``: a function of the set alone."""
+    return "slurm_rl/" + "_".join(map(str, key))
+
+
 def transition_rank_sets(old_ranks: Sequence[int], new_ranks: Sequence[int]) -> list[RankSet]:
-    """Groups an actor reshard from ``old_ranks`` to ``new_ranks`` uses, in creation order:
-    the union (barrier, metadata, sharded moves), the new DP group and, when ranks join, the
-    replicated-state broadcast group (source holder plus joiners)."""
+    """Groups an actor reshard from ``old_ranks`` to ``new_ranks`` uses: the union (barrier,
+    metadata, sharded moves), the new DP group and, when ranks join, the replicated-state
+    broadcast group (source holder plus joiners)."""
     from .reshard import broadcast_ranks
 
     sets = [rank_set([*old_ranks, *new_ranks]), rank_set(new_ranks)]
@@ -52,7 +59,7 @@ def transition_rank_sets(old_ranks: Sequence[int], new_ranks: Sequence[int]) -> 
 
 
 class GroupCache:
-    """Sub-groups of the world keyed by their (sorted) rank set."""
+    """Sub-groups of the world keyed by their (sorted) rank set, created by members on demand."""
 
     def __init__(self, timeout: datetime.timedelta | float = 60.0,
                  backend: str | None = None) -> None:
@@ -60,49 +67,49 @@ class GroupCache:
             timeout = datetime.timedelta(seconds=float(timeout))
         self.timeout = timeout
         self.backend = backend
-        self._groups: dict[RankSet, dist.ProcessGroup | None] = {}
-        self._created = 0
+        self._groups: dict[RankSet, dist.ProcessGroup] = {}
 
     def __contains__(self, ranks: Iterable[int]) -> bool:
         return rank_set(ranks) in self._groups
 
     def ensure(self, rank_sets: Iterable[Iterable[int]], what: str = "group") -> None:
-        """Create the groups not created yet, in the given order. Call on ALL world ranks.
+        """Create now the groups of ``rank_sets`` that include this rank (others are skipped).
 
-        ``what`` describes the purpose (e.g. ``"epoch 7 actor reshard"``) for error messages.
+        Only members need to call; every member of a set must (the creation connects them).
         """
         me = dist.get_rank()
         for ranks in rank_sets:
-            key = rank_set(ranks)
-            if key in self._groups:
-                continue
-            if me in key:
-                self._await_members(key, what)
-            group = dist.new_group(list(key), timeout=self.timeout, backend=self.backend)
-            self._groups[key] = group if me in key else None
-            self._created += 1
+            if me in rank_set(ranks):
+                self.get(ranks, what)
 
     def get(self, ranks: Iterable[int], what: str = "group") -> dist.ProcessGroup:
-        """The group over ``ranks`` (this rank must be a member; created by ``ensure``)."""
+        """The group over ``ranks`` (this rank must be a member); created on first use, which
+        waits until every member asked for it."""
         key = rank_set(ranks)
         me = dist.get_rank()
         if me not in key:
             raise ValueError(f"rank {me}: {what} over ranks {list(key)} does not include it")
-        if key not in self._groups:
-            raise GroupNotCreatedError(
-                f"rank {me}: {what} needs the group over ranks {list(key)}, which was not "
-                "created; call GroupCache.ensure(...) with the same rank sets on all ranks first")
-        group = self._groups[key]
-        assert group is not None
+        group = self._groups.get(key)
+        if group is None:
+            self._await_members(key, what)
+            group = self._create(key)
+            self._groups[key] = group
         return group
+
+    def _create(self, key: RankSet) -> dist.ProcessGroup:
+        backend = self.backend or dist.get_backend()
+        pg, _ = c10d._new_process_group_helper(
+            len(key), key.index(dist.get_rank()), list(key), backend, c10d._get_default_store(),
+            c10d.GroupName(group_name(key)) if hasattr(c10d, "GroupName") else group_name(key),
+            timeout=self.timeout)
+        c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(key)}
+        return pg
 
     def _await_members(self, key: RankSet, what: str) -> None:
         if len(key) == 1:
             return
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = _get_default_store()
-        prefix = f"slurm_rl/groups/{self._created}/" + "-".join(map(str, key))
+        store = c10d._get_default_store()
+        prefix = f"slurm_rl/arrivals/{group_name(key)}"
         me = dist.get_rank()
         store.set(f"{prefix}/{me}", socket.gethostname())
         keys = [f"{prefix}/{r}" for r in key]
