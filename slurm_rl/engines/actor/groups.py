@@ -11,7 +11,8 @@ its rank set alone (``slurm_rl/<r0>_<r1>_...``), so the members of a set agree o
 else each created, and a non-member never takes part. The group is built the way ``new_group``
 builds one (``_new_process_group_helper``: the backend over a ``PrefixStore`` of the world's
 store, registered with its global-to-group rank map), so every ``torch.distributed`` call
-accepts it. NCCL creates its communicator lazily on the first collective, so the same holds
+accepts it. The group of a rank set belongs to the world: a second cache in the same process
+returns the one already made. NCCL creates its communicator lazily on the first collective, so the same holds
 there. A rank set's group is created at most once per process; the cache keeps it for the run.
 
 Before connecting, members announce themselves in the world's store; a member that does not
@@ -91,16 +92,20 @@ class GroupCache:
             raise ValueError(f"rank {me}: {what} over ranks {list(key)} does not include it")
         group = self._groups.get(key)
         if group is None:
-            self._await_members(key, what)
-            group = self._create(key)
+            group = self._create(key, what)
             self._groups[key] = group
         return group
 
-    def _create(self, key: RankSet) -> dist.ProcessGroup:
+    def _create(self, key: RankSet, what: str) -> dist.ProcessGroup:
+        name = group_name(key)
+        for pg, existing in c10d._world.pg_names.items():  # made earlier in this world (another cache)
+            if existing == name:
+                return pg
+        self._await_members(key, what)
         backend = self.backend or dist.get_backend()
         pg, _ = c10d._new_process_group_helper(
             len(key), key.index(dist.get_rank()), list(key), backend, c10d._get_default_store(),
-            c10d.GroupName(group_name(key)) if hasattr(c10d, "GroupName") else group_name(key),
+            c10d.GroupName(name) if hasattr(c10d, "GroupName") else name,
             timeout=self.timeout)
         c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(key)}
         return pg
