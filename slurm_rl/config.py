@@ -43,6 +43,7 @@ __all__ = [
 DEVICES = ("emulated", "cpu", "cuda")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 POLICIES = ("static", "scripted", "auto")
+MINIBATCH_ORDERS = ("arrival", "index")
 PHASES = ("start", "rollout", "train", "end")  # as scheduler.state.PHASES: start applies at the gate, the others mid-iteration
 FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
 
@@ -87,6 +88,10 @@ class TrainConfig:
     global_batch_size: int = 32  # samples per optimizer step (mini-batch); fixed whatever the placement
     micro_batch_size: int = 4  # samples per forward/backward
     max_tokens_per_microbatch: Optional[int] = None  # dynamic batching cap; None = fixed micro-batches
+    # Which samples form mini-batch i: "arrival" streams whole groups as they complete (fastest);
+    # "index" takes the groups of prompts [i*n, (i+1)*n) whatever the timing, so a run is
+    # reproducible and identical under any placement schedule (invariant 5, tested).
+    minibatch_order: str = "arrival"
 
 
 @dataclass
@@ -428,6 +433,12 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     if t.global_batch_size > 0 and t.micro_batch_size > 0 and t.global_batch_size % t.micro_batch_size:
         issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size,
                                   f"a multiple of train.micro_batch_size ({t.micro_batch_size})"))
+    if t.minibatch_order not in MINIBATCH_ORDERS:
+        issues.append(ConfigIssue("train.minibatch_order", t.minibatch_order, "one of " + ", ".join(MINIBATCH_ORDERS)))
+    elif t.minibatch_order == "index" and t.group_size > 0 and t.global_batch_size % t.group_size:
+        issues.append(ConfigIssue("train.minibatch_order", t.minibatch_order, (
+            f"'arrival' unless train.global_batch_size ({t.global_batch_size}) is a multiple of "
+            f"train.group_size ({t.group_size}): 'index' cuts whole groups")))
     samples = t.rollout_batch_size * t.group_size
     if t.global_batch_size > 0 and samples > 0 and samples % t.global_batch_size:
         issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size, (

@@ -35,6 +35,24 @@ def write_ack(paths: RunPaths, epoch: int, rank: int, host: str, seen_at: float,
         atomic_write_json(path, doc, durable=durable)
 
 
+def write_reshard(paths: RunPaths, epoch: int, rank: int, host: str, figures: Mapping[str, Any]) -> None:
+    """Record what ``rank`` moved when the actor's state moved for ``epoch``
+    (``acks/NNNNNN/reshard-NNNN.json``). The move happens after the ack, at the mini-batch
+    boundary stamped with that epoch (or the iteration start), so it has a file of its own."""
+    doc = {"epoch": epoch, "rank": rank, "host": host, "figures": dict(figures), "time": time.time()}
+    path = paths.acks_dir(epoch) / f"reshard-{rank:04d}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, doc, durable=False)
+
+
+def read_reshards(paths: RunPaths, epoch: int) -> list[dict[str, Any]]:
+    """Every rank's reshard record of ``epoch`` (lists the directory: for inspection only)."""
+    directory = paths.acks_dir(epoch)
+    if not directory.is_dir():
+        return []
+    return [read_json(p) for p in sorted(directory.glob("reshard-*.json"))]
+
+
 def read_ack(paths: RunPaths, epoch: int, rank: int) -> dict[str, Any] | None:
     """The rank's ack of ``epoch``, or None if not written yet. Checks that it names that epoch and rank."""
     path = paths.ack(epoch, rank)

@@ -41,6 +41,15 @@ def make_sample_id(iteration: int, prompt_index: int, k: int, group_size: int) -
     return iteration * ID_STRIDE + prompt_index * group_size + k
 
 
+def count_tokens(table: pa.Table, column: str = "response_ids") -> int:
+    """Tokens in a list column of ``table`` (0 for an empty table)."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return 0
+    return int(pc.sum(pc.list_value_length(table.column(column))).as_py() or 0)
+
+
 def split_sample_id(sample_id: int) -> tuple[int, int]:
     """``(iteration, index within the iteration)`` of a sample id."""
     return divmod(sample_id, ID_STRIDE)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from slurm_rl.control.acks import read_ack
+from slurm_rl.control.acks import read_ack, read_reshards
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
@@ -28,6 +28,7 @@ class EpochRecord:
     acks: int
     switch_latency_s: float | None
     bytes_moved: int
+    reshard_s: float | None  # the actor's in-place move for this epoch (slowest rank), if it moved
     transition_s: float
     decision_latency_s: float | None
 
@@ -60,6 +61,8 @@ def epoch_records(run_dir: Path) -> list[EpochRecord]:
         world = sorted({r for spec in epoch.placement.values() for r in spec["ranks"]})
         acked = [read_ack(paths, epoch.epoch, r) for r in _ack_ranks(paths, epoch.epoch, world)]
         acked = [a for a in acked if a is not None]
+        # The actor's state moves after the ack (at the stamped mini-batch boundary): its own records.
+        reshards = [r["figures"] for r in read_reshards(paths, epoch.epoch)]
         last = max((float(a["applied_at"]) for a in acked), default=None)
         decision = decisions.get(epoch.epoch, {})
         published = float(decision.get("published_at", epoch.created_at))
@@ -74,7 +77,9 @@ def epoch_records(run_dir: Path) -> list[EpochRecord]:
                 placement={c: list(s["ranks"]) for c, s in epoch.placement.items()},
                 acks=len(acked),
                 switch_latency_s=None if last is None else max(0.0, last - published),
-                bytes_moved=sum(int(a.get("figures", {}).get("bytes_moved", 0)) for a in acked),
+                bytes_moved=sum(int(a.get("figures", {}).get("bytes_moved", 0)) for a in acked)
+                + sum(int(f.get("bytes_received", 0)) for f in reshards),
+                reshard_s=max((float(f.get("seconds", 0.0)) for f in reshards), default=None),
                 transition_s=max((float(a.get("figures", {}).get("seconds", 0.0)) for a in acked), default=0.0),
                 decision_latency_s=decision.get("decision_latency_s"),
             )
@@ -102,7 +107,7 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
     console = console or Console(width=max(Console().width, 140))
     table = Table(title="placement epochs")
     for column in ("epoch", "gen", "iter", "boundary", "published", "reason", *COMPONENT_ORDER, "acks", "switch s",
-                   "bytes moved"):
+                   "reshard s", "bytes moved"):
         table.add_column(column, justify="right" if column not in ("reason",) else "left")
     t0 = records[0].published_at if records else 0.0
     for r in records:
@@ -116,6 +121,7 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
             *(compress_ranks(r.placement.get(c, [])) for c in COMPONENT_ORDER),
             str(r.acks),
             "-" if r.switch_latency_s is None else f"{r.switch_latency_s:.3f}",
+            "-" if r.reshard_s is None else f"{r.reshard_s:.3f}",
             _human_bytes(r.bytes_moved),
         )
     console.print(table)

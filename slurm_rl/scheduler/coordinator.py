@@ -67,6 +67,7 @@ class CoordinatorLoop:
         self.world = list(range(self.cfg.placement.world_size))
         self.runtime = self.cfg.runtime
         self.released = -1
+        self.released_epoch: int | None = None  # the epoch in force when the last iteration was released
         self.rejected: set[str] = set()
         self.checked_at = 0.0  # state-read time of the last policy call that answered a boundary
         self.tick_s = max(self.runtime.poll_interval_s, defaults.LIVE_TICK_S)
@@ -125,6 +126,7 @@ class CoordinatorLoop:
 
     def status(self, state: str, **extra: Any) -> None:
         doc = {"generation": self.generation, "state": state, "released_iteration": self.released,
+               "released_epoch": self.released_epoch,
                "checked_at": self.checked_at, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
         doc.update(extra)
         write_coordinator_status(self.paths, doc)
@@ -162,7 +164,7 @@ class CoordinatorLoop:
         current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
         if decision.placement == current:
             return None
-        problems = self._usable(decision)
+        problems = self._usable(decision) + _mid_iteration_problems(current, decision.placement)
         if problems:
             key = repr(sorted(decision.placement.items()))
             if key not in self.rejected:
@@ -200,6 +202,7 @@ class CoordinatorLoop:
                     if decision is not None:
                         self.publish(decision, iteration=gate, state_read_at=read_at, state=state)
                 self.released = gate
+                self.released_epoch = self.current.epoch if self.current is not None else None
                 append_event(self.paths, "release", {"iteration": gate, "released_at": time.time()})
                 self.status("running")
                 continue
@@ -229,6 +232,17 @@ def _progress_summary(state: SchedState) -> dict[str, Any]:
     return {"running": state.rollout.running, "pending": state.rollout.pending,
             "finished": state.rollout.finished, "inference_done": state.inference.done,
             "minibatches_done": state.actor.minibatches_done, "actor_busy": state.actor.busy}
+
+
+def _mid_iteration_problems(current: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Inside an iteration rollout and inference may only shrink: a rank joining them would need
+    this iteration's weights (rollout) or a share fixed at the iteration start (inference)."""
+    problems = []
+    for comp in ("rollout", "inference"):
+        grown = sorted(set(new.get(comp, ())) - set(current.get(comp, ())))
+        if grown:
+            problems.append(f"{comp}: ranks {grown} cannot join mid-iteration (only at an iteration gate)")
+    return problems
 
 
 def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:

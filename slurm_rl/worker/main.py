@@ -20,14 +20,11 @@ COORDINATOR_RANK = 0
 
 
 def make_roles(cfg: Config, info: RankInfo, paths: RunPaths) -> Roles:
-    """The roles implementation for ``runtime.device`` (engines are imported lazily)."""
-    if cfg.runtime.device == "emulated":
-        from slurm_rl.worker.emulated_roles import EmulatedRoles
+    """The one iteration protocol over the compute of ``runtime.device`` (engines load lazily)."""
+    from slurm_rl.worker.compute import make_compute
+    from slurm_rl.worker.protocol import IterationProtocol
 
-        return EmulatedRoles(cfg, info, paths)
-    from slurm_rl.worker.real_roles import RealRoles  # torch and the engines load only here
-
-    return RealRoles(cfg, info, paths)
+    return IterationProtocol(cfg, info, paths, make_compute(cfg, info, paths))
 
 
 def start_coordinator(run_dir: Path, log_dir: Path) -> subprocess.Popen:

@@ -57,6 +57,7 @@ class WorkerRuntime:
     counters: dict[str, Any] = field(default_factory=dict)
     watchdog: Callable[[], None] | None = None  # raises when something this rank depends on died
     at_gate: bool = False  # True while waiting at an iteration gate (every rank is between iterations)
+    released_epoch: int | None = None  # the epoch the coordinator released the current iteration with
 
     def __post_init__(self) -> None:
         self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s, rank=self.info.rank)
@@ -133,7 +134,10 @@ class WorkerRuntime:
         self.report("at_gate", gate=iteration)
 
         def released(status: dict[str, Any] | None) -> bool:
-            return status is not None and status.get("released_iteration", -1) >= iteration
+            if status is None or status.get("released_iteration", -1) < iteration:
+                return False
+            self.released_epoch = status.get("released_epoch")
+            return True
 
         self.at_gate, self._gate_iteration = True, iteration
         try:

@@ -1,0 +1,91 @@
+"""The compute behind the iteration protocol: a few narrow calls, two implementations.
+
+:mod:`slurm_rl.worker.protocol` runs the iteration (claims, migration, inference shares, the
+mini-batch cutter and its epoch stamps, actor followers, the boundary handshake, progress) once
+for every device. What differs between devices is only what these calls do:
+:class:`~slurm_rl.worker.emulated_compute.EmulatedCompute` times them with the calibrated cost
+model (no torch), :class:`~slurm_rl.worker.real_compute.RealCompute` runs the engines
+(megatron-core actor, hf/vLLM rollout, reference scorer) over torch.distributed.
+
+Time: every call that does work returns the wall time at which its result is ready. The real
+engines block and return "now"; the cost model returns a time in the future and the protocol
+holds the result until then, so one event loop serves both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from slurm_rl.config import Config
+from slurm_rl.control.epochs import Epoch
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.launch.rank_env import RankInfo
+
+
+class Decoder(Protocol):
+    """One rank's rollout engine for one iteration: requests in, finished rollouts out."""
+
+    def free_slots(self) -> int:
+        """Requests it can admit now."""
+
+    def held(self) -> int:
+        """Admitted requests not finished yet."""
+
+    def admit(self, requests: pa.Table, now: float) -> None:
+        """Start ``requests`` (PENDING rows, possibly with partial responses)."""
+
+    def advance(self, now: float) -> pa.Table | None:
+        """Decode up to ``now``; the requests finished meanwhile as ROLLOUTS rows (or None)."""
+
+    def next_event_at(self) -> float | None:
+        """When the next request finishes (None: nothing admitted)."""
+
+    def evict(self, now: float, epoch: int) -> tuple[pa.Table | None, pa.Table | None]:
+        """Stop every admitted request: (ROLLOUTS rows finished by ``now``, the others as PENDING
+        rows with their partial responses)."""
+
+
+class Compute(Protocol):
+    """What a rank computes; see the module docstring."""
+
+    def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
+        """Build, park or wake the engines of the roles ``new`` gives this rank; figures for the ack."""
+
+    def requests(self, k: int) -> pa.Table:
+        """The requests of iteration ``k`` (PENDING rows; the same table on every rank)."""
+
+    def decoder(self, k: int) -> Decoder:
+        """This rank's rollout engine for iteration ``k`` (weights of version ``k``)."""
+
+    def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
+        """Reference logprobs of ``rollouts``: (INFERENCE rows, ready at)."""
+
+    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
+        """Move the actor's state from ranks ``old`` to ``new`` in place (called by their union)."""
+
+    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+        """Weights of version ``k`` from actor rank ``src`` to the rollout ranks (called by ``ranks``)."""
+
+    def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
+        """Seconds a mini-batch takes (reshard ``old`` -> ``new`` included), when known in advance."""
+
+    def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
+              ) -> tuple[float, dict[str, Any]]:
+        """Train mini-batch ``index`` on actor ranks ``ranks`` (called by each of them):
+        (ready at, step figures such as loss and lr)."""
+
+    def close(self) -> None:
+        """Free what the engines hold."""
+
+
+def make_compute(cfg: Config, info: RankInfo, paths: RunPaths) -> Compute:
+    """The compute of ``runtime.device`` (the real engines and torch are imported only for them)."""
+    if cfg.runtime.device == "emulated":
+        from slurm_rl.worker.emulated_compute import EmulatedCompute
+
+        return EmulatedCompute(cfg, info)
+    from slurm_rl.worker.real_compute import RealCompute
+
+    return RealCompute(cfg, info, paths)

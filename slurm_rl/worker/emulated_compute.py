@@ -1,0 +1,142 @@
+"""Compute with the calibrated cost model (``runtime.device: emulated``): no torch, no engines.
+
+Work is timed, not done: a call returns synthetic Arrow rows and the wall time at which a GPU
+would have finished them (the simulator's laws, ``slurm_rl.engines.emulated``). Response lengths
+follow ``slurm_rl.scheduler.lengths.LengthModel`` with the simulator's seed and draw order, so an
+emulated run and ``slurm-rl simulate`` see the same workload.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from slurm_rl.config import Config
+from slurm_rl.control.epochs import Epoch
+from slurm_rl.data import emulated as fake
+from slurm_rl.data.schemas import ID_STRIDE, count_tokens
+from slurm_rl.engines.emulated import CostModel, DecodeBatch
+from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.scheduler.lengths import LengthModel
+
+
+def iteration_lengths(model: LengthModel, seed: int, iteration: int, n: int) -> np.ndarray:
+    """Response lengths of the ``n`` requests of ``iteration`` (the simulator's draw order)."""
+    rng = random.Random(seed)
+    lengths: list[int] = []
+    for _ in range(iteration + 1):
+        lengths = model.sample(rng, n)
+    return np.asarray(lengths, dtype=np.int64)
+
+
+class EmulatedDecoder:
+    """Continuous batching in virtual time: per-request decode steps (``DecodeBatch``)."""
+
+    def __init__(self, compute: "EmulatedCompute", k: int) -> None:
+        self.c, self.k = compute, k
+        self.batch = DecodeBatch(compute.cost, compute.rollout_tp, compute.max_running)
+        self.rows: dict[int, pa.Table] = {}  # running sample id -> its request row
+        self.lengths = iteration_lengths(compute.lengths, compute.scheduler_seed, k, compute.samples)
+
+    def _length(self, sid: int) -> int:
+        return int(self.lengths[sid - self.k * ID_STRIDE])
+
+    def free_slots(self) -> int:
+        return self.batch.free_slots
+
+    def held(self) -> int:
+        return len(self.batch.running)
+
+    def admit(self, requests: pa.Table, now: float) -> None:
+        steps = requests.column("step").to_pylist()
+        for i, sid in enumerate(requests.column("sample_id").to_pylist()):
+            self.rows[sid] = requests.slice(i, 1)
+            self.batch.admit(sid, int(steps[i]), self._length(sid), now)
+
+    def _take(self, sids: list[int]) -> pa.Table:
+        return pa.concat_tables([self.rows.pop(s) for s in sids]).combine_chunks()
+
+    def advance(self, now: float) -> pa.Table | None:
+        done = self.batch.advance(now)
+        if not done:
+            return None
+        targets = np.asarray([self._length(s) for s in done], dtype=np.int64)
+        return fake.finish_requests(self._take(done), targets, seed=self.c.seed + self.k,
+                                    weight_version=self.k, rollout_rank=self.c.rank)
+
+    def next_event_at(self) -> float | None:
+        return self.batch.next_finish_at()
+
+    def evict(self, now: float, epoch: int) -> tuple[pa.Table | None, pa.Table | None]:
+        finished = self.advance(now)
+        generated = self.batch.evict_all()
+        if not generated:
+            return finished, None
+        sids = list(generated)
+        requests = self._take(sids)
+        have = requests.column("step").to_numpy().astype(np.int64)
+        new = np.asarray([max(0, generated[s] - int(h)) for s, h in zip(sids, have)], dtype=np.int64)
+        return finished, fake.advance_requests(requests, new, seed=self.c.seed + epoch)
+
+
+class EmulatedCompute:
+    """The :class:`~slurm_rl.worker.compute.Compute` of the cost model."""
+
+    def __init__(self, cfg: Config, info: RankInfo) -> None:
+        e = cfg.emulated
+        self.cfg, self.rank = cfg, info.rank
+        self.cost = CostModel.from_config(e)
+        self.seed = cfg.runtime.seed
+        self.scheduler_seed = int(cfg.scheduler.seed)
+        self.samples = cfg.train.rollout_batch_size * cfg.train.group_size
+        self.lengths = LengthModel(mean=float(e.response_len_mean), max_len=int(e.response_len_max),
+                                   dist=e.response_len_dist, sigma=float(e.response_len_sigma),
+                                   alpha=float(e.response_len_alpha))
+        self.max_running = int(cfg.scheduler.max_running_requests)
+        self.rollout_tp = int(cfg.scheduler.rollout_ranks_per_instance)
+        self.actor_tp = int(cfg.scheduler.actor_ranks_per_instance)
+        self.inference_busy_until = 0.0
+
+    def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
+        return {}
+
+    def requests(self, k: int) -> pa.Table:
+        cfg = self.cfg
+        prompts = fake.make_fake_prompts(k, cfg.train.rollout_batch_size, cfg.emulated.prompt_len, cfg.runtime.seed)
+        return fake.make_fake_requests(prompts, cfg.train.group_size, seed=cfg.runtime.seed, weight_version=k)
+
+    def decoder(self, k: int) -> EmulatedDecoder:
+        return EmulatedDecoder(self, k)
+
+    def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
+        out = fake.make_fake_inference(rollouts, seed=self.seed + k, inference_rank=self.rank)
+        seconds = self.cost.share_seconds("inference", count_tokens(out) + count_tokens(out, "prompt_ids"), share_ranks)
+        self.inference_busy_until = max(now, self.inference_busy_until) + seconds
+        return out, self.inference_busy_until
+
+    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
+        nbytes = self.cost.reshard_bytes(len(old) // self.actor_tp, len(new) // self.actor_tp)
+        joiners = set(new) - set(old)
+        received = nbytes // max(1, len(joiners)) if self.rank in joiners else 0
+        return {"bytes_moved": nbytes, "bytes_received": received, "seconds": self.cost.reshard_seconds(nbytes)}
+
+    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+        return {}
+
+    def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:
+        reshard = 0.0
+        if old and new and sorted(old) != sorted(new):  # the simulator's law, paid by the next mini-batch
+            reshard = self.cost.reshard_seconds(self.cost.reshard_bytes(len(old) // self.actor_tp,
+                                                                        len(new) // self.actor_tp))
+        return reshard + self.cost.seconds("actor", tokens, len(new) // self.actor_tp)
+
+    def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
+              ) -> tuple[float, dict[str, Any]]:
+        assert ready_at is not None  # stamped by the cutter from predict_train_seconds
+        return ready_at, {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,781 @@
+"""The iteration protocol: one implementation for every device, compute behind ``worker.compute``.
+
+One iteration ``k`` on one rank is a cooperative loop (:class:`_Iteration`): apply epochs at a safe
+point, advance each part the rank currently holds, sleep until the next event. ``rt.roles`` is
+re-read on every pass, so a rank whose roles change mid-iteration starts its new role's work in
+the same iteration. The compute (cost model or real engines) only answers narrow calls; with real
+engines a call blocks and the loop's next pass is the next safe point.
+
+- Iteration start (every rank, same order): the actor's state moves to the actor ranks of the
+  iteration's start epoch (the epoch the coordinator released the iteration with) and the actor's
+  lowest rank sends weights of version ``k`` to the start epoch's rollout ranks.
+- rollout: the iteration's requests are deterministic, so every rollout head builds the same
+  table and claims chunks by creating ``requests/claim-NNNNNN`` exclusively (one winner per chunk,
+  no directory listing). A rank released from rollout stops at its next safe point and hands its
+  unfinished requests (with partial responses, where the engine has them) back as pending tickets;
+  the remaining ranks claim them once the initial chunks are gone. Rollout ends when every sample
+  of the iteration is listed in some ``rollouts`` manifest.
+- inference: the inference ranks of the start epoch share the ``rollouts`` shards by a hash of
+  (producer, seq) and write ``inference`` shards; a rank released after its share simply closes.
+- actor: the cutter (lowest actor rank of the start epoch, else of the last actor) cuts whole GRPO
+  groups into mini-batches of ``train.global_batch_size`` once the previous one was trained and
+  (dynamic policies) the coordinator answered the boundary, and stamps each with the epoch in
+  force (``plan.json``, written before the shard). Every rank walks the plan: it applies epochs up
+  to the stamp; when the stamped actor ranks differ from the ranks holding the actor's state, the
+  union of both reshards in place (the same decision on every rank: it depends on the plan only);
+  then the stamped ranks train the mini-batch and its first rank writes ``trained-NNNNNN.json``.
+  So actor growth takes effect at a mini-batch boundary every rank agrees on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slurm_rl.config import Config
+from slurm_rl.control.acks import write_reshard
+from slurm_rl.control.atomic import atomic_write_json, read_json
+from slurm_rl.control.epochs import Epoch, read_epoch_file
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.data.emulated import make_actor_batch
+from slurm_rl.data.follow import StageFollower, stat_key
+from slurm_rl.data.gc import collect_garbage
+from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
+from slurm_rl.data.manifest import ProducerManifest
+from slurm_rl.data.migration import claim_pending, write_pending
+from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, ROLLOUTS, count_tokens
+from slurm_rl.data.shardio import open_shard
+from slurm_rl.data.writer import StageWriter, write_expected
+from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.metrics import append_metrics
+from slurm_rl.worker.compute import Compute, Decoder
+from slurm_rl.worker.runtime import WorkerRuntime
+
+ROLLOUTS_STAGE = "rollouts"
+INFERENCE_STAGE = "inference"
+ACTOR_STAGE = "actor_batch"
+REQUESTS_STAGE = "requests"  # claim markers of the iteration's request chunks
+PLAN_FILE = "plan.json"
+BOUNDARY_WAIT_S = 2.0  # at most this long the cutter waits for the coordinator at a mini-batch boundary
+STATUS_CHECK_EVERY_S = 0.5  # how often a working rank looks for a coordinator failure
+IDLE_POLL_S = 0.1  # loop period of a rank with no rollout, inference or cutting work
+REPORT_EVERY_S = 0.05  # progress files are rewritten at most this often (and on state changes)
+CLAIM_EVERY_S = 0.05  # a rollout rank lists the pending directory at most this often
+DONE_CHECK_EVERY_S = 0.1  # an idle rollout rank checks at most this often whether rollout finished
+FLUSH_EVERY_S = 0.05  # finished samples wait at most this long before they are written as a shard
+
+
+def rollout_heads(ranks: list[int], ranks_per_instance: int) -> list[int]:
+    """The first rank of each rollout instance (the one that decodes for the instance)."""
+    ordered = sorted(ranks)
+    return ordered[::ranks_per_instance] if len(ordered) % ranks_per_instance == 0 else ordered
+
+
+def trained_marker(run_dir: Path, k: int, index: int) -> Path:
+    """Written by the first rank of mini-batch ``index``'s actor group once it is trained."""
+    return stage_dir(run_dir, k, ACTOR_STAGE) / f"trained-{index:06d}.json"
+
+
+def mean_k3(old: list[list[float]], ref: list[list[float]]) -> float | None:
+    """Mean over samples of the k3 estimate of KL(rollout policy || reference) per response."""
+    values = []
+    for sampled, reference in zip(old, ref):
+        if sampled and reference:
+            d = np.asarray(reference, np.float64) - np.asarray(sampled, np.float64)
+            values.append(float(np.mean(np.exp(d) - d - 1.0)))
+    return float(np.mean(values)) if values else None
+
+
+def without_reference(rollouts: pa.Table, rank: int) -> pa.Table:
+    """INFERENCE rows for a run without an inference component: the KL term is taken against the
+    rollout policy itself (reference logprobs = sampled logprobs)."""
+    cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
+    cols.update(ref_logprobs=rollouts.column("sampled_logprobs"),
+                values=pa.nulls(rollouts.num_rows, pa.list_(pa.float32())),
+                inference_rank=pa.array([rank] * rollouts.num_rows, pa.int32()))
+    return pa.table(cols, schema=INFERENCE)
+
+
+class IterationProtocol:
+    """The :class:`~slurm_rl.worker.runtime.Roles` of every device: the protocol over a compute."""
+
+    def __init__(self, cfg: Config, info: RankInfo, paths: RunPaths, compute: Compute) -> None:
+        self.cfg, self.info, self.paths, self.compute = cfg, info, paths, compute
+        self.run_dir = paths.run_dir
+        self.samples_per_iteration = cfg.train.rollout_batch_size * cfg.train.group_size
+        self.poll = cfg.runtime.poll_interval_s
+        self.timeout = cfg.runtime.wait_timeout_s
+        self.max_running = int(cfg.scheduler.max_running_requests)
+        self.rollout_tp = int(cfg.scheduler.rollout_ranks_per_instance)
+        self.dynamic = cfg.scheduler.policy != "static"
+        self.index_order = cfg.train.minibatch_order == "index"
+        self.initial_actor = sorted(cfg.placement.components["actor"].ranks) if "actor" in cfg.placement.components else []
+        # Ranks that hold the actor's state: a function of the plans walked so far, the same on every rank.
+        self.actor_ranks: list[int] = list(self.initial_actor)
+        self._iteration: _Iteration | None = None
+        self._epochs: dict[int, Epoch] = {}
+
+    def epoch(self, n: int, rt: WorkerRuntime) -> Epoch:
+        """Epoch ``n`` (cached; the one in force comes from the runtime)."""
+        if rt.epoch is not None and rt.epoch.epoch == n:
+            return rt.epoch
+        if n not in self._epochs:
+            self._epochs[n] = read_epoch_file(self.paths, n)
+        return self._epochs[n]
+
+    # -- epoch transitions ----------------------------------------------------------------------
+    def transition(self, old: Epoch | None, new: Epoch, rt: WorkerRuntime) -> dict[str, Any]:
+        """Role change at a safe point: engines are built, parked or woken for the new roles,
+        released rollout ranks hand their requests back. The actor's state moves later, at the
+        mini-batch boundary stamped with an epoch that changes the actor (or an iteration start)."""
+        start = time.monotonic()
+        figures = dict(self.compute.on_roles(old, new))
+        if self._iteration is not None:
+            figures.update(self._iteration.on_transition(old, new))
+        figures.setdefault("bytes_moved", 0)
+        figures["seconds"] = time.monotonic() - start
+        return figures
+
+    def move_actor(self, new: list[int], epoch: int, k: int, rt: WorkerRuntime) -> None:
+        """Reshard the actor's state to ``new`` when it differs (every rank calls; the union acts)."""
+        old = self.actor_ranks
+        if not new or new == old:
+            return
+        if self.info.rank in set(old) | set(new):
+            started = time.time()
+            figures = self.compute.reshard(old, new, epoch)
+            write_reshard(self.paths, epoch, self.info.rank, self.info.host, {
+                **figures, "iteration": k, "old": old, "new": new, "started_at": started, "done_at": time.time()})
+        self.actor_ranks = list(new)
+
+    # -- one iteration --------------------------------------------------------------------------
+    def run_iteration(self, iteration: int, rt: WorkerRuntime) -> None:
+        """This rank's share of ``iteration`` for whatever roles it holds while it runs."""
+        assert rt.epoch is not None
+        start = self.epoch(rt.released_epoch if rt.released_epoch is not None else rt.epoch.epoch, rt)
+        before = list(self.actor_ranks)
+        self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt)
+        rollout = sorted(start.ranks_of("rollout"))
+        ranks = sorted({self.actor_ranks[0], *rollout}) if rollout else []
+        sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks) if self.info.rank in ranks else {}
+        self._iteration = _Iteration(self, iteration, rt, start, sync, before)
+        try:
+            self._iteration.run()
+        finally:
+            self._iteration = None
+
+    def close(self) -> None:
+        self.compute.close()
+
+
+class _Rollout:
+    """Rollout work of one rank in one iteration (only instance head ranks decode)."""
+
+    def __init__(self, it: "_Iteration") -> None:
+        self.it = it
+        self.p = it.p
+        self.decoder: Decoder | None = None
+        self.queue: list[pa.Table] = []  # claimed, not admitted yet
+        self.queued = 0
+        self.out: list[pa.Table] = []  # finished, not written yet
+        self.out_since = 0.0
+        self.writer: StageWriter | None = None
+        self.finished = 0
+        self.migrated_out = 0
+        self.done = False
+        self.left = False
+        self.next_claim = 0.0
+        self.next_done_check = 0.0
+        self.ticket_rows = max(1, self.p.max_running // 8)
+        self.cursor = 0  # next chunk of the iteration's requests to try to claim
+        self._requests: pa.Table | None = None
+
+    @property
+    def held(self) -> int:
+        return (self.decoder.held() if self.decoder else 0) + self.queued
+
+    def _writer(self) -> StageWriter:
+        if self.writer is None:
+            self.writer = StageWriter(self.p.run_dir, self.it.k, ROLLOUTS_STAGE, self.it.rank, ROLLOUTS)
+        return self.writer
+
+    def _take(self, got: pa.Table) -> None:
+        if got.num_rows:
+            self.queue.append(got)
+            self.queued += got.num_rows
+
+    def _admit(self, now: float) -> None:
+        assert self.decoder is not None
+        n = min(self.decoder.free_slots(), self.queued)
+        if n <= 0:
+            return
+        merged = pa.concat_tables(self.queue).combine_chunks()
+        self.decoder.admit(merged.slice(0, n), now)
+        rest = merged.slice(n)
+        self.queue, self.queued = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def _claim_initial(self, want: int) -> int:
+        """Claim chunks of the iteration's requests (one exclusive marker file per chunk:
+        exactly one rank wins each chunk, and every rank tries each chunk in order, so none is
+        skipped); returns the rows claimed."""
+        if self._requests is None:
+            self._requests = self.p.compute.requests(self.it.k)
+        n_chunks = math.ceil(self._requests.num_rows / self.ticket_rows)
+        got = 0
+        while got < want and self.cursor < n_chunks:
+            c = self.cursor
+            self.cursor += 1
+            try:
+                fd = os.open(self.it.claims_dir / f"claim-{c:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                continue
+            os.write(fd, str(self.it.rank).encode())
+            os.close(fd)
+            chunk = self._requests.slice(c * self.ticket_rows, self.ticket_rows)
+            self._take(chunk)
+            got += chunk.num_rows
+        return got
+
+    def _claim(self, now: float) -> None:
+        want = self.p.max_running + self.ticket_rows - self.held
+        if self.held > self.p.max_running or want <= 0:
+            return
+        want -= self._claim_initial(want)
+        if want <= 0 or now < self.next_claim:
+            return
+        got = claim_pending(self.p.run_dir, self.it.k, self.it.rank, max_rows=want)  # migrated requests
+        self.next_claim = now + (CLAIM_EVERY_S if got.num_rows == 0 else 0.0)
+        self._take(got)
+
+    def _flush(self) -> None:
+        if not self.out:
+            return
+        table = pa.concat_tables(self.out).combine_chunks()
+        self._writer().write(table)
+        self.finished += table.num_rows
+        self.out = []
+
+    def _collect(self, finished: pa.Table | None, now: float) -> None:
+        if finished is not None and finished.num_rows:
+            if not self.out:
+                self.out_since = now
+            self.out.append(finished)
+
+    def _all_finished(self) -> bool:
+        """Every request of the iteration is in some producer's rollouts manifest."""
+        path = expected_path(self.p.run_dir, self.it.k, ROLLOUTS_STAGE)
+        if not path.exists():
+            return False
+        total = 0
+        for r in read_json(path).get("producer_ranks", []):
+            mpath = manifest_path(self.p.run_dir, self.it.k, ROLLOUTS_STAGE, int(r))
+            if mpath.exists():
+                m = ProducerManifest.load(mpath, iteration=self.it.k, stage=ROLLOUTS_STAGE, producer_rank=int(r))
+                total += sum(s.rows for s in m.shards)
+        return total >= self.it.samples
+
+    def step(self, now: float) -> float | None:
+        """Decode up to ``now``, refill, publish; the wall time of the next event."""
+        if self.done:
+            return None
+        self._writer()
+        if self.decoder is None:
+            self.decoder = self.p.compute.decoder(self.it.k)
+        self._collect(self.decoder.advance(now), now)
+        now = time.time()  # a real engine spent time in advance()
+        self._admit(now)
+        self._claim(now)
+        self._admit(now)
+        out_rows = sum(t.num_rows for t in self.out)
+        if self.out and (out_rows >= self.ticket_rows or now - self.out_since >= FLUSH_EVERY_S or not self.held):
+            self._flush()
+        if not self.held and not self.out and now >= self.next_done_check:
+            self.next_done_check = now + DONE_CHECK_EVERY_S
+            if self._all_finished():
+                self._writer().close()
+                self.done = True
+                return None
+        wakes = [t for t in (self.decoder.next_event_at(), self.out_since + FLUSH_EVERY_S if self.out else None) if t]
+        if self.held <= self.p.max_running:
+            wakes.append(max(now, self.next_claim))
+        return min(wakes) if wakes else None
+
+    def release(self, epoch: int, now: float) -> int:
+        """Leave rollout: publish finished samples, hand unfinished requests back; rows migrated."""
+        if self.done or self.left:
+            return 0
+        self.left = True
+        unfinished: list[pa.Table] = []
+        if self.decoder is not None:
+            finished, evicted = self.decoder.evict(now, epoch)
+            self._collect(finished, now)
+            if evicted is not None and evicted.num_rows:
+                unfinished.append(evicted)
+        self._flush()
+        unfinished.extend(self.queue)
+        self.queue, self.queued = [], 0
+        migrated = 0
+        if unfinished:
+            rest = pa.concat_tables(unfinished).combine_chunks()
+            write_pending(self.p.run_dir, self.it.k, self.it.rank, rest, tag=epoch,
+                          num_chunks=math.ceil(rest.num_rows / self.ticket_rows))
+            migrated = rest.num_rows
+        self._writer().close()
+        self.done = True
+        self.migrated_out += migrated
+        return migrated
+
+
+class _Inference:
+    """Inference work of one rank: its hash share of the rollouts shards."""
+
+    def __init__(self, it: "_Iteration", ranks: list[int]) -> None:
+        self.it = it
+        self.ranks = ranks
+        self.follower = StageFollower(it.p.run_dir, it.k, ROLLOUTS_STAGE)
+        self.queue: list[pa.Table] = []
+        self.inflight: tuple[float, pa.Table] | None = None
+        self.writer = StageWriter(it.p.run_dir, it.k, INFERENCE_STAGE, it.rank, INFERENCE)
+        self.done_rows = 0
+        self.done = False
+
+    def _land(self, now: float) -> None:
+        if self.inflight is not None and now >= self.inflight[0]:
+            self.writer.write(self.inflight[1])
+            self.done_rows += self.inflight[1].num_rows
+            self.inflight = None
+
+    def step(self, now: float) -> float | None:
+        if self.done:
+            return None
+        index = self.ranks.index(self.it.rank)
+        for producer, seq, table in self.follower.poll():
+            if (producer * 1_000_003 + seq) % len(self.ranks) == index:
+                self.queue.append(table)
+        self._land(now)
+        if self.inflight is None and self.queue:
+            # One batch of up to global_batch_size samples at a time, as the simulator does.
+            tables, rows = [], 0
+            gbs = self.it.p.cfg.train.global_batch_size
+            while self.queue and (not tables or rows + self.queue[0].num_rows <= gbs):
+                tables.append(self.queue.pop(0))
+                rows += tables[-1].num_rows
+            batch = pa.concat_tables(tables).combine_chunks()
+            self.inflight = self.it.p.compute.score(self.it.k, batch, now, len(self.ranks))[::-1]
+            self._land(time.time())
+        if self.inflight is None and not self.queue and self.follower.complete:
+            self.writer.close()
+            self.done = True
+            return None
+        return self.inflight[0] if self.inflight is not None else None
+
+
+class _Cutter:
+    """Cuts whole groups into stamped mini-batches once the previous mini-batch was trained."""
+
+    def __init__(self, it: "_Iteration", source: str) -> None:
+        self.it = it
+        self.source = source
+        self.follower = StageFollower(it.p.run_dir, it.k, source)
+        self.buffer: list[pa.Table] = []  # received, not cut yet
+        self.group_rows: dict[int, int] = {}  # samples received per group not cut yet
+        self.complete: list[int] = []  # complete groups in completion order
+        self.ready_rows = 0
+        self.received = 0  # samples received this iteration (they finished rollout and inference)
+        self.cut = 0
+        self.prev_end: float | None = 0.0  # predicted end of the last mini-batch (None: not known)
+        self.plan: list[dict[str, Any]] = []
+        self.rewards: list[float] = []
+        self.kl: list[float] = []
+        self.started = time.monotonic()
+        self.writer = StageWriter(it.p.run_dir, it.k, ACTOR_STAGE, it.rank, ACTOR_BATCH)
+        self.group_size = it.p.cfg.train.group_size
+        self.gbs = it.p.cfg.train.global_batch_size
+        self.whole_groups = self.gbs % self.group_size == 0
+        self.boundary_at: float | None = None
+        # Actor ranks of the last stamped mini-batch; a move at the iteration start is charged to
+        # the first mini-batch (where the cost model knows the time in advance).
+        self.last_actor = list(it.actor_before)
+
+    def _take(self, table: pa.Table) -> None:
+        """Buffer a shard; count the samples of each group (a group is ready once complete)."""
+        if self.source == ROLLOUTS_STAGE:
+            table = without_reference(table, self.it.rank)
+        self.buffer.append(table)
+        self.received += table.num_rows
+        if not self.whole_groups:
+            self.ready_rows += table.num_rows
+            return
+        for g in table.column("group_id").to_pylist():
+            n = self.group_rows.get(g, 0) + 1
+            self.group_rows[g] = n
+            if n == self.group_size:
+                self.complete.append(g)
+                self.ready_rows += n
+
+    def _next_groups(self) -> list[int] | None:
+        """The groups of the next mini-batch, or None while they are not all complete."""
+        n = self.gbs // self.group_size
+        if not self.it.p.index_order:
+            return self.complete[:n] if len(self.complete) >= n else None
+        base = self.it.k * ID_STRIDE + self.cut * n
+        want = [base + i for i in range(n)]
+        done = set(self.complete)
+        return want if all(g in done for g in want) else None
+
+    def _cut_batch(self) -> pa.Table | None:
+        """The next ``gbs`` samples: whole groups (completion or index order), else arrival order."""
+        if not self.whole_groups:
+            if self.ready_rows < self.gbs:
+                return None
+            merged = pa.concat_tables(self.buffer).combine_chunks()
+            batch, rest = merged.slice(0, self.gbs), merged.slice(self.gbs)
+        else:
+            take = self._next_groups()
+            if take is None:
+                return None
+            taken = set(take)
+            self.complete = [g for g in self.complete if g not in taken]
+            for g in take:
+                del self.group_rows[g]
+            merged = pa.concat_tables(self.buffer).combine_chunks()
+            mask = pc.is_in(merged.column("group_id"), value_set=pa.array(take, pa.int64()))
+            batch, rest = merged.filter(mask), merged.filter(pc.invert(mask))
+            batch = batch.take(pc.sort_indices(batch.column("sample_id")))
+        self.buffer = [rest] if rest.num_rows else []
+        self.ready_rows -= batch.num_rows
+        return batch
+
+    def previous_done(self, now: float) -> bool:
+        """The last stamped mini-batch was trained (predicted end passed, or its marker exists)."""
+        if self.cut == 0:
+            return True
+        if self.prev_end is not None:
+            return now >= self.prev_end
+        return self.it.actor.trained_index >= self.cut - 1 or trained_marker(self.it.p.run_dir, self.it.k, self.cut - 1).exists()
+
+    def _coordinator_saw_boundary(self, now: float) -> bool:
+        """Mini-batch boundary handshake: the actor is idle and the next mini-batch is ready;
+        let the coordinator consult the policy on that state (as the simulator does at the end
+        of a mini-batch) before stamping the next one. Bounded by ``BOUNDARY_WAIT_S``."""
+        if self.boundary_at is None:
+            self.boundary_at = now
+            self.it.report_now(now)
+            return False
+        if now - self.boundary_at > BOUNDARY_WAIT_S:
+            return True
+        status = read_coordinator_status(self.it.p.paths) or {}
+        return float(status.get("checked_at", 0.0)) >= self.boundary_at
+
+    def step(self, now: float, rt: WorkerRuntime) -> float | None:
+        if self.cut >= self.it.minibatches:
+            return None
+        for _, _, table in self.follower.poll():
+            self._take(table)
+        if self.ready_rows < self.gbs:
+            return None
+        if not self.previous_done(now):
+            return self.prev_end if self.prev_end is not None else now + self.it.p.poll
+        assert rt.epoch is not None
+        if self.it.p.dynamic and not self._coordinator_saw_boundary(now):
+            return now + self.it.p.poll
+        actor = sorted(rt.epoch.ranks_of("actor"))
+        if not actor:
+            return None  # the actor holds no ranks yet (pre-process): the mini-batch waits
+        cut = self._cut_batch()
+        if cut is None:
+            return None  # index order: the groups of the next mini-batch are not complete yet
+        self.boundary_at = None
+        batch = make_actor_batch(cut)
+        tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
+        seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
+        self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
+                          "ready_at": None if seconds is None else now + seconds, "rows": batch.num_rows,
+                          "tokens": tokens, "dp": len(actor), "resharded": actor != self.last_actor})
+        atomic_write_json(stage_dir(self.it.p.run_dir, self.it.k, ACTOR_STAGE) / PLAN_FILE,
+                          {"iteration": self.it.k, "minibatches": self.plan}, durable=False)
+        self.writer.write(batch)
+        self.rewards.extend(batch.column("reward").to_pylist())
+        kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
+        if kl is not None:
+            self.kl.append(kl)
+        self.last_actor = actor
+        self.cut += 1
+        self.prev_end = None if seconds is None else now + seconds
+        if self.cut >= self.it.minibatches:
+            left = sum(t.num_rows for t in self.buffer)
+            if left:
+                raise RuntimeError(
+                    f"iteration {self.it.k}: {left} samples left over after "
+                    f"cutting {self.cut} mini-batches of {self.gbs} (train.rollout_batch_size x train.group_size must be "
+                    "a multiple of train.global_batch_size)")
+            self.writer.close()
+        return self.prev_end
+
+    def in_flight(self, now: float) -> bool:
+        """A stamped mini-batch is being trained."""
+        return self.cut > 0 and not self.previous_done(now)
+
+
+class _ActorFollower:
+    """Every rank: walk the stamped mini-batches; reshard where the stamp moves the actor; train
+    those whose stamp places this rank in the actor."""
+
+    def __init__(self, it: "_Iteration", leader: int) -> None:
+        self.it = it
+        self.leader = leader
+        self.manifest = manifest_path(it.p.run_dir, it.k, ACTOR_STAGE, leader)
+        self.plan_path = stage_dir(it.p.run_dir, it.k, ACTOR_STAGE) / PLAN_FILE
+        self.key: tuple[int, int] | None = None
+        self.shards: list[Any] = []
+        self.plan: list[dict[str, Any]] = []
+        self.next = 0
+        self.busy: tuple[float, int, dict[str, Any] | None] | None = None  # (ready at, index, marker doc)
+        self.trained = 0
+        self.trained_index = -1  # last mini-batch this rank trained
+        self.training = False
+
+    @property
+    def done(self) -> bool:
+        return self.next >= self.it.minibatches
+
+    def _refresh(self) -> None:
+        key = stat_key(self.manifest)
+        if key is None or key == self.key:
+            return
+        m = ProducerManifest.load(self.manifest, iteration=self.it.k, stage=ACTOR_STAGE, producer_rank=self.leader)
+        self.shards, self.key = m.shards, key
+        if len(self.plan) < len(self.shards):
+            self.plan = read_json(self.plan_path)["minibatches"]
+
+    def _finish(self) -> None:
+        assert self.busy is not None
+        _, index, marker = self.busy
+        if marker is not None:
+            atomic_write_json(trained_marker(self.it.p.run_dir, self.it.k, index), marker, durable=False)
+        self.busy = None
+        self.trained += 1
+        self.trained_index = index
+        self.next += 1
+        self.training = False
+
+    def step(self, now: float, rt: WorkerRuntime) -> float | None:
+        p, rank = self.it.p, self.it.rank
+        while not self.done:
+            if self.busy is not None:
+                if now < self.busy[0]:
+                    return self.busy[0]
+                self._finish()
+                self.it.report_now(now)
+                continue
+            if self.next >= len(self.shards):
+                self._refresh()
+                if self.next >= len(self.shards):
+                    return None
+            entry = self.plan[self.next]
+            assert rt.epoch is not None
+            if rt.epoch.epoch < entry["epoch"]:
+                return now + p.poll  # the stamped epoch is not applied here yet
+            actor = sorted(p.epoch(int(entry["epoch"]), rt).ranks_of("actor"))
+            p.move_actor(actor, int(entry["epoch"]), self.it.k, rt)
+            if rank not in actor:
+                self.next += 1
+                continue
+            info = self.shards[self.next]
+            batch = open_shard(stage_dir(p.run_dir, self.it.k, ACTOR_STAGE) / info.name,
+                               nbytes=info.bytes, digest=info.xxh3_64)
+            self.training = True
+            self.it.report_now(now)
+            ready_at, stats = p.compute.train(self.it.k, self.next, batch, actor, entry.get("ready_at"))
+            marker = {"index": self.next, "epoch": entry["epoch"], "dp": len(actor), "ranks": actor,
+                      "done_at": ready_at, **stats} if rank == actor[0] else None
+            self.busy = (ready_at, self.next, marker)
+            now = time.time()
+        return None
+
+
+class _Iteration:
+    """One rank's cooperative loop over one iteration."""
+
+    def __init__(self, p: IterationProtocol, k: int, rt: WorkerRuntime, start: Epoch, sync: dict[str, Any],
+                 actor_before: list[int]) -> None:
+        self.p, self.k, self.rt, self.start = p, k, rt, start
+        self.actor_before = actor_before  # actor ranks before the iteration start moved them
+        self.rank = p.info.rank
+        self.sync = sync
+        self.samples = p.samples_per_iteration
+        self.minibatches = self.samples // p.cfg.train.global_batch_size
+        self.start_rollout = sorted(start.ranks_of("rollout"))
+        self.start_inference = sorted(start.ranks_of("inference"))
+        start_actor = sorted(start.ranks_of("actor"))
+        self.leader = start_actor[0] if start_actor else p.actor_ranks[0]
+        rt.counters.update({"rollout_finished": 0, "rollout_running": 0, "migrated_out": 0, "inference_done": 0,
+                            "actor_minibatches_done": 0, "actor_busy": False, "boundary_at": None})
+        self.claims_dir = stage_dir(p.run_dir, k, REQUESTS_STAGE)
+        os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
+        # Parts of the iteration-start roles exist from the start, so a rank released before its
+        # first pass still completes its (empty) manifests.
+        self.rollout: _Rollout | None = _Rollout(self) if self._is_rollout_head(start) else None
+        self.inference: _Inference | None = (
+            _Inference(self, self.start_inference) if self.rank in self.start_inference else None)
+        self.cutter = _Cutter(self, INFERENCE_STAGE if self.start_inference else ROLLOUTS_STAGE) if self.rank == self.leader else None
+        self.actor = _ActorFollower(self, self.leader)
+        self.last_report = 0.0
+        self.last_doc: dict[str, Any] = {}
+        self.report_due: float | None = None  # a throttled change is written at this time
+        if self.start_rollout and self.rank == self.start_rollout[0]:
+            write_expected(p.run_dir, k, ROLLOUTS_STAGE, rollout_heads(self.start_rollout, p.rollout_tp))
+        if self.start_inference and self.rank == self.start_inference[0]:
+            write_expected(p.run_dir, k, INFERENCE_STAGE, self.start_inference)
+
+    def _is_rollout_head(self, epoch: Epoch) -> bool:
+        return self.rank in rollout_heads(epoch.ranks_of("rollout"), self.p.rollout_tp)
+
+    def on_transition(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
+        """Mid-iteration role changes of this rank (called by ``transition`` at a safe point)."""
+        out: dict[str, Any] = {}
+        was = old is not None and self._is_rollout_head(old)
+        if was and not self._is_rollout_head(new) and self.rollout is not None:
+            out["migrated_requests"] = self.rollout.release(new.epoch, time.time())
+        return out
+
+    def _progress(self, now: float) -> dict[str, Any]:
+        r, i, a, c = self.rollout, self.inference, self.actor, self.cutter
+        done = a.trained
+        if c is not None:
+            done = max(done, c.cut - (1 if c.in_flight(now) else 0))
+        return {
+            "rollout_finished": r.finished if r else 0,
+            "rollout_running": r.held if r and not r.done else 0,
+            "migrated_out": r.migrated_out if r else 0,
+            "inference_done": i.done_rows if i else 0,
+            "actor_minibatches_done": done,
+            "actor_busy": bool(a.training or (c is not None and c.in_flight(now))),
+            "boundary_at": c.boundary_at if c else None,
+            # what the actor leader has received: a floor for rollout/inference progress that
+            # never lags the data (other ranks' reports may be a report period behind)
+            "actor_received": c.received if c else 0,
+        }
+
+    def report_now(self, now: float) -> None:
+        """Write this rank's progress now (e.g. at a mini-batch boundary)."""
+        self._report(now, force=True)
+
+    def _report(self, now: float, force: bool = False) -> None:
+        doc = self._progress(now)
+        changed = doc["actor_busy"] != self.last_doc.get("actor_busy") or doc["actor_minibatches_done"] != self.last_doc.get("actor_minibatches_done")
+        if force or changed or (doc != self.last_doc and now - self.last_report >= REPORT_EVERY_S):
+            self.rt.counters.update(doc)  # every report of this rank (also at epoch acks) carries them
+            self.rt.report("working")
+            self.last_doc, self.last_report = doc, now
+            self.report_due = None
+        elif doc != self.last_doc:
+            self.report_due = self.last_report + REPORT_EVERY_S  # do not sleep past a change
+
+    def _finished(self) -> bool:
+        return (self.actor.done and (self.cutter is None or self.cutter.cut >= self.minibatches)
+                and all(part is None or part.done for part in (self.rollout, self.inference)))
+
+    def run(self) -> None:
+        rt = self.rt
+        quantum = max(2 * self.p.poll, 0.02)
+        deadline = time.monotonic() + self.p.timeout
+        last_progress = (-1, -1, -1, -1)
+        next_status_check = 0.0
+        while True:
+            rt.safe_point()
+            now = time.time()
+            active = self.cutter is not None or any(part is not None and not part.done for part in (self.rollout, self.inference))
+            # A rank that only follows the mini-batch plan needs no fast polling.
+            wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
+            if self.rollout is not None and not self.rollout.done and not self.rollout.left:
+                wakes.append(self.rollout.step(now) or wakes[0])
+            if self.inference is not None and not self.inference.done:
+                wakes.append(self.inference.step(time.time()) or wakes[0])
+            if self.cutter is not None:
+                wakes.append(self.cutter.step(time.time(), rt) or wakes[0])
+            wakes.append(self.actor.step(time.time(), rt) or wakes[0])
+            now = time.time()
+            self._report(now)
+            if self.report_due is not None:
+                wakes.append(self.report_due)
+            if self._finished():
+                break
+            marker = (self.rollout.finished if self.rollout else 0, self.inference.done_rows if self.inference else 0,
+                      self.actor.next, self.cutter.cut if self.cutter else 0)
+            if marker != last_progress:
+                last_progress, deadline = marker, time.monotonic() + self.p.timeout
+            elif time.monotonic() > deadline:
+                assert rt.epoch is not None
+                raise TimeoutError(
+                    f"rank {self.rank} (host {self.p.info.host}) made no progress in iteration {self.k} for "
+                    f"{self.p.timeout:.0f}s (epoch {rt.epoch.epoch}, roles {list(rt.roles)}, mini-batches "
+                    f"{self.actor.next}/{self.minibatches} seen; waiting for {self._waiting_for()})")
+            if rt.watchdog is not None:
+                rt.watchdog()
+            if time.monotonic() >= next_status_check:  # a failed coordinator stops every rank
+                next_status_check = time.monotonic() + STATUS_CHECK_EVERY_S
+                status = read_coordinator_status(rt.paths) or {}
+                if status.get("state") == "failed":
+                    raise RuntimeError(f"coordinator failed: {status.get('error')}; rank {self.rank} "
+                                       f"(host {self.p.info.host}) stops in iteration {self.k}")
+            # Wake for the next event, but not more often than every poll interval: events due in
+            # between (e.g. several decode finishes) are handled together, in virtual time.
+            time.sleep(max(self.p.poll, min(wakes) - time.time()))
+        self._finish()
+
+    def _waiting_for(self) -> str:
+        if self.rollout is not None and not self.rollout.done:
+            return f"rollout requests of iteration {self.k} ({self.rollout.held} held, {self.rollout.finished} finished)"
+        if self.inference is not None and not self.inference.done:
+            return f"rollouts shards of iteration {self.k} ({self.inference.done_rows} scored)"
+        return f"mini-batch {self.actor.next} from the cutter rank {self.leader} ({self.actor.manifest})"
+
+    def _finish(self) -> None:
+        for part in (self.rollout, self.inference):
+            if part is not None and not part.done:
+                raise RuntimeError(f"rank {self.rank}: iteration {self.k} ended with its "
+                                   f"{type(part).__name__.strip('_').lower()} work unfinished")
+        self._report(time.time(), force=True)
+        if self.cutter is not None:
+            self._record_metrics()
+            collect_garbage(self.p.run_dir, consumed_through_iteration=self.k,
+                            keep_last=self.p.cfg.runtime.keep_iterations)
+
+    def _markers(self) -> list[dict[str, Any]]:
+        """The trained markers of every mini-batch (written by each one's first actor rank)."""
+        paths = [trained_marker(self.p.run_dir, self.k, i) for i in range(self.minibatches)]
+        self.rt.wait_for(lambda: all(p.exists() for p in paths),
+                         f"the trained markers of iteration {self.k} ({paths[0].parent})")
+        return [read_json(p) for p in paths]
+
+    def _record_metrics(self) -> None:
+        assert self.cutter is not None
+        c = self.cutter
+        steps = self._markers()
+        losses = [m["loss"] for m in steps if m.get("loss") is not None]
+        row: dict[str, Any] = {
+            "iteration": self.k,
+            "reward_mean": float(np.mean(c.rewards)) if c.rewards else None,
+            "kl": float(np.mean(c.kl)) if c.kl else None,
+            "loss": float(np.mean(losses)) if losses else None,
+            "losses": losses,
+            "lr": steps[-1].get("lr"),
+            "consumed_samples": steps[-1].get("consumed_samples"),
+            "samples": len(c.rewards),
+            "minibatches": c.cut,
+            "seconds": time.monotonic() - c.started,
+            "sync_s": self.sync.get("seconds"), "sync_bytes": self.sync.get("bytes"),
+            "actor_dp": max(int(e["dp"]) for e in c.plan),
+            "time": time.time(),
+            "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "seconds", "resharded")} for e in c.plan],
+        }
+        append_metrics(self.p.run_dir, row)

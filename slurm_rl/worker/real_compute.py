@@ -1,0 +1,294 @@
+"""Compute with the real engines (``runtime.device: cpu | cuda``): GRPO on a verifiable toy task.
+
+- every rank joins one torch.distributed world (gloo on cpu, nccl on cuda); sub-groups are
+  created by their members only when first used (``engines.actor.groups``), so a reshard at a
+  mini-batch boundary involves only the ranks it moves;
+- actor: megatron-core GPT trained by :class:`ActorTrainer` (DP over the actor ranks), resharded
+  in place; a rank that may join the actor holds a warm model skeleton (dynamic policies);
+- rollout: an hf (or vllm) engine, sampling each request with its own seed (batch-invariant, so
+  migration does not change a sample); parked while the rank serves another role, woken without
+  a rebuild when it returns;
+- inference: reference-policy logprobs from the frozen initial weights (rebuilt from the seed).
+Calls block; the protocol's next pass is the next safe point.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from slurm_rl.config import Config
+from slurm_rl.control.epochs import Epoch
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.data.schemas import INFERENCE, PENDING, ROLLOUTS, make_group_id, make_sample_id
+from slurm_rl.launch.rank_env import RankInfo
+
+
+def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
+    """Join the allocation-wide torch.distributed world (gloo on cpu, nccl on cuda)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(info.local_rank % max(1, torch.cuda.device_count()))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+class RealDecoder:
+    """Synchronous generation: admitted requests are generated as one sub-batch by ``advance``.
+
+    Nothing is ever half-generated between calls, so an eviction hands back whole requests.
+    """
+
+    def __init__(self, compute: "RealCompute", k: int, sub_batch: int) -> None:
+        if compute.engine is None:
+            raise RuntimeError(f"rank {compute.rank}: rollout in iteration {k} without a rollout engine")
+        if compute.engine.weight_version != k:
+            raise RuntimeError(f"rank {compute.rank}: rollout engine holds weights v{compute.engine.weight_version}, "
+                               f"iteration {k} needs v{k} (on-policy)")
+        self.c, self.k, self.sub_batch = compute, k, sub_batch
+        self.admitted: pa.Table | None = None
+
+    def free_slots(self) -> int:
+        return 0 if self.admitted is not None else self.sub_batch
+
+    def held(self) -> int:
+        return 0 if self.admitted is None else self.admitted.num_rows
+
+    def admit(self, requests: pa.Table, now: float) -> None:
+        self.admitted = requests if self.admitted is None else pa.concat_tables([self.admitted, requests])
+
+    def advance(self, now: float) -> pa.Table | None:
+        if self.admitted is None:
+            return None
+        rows, self.admitted = self.admitted.to_pylist(), None
+        return self.c.generate(self.k, rows)
+
+    def next_event_at(self) -> float | None:
+        return None if self.admitted is None else time.time()
+
+    def evict(self, now: float, epoch: int) -> tuple[pa.Table | None, pa.Table | None]:
+        rest, self.admitted = self.admitted, None
+        return None, rest
+
+
+class RealCompute:
+    """The :class:`~slurm_rl.worker.compute.Compute` of the real engines."""
+
+    def __init__(self, cfg: Config, info: RankInfo, paths: RunPaths) -> None:
+        import torch
+
+        from slurm_rl.engines.actor.groups import GroupCache
+        from slurm_rl.engines.actor.microbatch import BatchConfig
+        from slurm_rl.engines.actor.optimizer import OptimConfig
+        from slurm_rl.engines.actor.trainer import ActorTrainer
+        from slurm_rl.engines.model_config import ModelConfig
+        from slurm_rl.rl.tasks import TaskConfig
+        from slurm_rl.rl.tokenizer import CharTokenizer
+
+        self.cfg, self.info, self.rank = cfg, info, info.rank
+        self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
+        torch.set_num_threads(int(cfg.actor.get("threads", 1)))
+        init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s)
+        self.tok = CharTokenizer()
+        self.task = TaskConfig(**dict(cfg.task))
+        model = dict(cfg.model)
+        model.setdefault("vocab_size", self.tok.vocab_size)
+        self.model_cfg = ModelConfig.from_dict(model)
+        actor = dict(cfg.actor)
+        actor.pop("threads", None)
+        optim_cfg = OptimConfig.from_dict(actor)
+        batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
+                                micro_batch_size=cfg.train.micro_batch_size,
+                                max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch)
+        algo = dict(cfg.algorithm)
+        self.clip_eps = float(algo.get("clip_eps", 0.2))
+        self.kl_coef = float(algo.get("kl_coef", 0.0))
+        self.temperature = float(algo.get("temperature", 1.0))
+        self.backend = str(cfg.rollout.get("backend", "hf"))
+        self.sub_batch = int(cfg.rollout.get("sub_batch", cfg.scheduler.max_running_requests))
+        self.seed = cfg.runtime.seed
+        self.groups = GroupCache(timeout=cfg.runtime.wait_timeout_s)
+        initial = sorted(cfg.placement.components["actor"].ranks)
+        self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device)
+        self.warm_s = 0.0
+        if cfg.scheduler.policy != "static" and not self.trainer.active and hasattr(self.trainer, "warm"):
+            self.warm_s = float(self.trainer.warm())  # joining the actor later costs the transfer only
+        self.engine: Any = None
+        self.ref: Any = None
+
+    # -- roles ----------------------------------------------------------------------------------
+    def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
+        roles = set(new.role_of(self.rank))
+        figures: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if "rollout" in roles:
+            if self.engine is None:
+                from slurm_rl.engines.rollout import make_rollout_engine
+
+                self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
+                                                  pad_id=self.tok.pad_id)
+                figures["rollout_engine"] = "built"
+            elif getattr(self.engine, "_released", False):
+                self.engine.resume()
+                figures["rollout_engine"] = "woken"
+        elif self.engine is not None and not getattr(self.engine, "_released", False):
+            self.engine.release()  # parked: memory freed, weights kept for a wake without rebuild
+            figures["rollout_engine"] = "parked"
+        if "inference" in roles and self.ref is None:
+            self.ref = self._reference_scorer()
+            figures["reference"] = "built"
+        if figures:
+            figures["engine_seconds"] = time.perf_counter() - t0
+        return figures
+
+    def _reference_scorer(self) -> Any:
+        """The frozen initial policy: every rank builds the same weights from the seed."""
+        from slurm_rl.engines.actor.model import build_gpt_model
+        from slurm_rl.engines.inference import ReferenceScorer
+
+        initial = build_gpt_model(self.model_cfg, self.seed, "cpu")
+        return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device)
+
+    # -- rollout --------------------------------------------------------------------------------
+    def requests(self, k: int) -> pa.Table:
+        from slurm_rl.rl.tasks import sample_problems
+
+        g = self.cfg.train.group_size
+        problems = sample_problems(self.task, self.tok, self.seed, k, self.cfg.train.rollout_batch_size)
+        rows = []
+        for p_idx, prob in enumerate(problems):
+            for j in range(g):
+                sid = make_sample_id(k, p_idx, j, g)
+                rows.append({
+                    "sample_id": sid, "group_id": make_group_id(k, p_idx), "sample_index": j,
+                    "prompt_ids": prob.prompt_ids, "prompt_text": prob.prompt, "partial_response_ids": [],
+                    "partial_logprobs": [], "seed": (self.seed * 1_000_003 + sid) % (2**62), "step": 0,
+                    "weight_version": k, "metadata_json": json.dumps({"target": prob.target}),
+                })
+        return pa.Table.from_pylist(rows, schema=PENDING)
+
+    def decoder(self, k: int) -> RealDecoder:
+        return RealDecoder(self, k, self.sub_batch)
+
+    def generate(self, k: int, rows: list[dict[str, Any]]) -> pa.Table:
+        """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards."""
+        from slurm_rl.engines.rollout import SamplingParams
+        from slurm_rl.rl.tasks import score_answer
+
+        t0 = time.time()
+        seeds = tuple(int(r["seed"]) % (2**31) for r in rows)
+        sampling = SamplingParams(max_new_tokens=self.task.max_new_tokens, temperature=self.temperature,
+                                  seed=seeds[0], seeds=seeds, stop_token_ids=(self.tok.eos_id,))
+        gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
+        t1 = time.time()
+        return pa.Table.from_pydict({
+            "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
+            "sample_index": [r["sample_index"] for r in rows], "prompt_ids": [r["prompt_ids"] for r in rows],
+            "prompt_text": [r["prompt_text"] for r in rows],
+            "response_ids": [g.token_ids for g in gens], "sampled_logprobs": [g.logprobs for g in gens],
+            "reward": [score_answer(g.token_ids, json.loads(r["metadata_json"])["target"], self.tok)
+                       for g, r in zip(gens, rows)],
+            "finish_reason": [g.finish_reason for g in gens], "weight_version": [g.weight_version for g in gens],
+            "rollout_rank": [self.rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
+        }, schema=ROLLOUTS)
+
+    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+        """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations)."""
+        from slurm_rl.engines.convert import megatron_to_hf
+        from slurm_rl.engines.weight_sync import broadcast_weights
+
+        named = megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg) if self.rank == src else None
+        if len(ranks) == 1:  # the actor's rank is the only rollout rank: a local copy
+            received, stats = list(named or []), None
+        else:
+            received, stats = broadcast_weights(named, src, self.groups.get(ranks, "weight sync"),
+                                                timeout=self.cfg.runtime.wait_timeout_s, what=f"weight sync v{k}")
+        if self.engine is not None:
+            if self.rank == src:  # the source also serves rollout (pre-process): its own weights
+                received = list(megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg))
+            self.engine.update_weights(received, version=k)
+        return {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
+
+    # -- inference ------------------------------------------------------------------------------
+    def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
+        if self.ref is None:
+            raise RuntimeError(f"rank {self.rank}: inference in iteration {k} without a reference scorer")
+        prompts = rollouts.column("prompt_ids").to_pylist()
+        responses = rollouts.column("response_ids").to_pylist()
+        scores = self.ref.score([p + r for p, r in zip(prompts, responses)])
+        ref = [s[len(p) - 1:].tolist() for s, p in zip(scores, prompts)]
+        cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
+        cols.update(ref_logprobs=pa.array(ref, pa.list_(pa.float32())),
+                    values=pa.nulls(rollouts.num_rows, pa.list_(pa.float32())),
+                    inference_rank=pa.array([self.rank] * rollouts.num_rows, pa.int32()))
+        return pa.table(cols, schema=INFERENCE), time.time()
+
+    # -- actor ----------------------------------------------------------------------------------
+    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
+        if list(self.trainer.ranks) != sorted(old):
+            raise RuntimeError(f"rank {self.rank}: the actor is on ranks {self.trainer.ranks}, "
+                               f"epoch {epoch} moves it from {sorted(old)}")
+        return {key: float(v) for key, v in self.trainer.reshard(new, epoch=epoch).items()}
+
+    def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
+        return None  # measured, not predicted
+
+    def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
+              ) -> tuple[float, dict[str, Any]]:
+        from slurm_rl.engines.actor.microbatch import shard_for_rank
+
+        rows = batch.to_pylist()
+        mine = shard_for_rank(rows, ranks.index(self.rank), len(ranks))
+        t0 = time.perf_counter()
+        stats = self.trainer.train_step([self._sample(r) for r in mine], self._loss_fn())
+        return time.time(), {**stats, "train_s": time.perf_counter() - t0}
+
+    @staticmethod
+    def _sample(row: dict[str, Any]) -> dict[str, Any]:
+        """One trainer sample: prompt+response ids with per-token fields in next-token layout."""
+        prompt, response = row["prompt_ids"], row["response_ids"]
+        width = len(prompt) + len(response) - 1
+        start = len(prompt) - 1
+
+        def place(values: list[float]) -> list[float]:
+            out = [0.0] * width
+            out[start:start + len(values)] = values
+            return out
+
+        mask = place([1.0] * len(response))
+        return {"input_ids": prompt + response, "loss_mask": mask, "old_logprobs": place(row["old_logprobs"]),
+                "ref_logprobs": place(row["ref_logprobs"]), "advantages": [row["advantage"] * m for m in mask]}
+
+    def _loss_fn(self) -> Any:
+        from slurm_rl.rl.grpo import grpo_token_loss
+
+        clip, kl = self.clip_eps, self.kl_coef
+
+        def loss(logprobs: Any, batch: dict[str, Any]) -> Any:
+            return grpo_token_loss(logprobs, batch["old_logprobs"], batch["advantages"],
+                                   clip_eps=clip, ref_logprobs=batch["ref_logprobs"], kl_coef=kl)
+
+        return loss
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.engine is not None:
+            self.engine.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
