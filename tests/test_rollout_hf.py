@@ -103,3 +103,54 @@ def test_factory_and_sampling_validation() -> None:
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+
+
+TARGET = [1, 5, 6, 7]
+OTHERS = [[1, 8], [1, 9, 10, 11, 12, 13, 14], [1, 20, 21, 22, 23, 24, 25, 26, 27], [3],
+          [1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8), (0.0, 1.0)])
+def test_per_request_seeds_are_batch_invariant(engine: HFRolloutEngine, temperature: float,
+                                               top_p: float) -> None:
+    sp = dict(max_new_tokens=10, temperature=temperature, top_p=top_p)
+    alone = engine.generate([TARGET], SamplingParams(seeds=(42,), **sp))[0]
+    batch = OTHERS[:3] + [TARGET] + OTHERS[3:]  # other lengths -> other padding, other slot
+    inside = engine.generate(batch, SamplingParams(seeds=(1, 2, 3, 42, 4, 5), **sp))
+    assert inside[3].token_ids == alone.token_ids and inside[3].prompt_ids == TARGET
+    assert torch.allclose(torch.tensor(inside[3].logprobs), torch.tensor(alone.logprobs),
+                          atol=1e-5, rtol=0)
+    for prompt, seed, g in zip(batch, (1, 2, 3, 42, 4, 5), inside):  # every row, not just one
+        single = engine.generate([prompt], SamplingParams(seeds=(seed,), **sp))[0]
+        assert g.token_ids == single.token_ids
+    _check_logprobs_match_score(engine, inside)  # raw temperature-1 logprobs
+
+
+def test_per_request_seeds_differ_and_stop(engine: HFRolloutEngine) -> None:
+    sp = SamplingParams(max_new_tokens=8, seeds=tuple(range(6)))
+    gens = engine.generate([TARGET] * 6, sp)
+    assert len({tuple(g.token_ids) for g in gens}) > 1
+    assert [g.token_ids for g in engine.generate([TARGET] * 6, sp)] == [g.token_ids for g in gens]
+    stop = gens[0].token_ids[2]
+    stopped = engine.generate([TARGET] * 6, SamplingParams(max_new_tokens=8, seeds=sp.seeds,
+                                                           stop_token_ids=(stop,)))
+    for g, s in zip(gens, stopped):  # stopping a row leaves its prefix (and the others) alone
+        end = g.token_ids.index(stop) + 1 if stop in g.token_ids else len(g.token_ids)
+        assert s.token_ids == g.token_ids[:end] and s.logprobs == g.logprobs[:end]
+        assert s.finish_reason == ("stop" if stop in g.token_ids else "length")
+    assert stopped[0].finish_reason == "stop"
+
+
+def test_per_request_seeds_greedy_matches_hf_generate(engine: HFRolloutEngine) -> None:
+    greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0))
+    seeded = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0,
+                                                     seeds=(5, 6, 7)))
+    assert [g.token_ids for g in seeded] == [g.token_ids for g in greedy]
+    for a, b in zip(seeded, greedy):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_seeds_length_must_match_prompts(engine: HFRolloutEngine) -> None:
+    with pytest.raises(ValueError, match="sampling.seeds"):
+        engine.generate(PROMPTS, SamplingParams(seeds=(1, 2)))
+    assert SamplingParams(seeds=[1, 2]).seeds == (1, 2)  # type: ignore[arg-type]

@@ -78,6 +78,20 @@ def run_checks(out: Path) -> None:
     res["sampled_vs_actor"] = _max_diff(
         [g.logprobs for g in sampled],
         [a[len(g.prompt_ids) - 1:] for g, a in zip(sampled, actor_scores)])
+    target, seeds = prompts[0], (11, 12, 13, 14, 15)
+    sp = dict(max_new_tokens=8, temperature=1.0, top_p=0.9)
+    alone = vllm.generate([target], SamplingParams(seeds=(13,), **sp))[0]
+    batch = prompts[1:3] + [target] + prompts[3:] + [[1, 30, 31, 32, 33, 34]]
+    inside = vllm.generate(batch, SamplingParams(seeds=seeds, **sp))[2]
+    res["seeds_alone_vs_batch"] = [alone.token_ids, inside.token_ids]
+    res["seeds_logprob_diff"] = _max_diff([alone.logprobs], [inside.logprobs])
+    group = vllm.generate([target] * 4, SamplingParams(seeds=(1, 2, 3, 4), **sp))
+    res["seeds_group_distinct"] = len({tuple(g.token_ids) for g in group})
+    try:
+        vllm.generate(prompts, SamplingParams(seeds=(1,), **sp))
+        res["seeds_mismatch_error"] = ""
+    except ValueError as exc:
+        res["seeds_mismatch_error"] = str(exc)
     vllm.release()
     try:
         vllm.generate(prompts, greedy)
@@ -120,6 +134,14 @@ def test_logprobs_agree_with_the_actor(checks: dict[str, Any]) -> None:
     assert checks["score_vllm_vs_actor"] < 1e-3
     assert checks["score_hf_vs_actor"] < 1e-3
     assert checks["sampled_vs_actor"] < 1e-3  # raw logprobs, not temperature-scaled
+
+
+def test_per_request_seeds_are_batch_invariant(checks: dict[str, Any]) -> None:
+    alone, inside = checks["seeds_alone_vs_batch"]
+    assert alone == inside and len(alone) == 8
+    assert checks["seeds_logprob_diff"] < 1e-4
+    assert checks["seeds_group_distinct"] > 1
+    assert "sampling.seeds" in checks["seeds_mismatch_error"]
 
 
 def test_stop_tokens_and_release(checks: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.manifest import ProducerManifest
 from slurm_rl.data.migration import claim_pending, write_pending
-from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, ROLLOUTS, count_tokens
+from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, ROLLOUTS, count_tokens
 from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.launch.rank_env import RankInfo
@@ -217,7 +217,7 @@ class _Rollout:
         n = min(self.decoder.free_slots(), self.queued)
         if n <= 0:
             return
-        merged = pa.concat_tables(self.queue).combine_chunks()
+        merged = pa.concat_tables([t.cast(PENDING) for t in self.queue]).combine_chunks()
         self.decoder.admit(merged.slice(0, n), now)
         rest = merged.slice(n)
         self.queue, self.queued = ([rest] if rest.num_rows else []), rest.num_rows
@@ -258,7 +258,7 @@ class _Rollout:
     def _flush(self) -> None:
         if not self.out:
             return
-        table = pa.concat_tables(self.out).combine_chunks()
+        table = pa.concat_tables([t.cast(ROLLOUTS) for t in self.out]).combine_chunks()
         self._writer().write(table)
         self.finished += table.num_rows
         self.out = []
@@ -324,7 +324,7 @@ class _Rollout:
         self.queue, self.queued = [], 0
         migrated = 0
         if unfinished:
-            rest = pa.concat_tables(unfinished).combine_chunks()
+            rest = pa.concat_tables([t.cast(PENDING) for t in unfinished]).combine_chunks()
             write_pending(self.p.run_dir, self.it.k, self.it.rank, rest, tag=epoch,
                           num_chunks=math.ceil(rest.num_rows / self.ticket_rows))
             migrated = rest.num_rows

@@ -18,13 +18,19 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``temperature=0`` means greedy; ``seed`` makes sampling reproducible."""
+    """How to sample. ``temperature=0`` means greedy.
+
+    ``seeds`` (one per prompt) makes each completion depend only on its prompt, the weights and
+    its own seed: not on the other requests of the ``generate`` call (batch-invariant sampling).
+    Without ``seeds``, ``seed`` seeds the whole call (the result may depend on the batch).
+    """
 
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -33,6 +39,15 @@ class SamplingParams:
             raise ValueError(f"sampling.temperature: got {self.temperature}, expected >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p: got {self.top_p}, expected in (0, 1]")
+        if self.seeds is not None:
+            object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+
+    def request_seeds(self, n_prompts: int) -> tuple[int, ...] | None:
+        """``seeds`` checked against the number of prompts of a ``generate`` call."""
+        if self.seeds is not None and len(self.seeds) != n_prompts:
+            raise ValueError(f"sampling.seeds: got {len(self.seeds)} seeds for {n_prompts} "
+                             "prompts, expected one per prompt")
+        return self.seeds
 
 
 @dataclass

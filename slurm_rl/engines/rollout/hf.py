@@ -4,6 +4,11 @@ The model is built from ``ModelConfig`` with random init (no hub). ``generate`` 
 ``generate`` with left padding; the returned logprobs are recomputed from the *raw* logits
 (``output_logits``), so they are the temperature-1 model logprobs of the sampled tokens (see
 ``base``), independent of the temperature / top-p used for sampling.
+
+With per-request ``SamplingParams.seeds``, ``generate`` runs its own KV-cached decode loop
+instead: each row draws from its own ``torch.Generator`` (one uniform per generated token, on the
+CPU so the stream does not depend on the device), so a completion does not depend on the other
+requests of the call, up to the model's batched-vs-single floating-point differences.
 """
 
 from __future__ import annotations
@@ -52,6 +57,26 @@ def score_sequences(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
     return [tok[i, : len(s) - 1].clone() for i, s in enumerate(sequences)]
 
 
+def draw_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor) -> Tensor:
+    """Sample one token per row of ``logits`` [B, V] by inverse CDF with ``uniforms`` [B].
+
+    Greedy (argmax) when ``temperature == 0``. Otherwise the tokens are sorted by descending
+    probability (stable), cut to the smallest prefix whose mass reaches ``top_p`` and the token
+    is the first whose cumulative mass exceeds ``u`` times the kept mass. Every op is row-wise.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    cum = sorted_p.cumsum(dim=-1)
+    if top_p < 1:
+        sorted_p = torch.where(cum - sorted_p < top_p, sorted_p, torch.zeros_like(sorted_p))
+        cum = sorted_p.cumsum(dim=-1)
+    target = (uniforms.to(cum.device, cum.dtype) * cum[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cum, target, right=True).clamp(max=cum.shape[-1] - 1)
+    return torch.gather(order, 1, idx).squeeze(-1)
+
+
 class HFRolloutEngine(RolloutEngine):
     """Rollout with HF ``generate``; weights are replaced in place by ``update_weights``."""
 
@@ -86,8 +111,11 @@ class HFRolloutEngine(RolloutEngine):
                  ) -> list[Generation]:
         """Sample one completion per prompt (stop token included in ``token_ids``)."""
         self._check_live("generate")
+        seeds = sampling.request_seeds(len(prompts))
         if not prompts:
             return []
+        if seeds is not None:
+            return self._generate_per_request(prompts, sampling, seeds)
         ids, mask = pad_batch(prompts, self.pad_id, left=True)
         input_ids = torch.tensor(ids, device=self.device)
         attn = torch.tensor(mask, device=self.device)
@@ -112,6 +140,51 @@ class HFRolloutEngine(RolloutEngine):
                                      weight_version=self.weight_version,
                                      prompt_ids=list(prompt)))
         return result
+
+    @torch.no_grad()
+    def _generate_per_request(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                              seeds: Sequence[int]) -> list[Generation]:
+        """Batch-invariant sampling: a KV-cached decode loop with one generator per row."""
+        from transformers import DynamicCache
+
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        ids, mask_rows = pad_batch(prompts, self.pad_id, left=True)
+        step_ids = torch.tensor(ids, device=self.device)
+        mask = torch.tensor(mask_rows, device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        stops = torch.tensor(sorted(set(sampling.stop_token_ids)), dtype=torch.long,
+                             device=self.device)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
+        stopped = done.clone()
+        tokens: list[Tensor] = []
+        logps: list[Tensor] = []
+        for _ in range(sampling.max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1].float()  # raw model logits of the next token
+            uniforms = torch.stack([torch.rand((), generator=g) for g in gens])
+            tok = draw_tokens(logits, sampling.temperature, sampling.top_p, uniforms)
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            tokens.append(tok)
+            logps.append(torch.gather(torch.log_softmax(logits, dim=-1), 1,
+                                      tok.unsqueeze(-1)).squeeze(-1))
+            hit = ~done & torch.isin(tok, stops)
+            stopped |= hit
+            positions = mask.sum(-1, keepdim=True)
+            mask = torch.cat([mask, (~done).long().unsqueeze(-1)], dim=-1)
+            done = done | hit
+            if bool(done.all()):
+                break
+            step_ids = tok.unsqueeze(-1)
+        new = torch.stack(tokens, dim=1).cpu()
+        logp = torch.stack(logps, dim=1).cpu()
+        n_new = mask[:, len(ids[0]):].sum(-1).cpu()  # tokens each row generated, stop included
+        stopped_rows = stopped.cpu().tolist()
+        return [Generation(token_ids=new[i, :n].tolist(), logprobs=logp[i, :n].tolist(),
+                           finish_reason="stop" if stopped_rows[i] else "length",
+                           weight_version=self.weight_version, prompt_ids=list(prompt))
+                for i, (prompt, n) in enumerate(zip(prompts, n_new.tolist()))]
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:

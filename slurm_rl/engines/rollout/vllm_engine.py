@@ -12,8 +12,10 @@ that environment variable when it is unset, so scripts that build it must guard 
 with ``if __name__ == "__main__"``.
 
 Logprobs are vLLM's ``raw_logprobs`` (before temperature / top-p): the temperature-1 model
-logprobs of the sampled tokens, like the hf backend. With a ``seed``, request ``i`` is sampled
-with seed ``seed + i`` so that repeated prompts (a GRPO group) still differ.
+logprobs of the sampled tokens, like the hf backend. With per-request ``seeds``, request ``i`` is
+sampled with seed ``seeds[i]`` (vLLM gives a seeded request its own generator, so its draws do not
+depend on the rest of the batch); otherwise, with a ``seed``, request ``i`` gets ``seed + i`` so
+that repeated prompts (a GRPO group) still differ.
 """
 
 from __future__ import annotations
@@ -99,15 +101,18 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm import SamplingParams as VSP
 
         self._check_live("generate")
+        seeds: Sequence[int | None] | None = sampling.request_seeds(len(prompts))
         if not prompts:
             return []
+        if seeds is None:
+            seeds = [None if sampling.seed is None else sampling.seed + i
+                     for i in range(len(prompts))]
         greedy = sampling.temperature == 0
         params = [VSP(max_tokens=sampling.max_new_tokens,
                       temperature=0.0 if greedy else sampling.temperature,
-                      top_p=1.0 if greedy else sampling.top_p, top_k=0,
-                      seed=None if sampling.seed is None else sampling.seed + i,
+                      top_p=1.0 if greedy else sampling.top_p, top_k=0, seed=seed,
                       stop_token_ids=list(sampling.stop_token_ids), logprobs=0,
-                      detokenize=False) for i in range(len(prompts))]
+                      detokenize=False) for seed in seeds]
         outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)
         result = []
         for prompt, out in zip(prompts, outs):
