@@ -8,7 +8,8 @@
 - rollout: an hf (or vllm) engine, sampling each request with its own seed (batch-invariant, so
   migration does not change a sample); parked while the rank serves another role, woken without
   a rebuild when it returns;
-- inference: reference-policy logprobs from the frozen initial weights (rebuilt from the seed).
+- inference: reference-policy logprobs from the frozen initial weights (rebuilt from the seed);
+- at the end the actor is saved to ``RUN_DIR/checkpoints/final`` (``engines.actor.checkpoint``).
 Calls block; the protocol's next pass is the next safe point.
 """
 
@@ -100,7 +101,7 @@ class RealCompute:
         from slurm_rl.rl.tasks import TaskConfig
         from slurm_rl.rl.tokenizer import CharTokenizer
 
-        self.cfg, self.info, self.rank = cfg, info, info.rank
+        self.cfg, self.info, self.rank, self.run_dir = cfg, info, info.rank, paths.run_dir
         self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
         torch.set_num_threads(int(cfg.actor.get("threads", 1)))
         init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s)
@@ -286,8 +287,13 @@ class RealCompute:
         return loss
 
     def close(self) -> None:
+        """Save the trained actor (``RUN_DIR/checkpoints/final``, by its DP rank 0), free the engines."""
         import torch.distributed as dist
 
+        from slurm_rl.engines.actor.checkpoint import save_checkpoint
+
+        if self.trainer.active:
+            save_checkpoint(self.trainer, self.run_dir / "checkpoints" / "final")
         if self.engine is not None:
             self.engine.close()
         if dist.is_initialized():
