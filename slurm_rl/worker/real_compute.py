@@ -241,7 +241,9 @@ class RealCompute:
 
     # -- actor ----------------------------------------------------------------------------------
     def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
-        if list(self.trainer.ranks) != sorted(old):
+        if not self.trainer.active:  # moves it took no part in left its view stale: the protocol knows
+            self.trainer.ranks = sorted(old)
+        elif list(self.trainer.ranks) != sorted(old):
             raise RuntimeError(f"rank {self.rank}: the actor is on ranks {self.trainer.ranks}, "
                                f"epoch {epoch} moves it from {sorted(old)}")
         return {key: float(v) for key, v in self.trainer.reshard(new, epoch=epoch).items()}

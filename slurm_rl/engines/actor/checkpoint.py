@@ -33,7 +33,8 @@ def save_checkpoint(trainer: ActorTrainer, path: str | os.PathLike[str]) -> Path
     """
     target = Path(path)
     state = trainer.state_dict()
-    written = _write(state, target) if state is not None else None
+    # Without ZeRO-1 every DP rank holds the full state; DP rank 0 alone writes it.
+    written = _write(state, target) if state is not None and trainer.dp_rank == 0 else None
     if trainer.dp_size > 1:
         dist.barrier(group=trainer.dp_group)  # bounded by the DP group's timeout
     return written
