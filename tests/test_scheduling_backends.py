@@ -31,18 +31,19 @@ BACKENDS = ["emulated", "cpu"]
 
 
 def cpu_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> dict:
-    """4 real ranks (actor 0, rollout 1-2, inference 3), 32 samples and 4 mini-batches per
-    iteration; valid actor DP sizes 1, 2, 4; 8 running requests per rollout instance."""
+    """4 real ranks (actor 0, rollout 1-2, inference 3), 128 samples and 4 mini-batches per
+    iteration; valid actor DP sizes 1, 2, 4; 32 running requests per rollout instance, so auto
+    releases one rollout rank (and grows the actor) while a quarter of the requests is left."""
     return {
         "cluster": {"num_nodes": 1, "gpus_per_node": 4, "auto_scheduler": policy == "auto",
                     "component_placement": {"actor": "0", "rollout": "1-2", "inference": "3"}, **cluster},
         "runtime": {"device": "cpu", "run_dir": str(run_dir), "wait_timeout_s": 120.0, "ack_timeout_s": 120.0,
                     "heartbeat_timeout_s": 60.0, "run_timeout_s": 600.0},
-        "train": {"num_iterations": iterations, "rollout_batch_size": 8, "group_size": 4, "global_batch_size": 8,
-                  "micro_batch_size": 2, "minibatch_order": "index"},
-        "scheduler": {"policy": policy, "max_running_requests": 8},
+        "train": {"num_iterations": iterations, "rollout_batch_size": 32, "group_size": 4, "global_batch_size": 32,
+                  "micro_batch_size": 8, "minibatch_order": "index"},
+        "scheduler": {"policy": policy, "max_running_requests": 32},
         "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-        "task": {"name": "add", "max_operand": 4},
+        "task": {"name": "copy", "length": 6, "alphabet": 6},
         "actor": {"lr": 1.0e-3},
         "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
         "rollout": {"backend": "hf", "sub_batch": 4},
@@ -125,7 +126,7 @@ def test_auto_grows_the_actor_at_a_minibatch_boundary(tmp_path: Path, device: st
     assert [m["samples"] for m in metrics] == [samples_per_iteration(cfg)] * 2
     if device == "cpu":  # the real actor trained every mini-batch: four optimizer steps per iteration
         assert [len(m["losses"]) for m in metrics] == [4, 4]
-        assert [m["consumed_samples"] for m in metrics] == [32.0, 64.0]
+        assert [m["consumed_samples"] for m in metrics] == [128.0, 256.0]
 
 
 @pytest.mark.slow
@@ -175,9 +176,6 @@ def test_rollout_shrinks_mid_iteration_with_exact_sample_accounting(tmp_path: Pa
     keep = "2-3" if device == "emulated" else "1"
     cfg["scheduler"]["script"] = [{"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.25,
                                    "placement": {**before, "rollout": keep}}]
-    if device == "cpu":  # enough requests that the released rank still holds some at 25 %
-        cfg["train"].update(rollout_batch_size=32, global_batch_size=32, micro_batch_size=8)
-        cfg["task"] = {"name": "copy", "length": 6, "alphabet": 6}
     run_dir = run(tmp_path, "shrink", cfg)
     epochs = epochs_of(run_dir)
     assert len(epochs) == 2 and epochs[1].boundary == "now" and epochs[1].iteration == 0
