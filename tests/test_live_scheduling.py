@@ -229,28 +229,6 @@ def test_unusable_decision_is_logged_and_not_published(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_scripted_step_mid_iteration_shrinks_rollout_with_migration(tmp_path: Path) -> None:
-    """``scheduler.script[].at_phase: rollout`` applies inside the iteration: ranks 4-5 leave
-    rollout while generating, hand their requests back, and every sample is produced once."""
-    cfg = live_config(tmp_path / "run", "scripted", iterations=1)
-    # At a fifth of the samples finished every rollout rank holds requests (none lags that far).
-    cfg["scheduler"]["script"] = [{"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.2,
-                                   "placement": {"actor": "0-1", "rollout": "2-3", "inference": "6-7"}}]
-    run_dir = _run(tmp_path, "scripted", cfg)
-    epochs = EpochStore(RunPaths(run_dir)).all()
-    mid = [e for e in epochs if e.epoch > 0]
-    assert len(mid) == 1 and mid[0].boundary == "now" and mid[0].ranks_of("rollout") == [2, 3]
-    rollouts = _stage_ids(run_dir, 0, "rollouts", None)
-    assert set(rollouts) == set(range(256)) and max(rollouts.values()) == 1
-    migrated = [sid for p in pending_dir(run_dir, 0).glob("claimed-*.json")
-                for sid in json.loads(p.read_text())["sample_ids"]]
-    assert migrated and len(migrated) == len(set(migrated))
-    trained = _stage_ids(run_dir, 0, "actor_batch", [0])
-    assert set(trained) == set(range(256)) and max(trained.values()) == 1
-    assert {json.loads(p.read_text())["from_rank"] for p in pending_dir(run_dir, 0).glob("claimed-*.json")} <= {4, 5}
-
-
-@pytest.mark.slow
 def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     """Calibration: the math-RL profile on 8 emulated ranks (1/20 time, 1/16 tokens) against
     ``slurm-rl simulate`` on the very same config agrees within 10 % on end-to-end time. The

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from slurm_rl.control.acks import read_reshards
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.inspect.report import read_metrics
@@ -70,8 +70,9 @@ def test_real_cpu_run_with_actor_reshard(tmp_path: Path) -> None:
     _check_real_run(run_dir, 3)
     epochs = EpochStore(RunPaths(run_dir)).all()
     assert [e.ranks_of("actor") for e in epochs] == [[0], [0, 1]]
-    ack = json.loads(RunPaths(run_dir).ack(1, 1).read_text())
-    assert ack["figures"]["bytes_moved"] > 0  # rank 1 received the actor state in place
+    moved = {r["rank"]: r["figures"] for r in read_reshards(RunPaths(run_dir), 1)}
+    assert moved[1]["bytes_received"] > 0  # rank 1 received the actor state in place, at iteration 1's start
+    assert (run_dir / "checkpoints" / "final" / "model.safetensors").exists()
 
 
 @pytest.mark.slow
@@ -90,42 +91,3 @@ def test_real_cpu_run_through_sbatch(slurm_cluster, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log.exists() else "")
     _check_real_run(run_dir, 3)
-
-
-def _sample_ids(run_dir: Path, iteration: int, stage: str) -> list[int]:
-    ids: list[int] = []
-    for shard in sorted((run_dir / "data" / f"iter-{iteration:06d}" / stage).glob("shard-*.arrow")):
-        with pa.memory_map(str(shard)) as source:
-            ids.extend(pa.ipc.open_file(source).read_all().column("sample_id").to_pylist())
-    return ids
-
-
-@pytest.mark.slow
-def test_rollout_shrinks_mid_iteration_without_losing_samples(tmp_path: Path) -> None:
-    """A scripted epoch in the rollout phase releases rank 2: its unstarted requests migrate to rank 1."""
-    run_dir = tmp_path / "run"
-    cfg = cpu_config(run_dir, iterations=2)
-    cfg["train"].update(rollout_batch_size=64, group_size=4, global_batch_size=128, micro_batch_size=64)
-    cfg["task"] = {"name": "copy", "length": 6, "alphabet": 6}
-    cfg["rollout"]["sub_batch"] = 4
-    cfg["scheduler"]["script"] = [
-        {"at_iteration": 0, "at_phase": "rollout", "at_rollout_fraction": 0.5,
-         "placement": {"actor": "0", "rollout": "1", "inference": "3"}},
-        {"at_iteration": 1, "placement": {"actor": "0", "rollout": "1-2", "inference": "3"}},
-    ]
-    path = tmp_path / "cpu.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    epochs = EpochStore(RunPaths(run_dir)).all()
-    assert [e.ranks_of("rollout") for e in epochs] == [[1, 2], [1], [1, 2]]
-    assert epochs[1].iteration == 0 and epochs[1].boundary != "iteration"
-    # Rank 2 handed work back (a claimed ticket written by rank 2) ...
-    claimed = [p.name for p in (run_dir / "data" / "iter-000000" / "pending").iterdir() if "pending-0002-" in p.name]
-    assert claimed, "the released rollout rank did not hand any request back"
-    # ... and every sample of every iteration was produced exactly once and reached the actor.
-    for it in range(2):
-        expected = sorted(it * 10**9 + i for i in range(256))
-        assert sorted(_sample_ids(run_dir, it, "rollouts")) == expected
-        assert sorted(_sample_ids(run_dir, it, "actor_batch")) == expected
