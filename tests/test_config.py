@@ -306,7 +306,8 @@ def test_quickstart_sections_and_defaults() -> None:
     assert isinstance(cfg, Config)
     assert cfg.runtime.device == "cpu" and cfg.cluster.gpus_per_node == 4
     assert cfg.runtime.seed == 1234 and cfg.runtime.keep_iterations == 2  # defaults
-    assert cfg.scheduler.policy == "static" and cfg.scheduler.script == []
+    assert cfg.scheduler.policy == "auto" and cfg.cluster.auto_scheduler and cfg.scheduler.script == []
+    assert cfg.train.minibatch_order == "arrival"  # default: stream whole groups as they complete
     assert ranks(cfg.placement) == {"actor": (0,), "rollout": (1, 2), "inference": (3,)}
     assert cfg.model["num_attention_heads"] == 2 and cfg.task["name"] == "add"
     assert cfg.algorithm["kl_coef"] == 0.05
@@ -368,6 +369,18 @@ def test_bad_overrides_all_reported() -> None:
     assert_issue(exc.value, "train.group_size", "abc", "int")
     assert "train.num_iterations" in found
     assert len(str(exc.value).splitlines()) == 4
+
+
+def test_minibatch_order_errors() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["train.minibatch_order=random"])
+    assert_issue(exc.value, "train.minibatch_order", "random", "one of arrival, index")
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["train.minibatch_order=index", "train.group_size=3",
+                                          "train.global_batch_size=8", "train.rollout_batch_size=8",
+                                          "train.micro_batch_size=4"])
+    assert_issue(exc.value, "train.minibatch_order", "index", "multiple of train.group_size (3)")
+    assert config_from_yaml_text(BASE_YAML, ["train.minibatch_order=index"]).train.minibatch_order == "index"
 
 
 def test_now_resolver_in_run_dir() -> None:
