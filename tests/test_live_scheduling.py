@@ -52,7 +52,7 @@ def live_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> d
 def _run(tmp_path: Path, name: str, cfg: dict) -> Path:
     path = write_config(tmp_path / f"{name}.yaml", cfg)
     proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Path(cfg["runtime"]["run_dir"])
 

@@ -9,14 +9,11 @@ produced once by rollout and trained once by the actor.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from emulated_configs import write_config
 from slurm_rl.control.acks import read_reshards
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import read_events
@@ -24,9 +21,8 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.migration import pending_dir
 from slurm_rl.data.reader import StageReader
 from slurm_rl.inspect.report import read_metrics
-from test_live_scheduling import live_config
+from test_live_scheduling import _run as run, live_config
 
-REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["emulated", "cpu"]
 
 
@@ -54,14 +50,6 @@ def config(device: str, run_dir: Path, policy: str, iterations: int = 2, **clust
     if device == "cpu":
         return cpu_config(run_dir, policy, iterations, **cluster)
     return live_config(run_dir, policy, iterations, **cluster)
-
-
-def run(tmp_path: Path, name: str, cfg: dict) -> Path:
-    path = write_config(tmp_path / f"{name}.yaml", cfg)
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return Path(cfg["runtime"]["run_dir"])
 
 
 def samples_per_iteration(cfg: dict) -> int:
