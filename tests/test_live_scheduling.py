@@ -228,6 +228,19 @@ def test_unusable_decision_is_logged_and_not_published(tmp_path: Path) -> None:
     assert len(rejected) == 1 and any("rank 2 assigned to both" in p for p in rejected[0]["problems"])
 
 
+def test_rollout_or_inference_growth_mid_iteration_is_refused(tmp_path: Path) -> None:
+    """Inside an iteration rollout and inference may only shrink (a joiner would lack the
+    iteration's weights or its inference share): such a decision is logged, not published."""
+    from slurm_rl.scheduler.state import Decision
+
+    grow = Decision({"actor": (0,), "rollout": (1, 2, 3, 4, 5), "inference": (6, 7)}, "grow rollout", boundary="now")
+    loop, paths = _coordinator(tmp_path, policy_fn=lambda state: grow)
+    assert loop.decide_mid_iteration(0, _rollout_tail_progress(), 0.0) is None
+    assert [e.epoch for e in EpochStore(paths).all()] == [0]
+    (rejected,) = read_events(paths, "rejected")
+    assert any("rollout: ranks [1] cannot join mid-iteration" in p for p in rejected["problems"]), rejected
+
+
 @pytest.mark.slow
 def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     """Calibration: the math-RL profile on 8 emulated ranks (1/20 time, 1/16 tokens) against
