@@ -693,8 +693,9 @@ class _Iteration:
         while True:
             rt.safe_point()
             now = time.time()
-            active = self.cutter is not None or any(part is not None and not part.done for part in (self.rollout, self.inference))
-            # A rank that only follows the mini-batch plan needs no fast polling.
+            active = (self.cutter is not None or "actor" in rt.roles
+                      or any(part is not None and not part.done for part in (self.rollout, self.inference)))
+            # A rank outside the actor that only follows the mini-batch plan needs no fast polling.
             wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
                 wakes.append(self.rollout.step(now) or wakes[0])
