@@ -118,3 +118,33 @@ def test_start_is_idempotent(slurm_cluster: SlurmCluster) -> None:
     pids_after = sorted(p.read_text().strip() for p in (slurm_cluster.test_dir / "run").glob("*.pid"))
     assert again.conf == slurm_cluster.conf
     assert pids_after == pids_before, "a second start.sh must not restart running daemons"
+
+
+def test_two_clusters_side_by_side(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A second checkout's cluster (another SLURM_TEST_DIR) starts while this one runs, gets ports
+    of its own, runs a job, and stopping it leaves this one running."""
+    import os
+    import subprocess
+
+    from slurm_fixture import SLURM_TOOLS, start_cluster
+
+    def ports(cluster: SlurmCluster) -> set[int]:
+        conf = cluster.conf.read_text()
+        keys = ("SlurmctldPort=", "AccountingStoragePort=")
+        return {int(line.split("=", 1)[1]) for line in conf.splitlines() if line.startswith(keys)}
+
+    other_dir = tmp_path / "c2"
+    other = start_cluster(other_dir)
+    try:
+        assert ports(other).isdisjoint(ports(slurm_cluster)), (ports(other), ports(slurm_cluster))
+        assert (other_dir / "state" / "ports").read_text().strip().isdigit()
+        for cluster in (slurm_cluster, other):
+            out = cluster.run("srun", "-N1", "-n1", "--gres=gpu:1", "bash", "-c", "echo $SLURM_JOB_ID $SLURM_CLUSTER_NAME",
+                              timeout=60).stdout.split()
+            assert out and out[0].isdigit()
+    finally:
+        subprocess.run(["bash", str(SLURM_TOOLS / "stop.sh"), "--purge"], env={**os.environ, "SLURM_TEST_DIR": str(other_dir)},
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    assert not other_dir.exists()
+    rows = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+    assert rows and all(state in {"idle", "mixed", "allocated"} for state in rows), rows  # untouched

@@ -10,16 +10,35 @@ SLURM_TEST_GPUS="${SLURM_TEST_GPUS:-4}"
 if [[ -z "${SLURM_TEST_CPUS:-}" ]]; then
   SLURM_TEST_CPUS=$(( SLURM_TEST_GPUS + 2 > 8 ? SLURM_TEST_GPUS + 2 : 8 ))
 fi
-SLURM_TEST_PORT_BASE="${SLURM_TEST_PORT_BASE:-16817}"
+# Ports: SLURM_TEST_PORT_BASE from the environment, else the block recorded by the start.sh that
+# started this directory's cluster (state/ports), else a block derived from SLURM_TEST_DIR (start.sh
+# moves on to the next free block when that one is taken and records what it chose). So two
+# checkouts on one host get clusters of their own, and a running cluster keeps its ports.
+SLURM_TEST_PORTS_FILE="${SLURM_TEST_DIR}/state/ports"
+SLURM_TEST_PORT_BLOCK=16    # ports per cluster: ctld, dbd, mariadb, then one per slurmd
+SLURM_TEST_PORT_FIRST=20000
+SLURM_TEST_PORT_BLOCKS=2000  # blocks between SLURM_TEST_PORT_FIRST and 52000
+SLURM_TEST_PORT_FROM_ENV=0
+if [[ -n "${SLURM_TEST_PORT_BASE:-}" ]]; then
+  SLURM_TEST_PORT_FROM_ENV=1
+elif [[ -s "${SLURM_TEST_PORTS_FILE}" ]]; then
+  SLURM_TEST_PORT_BASE=$(tr -dc '0-9' < "${SLURM_TEST_PORTS_FILE}")
+else
+  SLURM_TEST_PORT_BASE=$(( SLURM_TEST_PORT_FIRST
+    + ( $(printf '%s' "${SLURM_TEST_DIR}" | cksum | cut -d' ' -f1) % SLURM_TEST_PORT_BLOCKS ) * SLURM_TEST_PORT_BLOCK ))
+fi
 SLURM_TEST_ACCOUNTING="${SLURM_TEST_ACCOUNTING:-1}"
 SLURM_TEST_START_TIMEOUT="${SLURM_TEST_START_TIMEOUT:-90}"
 SLURM_TEST_CLUSTER_NAME="${SLURM_TEST_CLUSTER_NAME:-slurmrltest}"
 
-# Port layout: ctld=BASE, dbd=BASE+1, mariadb=BASE+2, slurmd n1..nN = BASE+3 ...
-SLURM_TEST_CTLD_PORT=$(( SLURM_TEST_PORT_BASE ))
-SLURM_TEST_DBD_PORT=$(( SLURM_TEST_PORT_BASE + 1 ))
-SLURM_TEST_DB_PORT=$(( SLURM_TEST_PORT_BASE + 2 ))
-SLURM_TEST_SLURMD_PORT0=$(( SLURM_TEST_PORT_BASE + 3 ))
+slurm_test_set_ports() {
+  # Port layout: ctld=BASE, dbd=BASE+1, mariadb=BASE+2, slurmd n1..nN = BASE+3 ...
+  SLURM_TEST_CTLD_PORT=$(( SLURM_TEST_PORT_BASE ))
+  SLURM_TEST_DBD_PORT=$(( SLURM_TEST_PORT_BASE + 1 ))
+  SLURM_TEST_DB_PORT=$(( SLURM_TEST_PORT_BASE + 2 ))
+  SLURM_TEST_SLURMD_PORT0=$(( SLURM_TEST_PORT_BASE + 3 ))
+}
+slurm_test_set_ports
 
 SLURM_TEST_ETC="${SLURM_TEST_DIR}/etc"
 SLURM_TEST_RUN="${SLURM_TEST_DIR}/run"
@@ -57,4 +76,18 @@ slurm_test_pidfile_alive() {
   [[ -s "${pidfile}" ]] || return 1
   pid=$(tr -dc '0-9' < "${pidfile}")
   slurm_test_pid_alive "${pid}" "${name}"
+}
+
+slurm_test_port_in_use() {
+  # True if something listens on 127.0.0.1:PORT (or the port is otherwise taken).
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+slurm_test_block_free() {
+  # True if every port of the block at BASE is free.
+  local base="$1" i
+  for (( i = 0; i < 3 + SLURM_TEST_NODES; i++ )); do
+    slurm_test_port_in_use $(( base + i )) && return 1
+  done
+  return 0
 }

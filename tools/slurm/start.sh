@@ -229,9 +229,31 @@ wait_nodes_idle() {
   done
 }
 
+choose_ports() {
+  # With no daemon of this directory running and no SLURM_TEST_PORT_BASE given: keep the recorded
+  # (or derived) block if it is free, else take the next free one; record the choice.
+  if (( SLURM_TEST_PORT_FROM_ENV )) || any_daemon_running; then
+    echo "${SLURM_TEST_PORT_BASE}" > "${SLURM_TEST_PORTS_FILE}"
+    return 0
+  fi
+  local base="${SLURM_TEST_PORT_BASE}" tries=0
+  until slurm_test_block_free "${base}"; do
+    (( ++tries < 64 )) || die "no free block of ${SLURM_TEST_PORT_BLOCK} ports found from ${SLURM_TEST_PORT_BASE}"
+    base=$(( base + SLURM_TEST_PORT_BLOCK ))
+    (( base + SLURM_TEST_PORT_BLOCK <= 60000 )) || base=${SLURM_TEST_PORT_FIRST}
+  done
+  if (( base != SLURM_TEST_PORT_BASE )); then
+    log "ports ${SLURM_TEST_PORT_BASE}.. are taken: using ${base}.."
+  fi
+  SLURM_TEST_PORT_BASE=${base}
+  slurm_test_set_ports
+  echo "${SLURM_TEST_PORT_BASE}" > "${SLURM_TEST_PORTS_FILE}"
+}
+
 mkdir -p "${SLURM_TEST_LOG}"
 ensure_packages
 prepare_dirs
+choose_ports
 write_config
 start_munged
 if [[ "${SLURM_TEST_ACCOUNTING}" == "1" ]]; then
