@@ -4,7 +4,8 @@
   created by their members only when first used (``engines.actor.groups``), so a reshard at a
   mini-batch boundary involves only the ranks it moves;
 - actor: megatron-core GPT trained by :class:`ActorTrainer` (DP over the actor ranks), resharded
-  in place; a rank that may join the actor holds a warm model skeleton (dynamic policies);
+  in place; a rank that may join the actor holds a warm model skeleton (dynamic policies;
+  ``actor.warm_joiners: false`` saves that memory at the cost of a build on the critical path);
 - rollout: an hf (or vllm) engine, sampling each request with its own seed (batch-invariant, so
   migration does not change a sample); parked while the rank serves another role, woken without
   a rebuild when it returns;
@@ -112,6 +113,9 @@ class RealCompute:
         self.model_cfg = ModelConfig.from_dict(model)
         actor = dict(cfg.actor)
         actor.pop("threads", None)
+        # A rank that may join the actor holds a warm skeleton (params, grads, Adam state: ~16 bytes
+        # per parameter) so that joining costs the transfer only; false saves that memory.
+        warm_joiners = bool(actor.pop("warm_joiners", True))
         optim_cfg = OptimConfig.from_dict(actor)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
                                 micro_batch_size=cfg.train.micro_batch_size,
@@ -127,8 +131,8 @@ class RealCompute:
         initial = sorted(cfg.placement.components["actor"].ranks)
         self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device)
         self.warm_s = 0.0
-        if cfg.scheduler.policy != "static" and not self.trainer.active and hasattr(self.trainer, "warm"):
-            self.warm_s = float(self.trainer.warm())  # joining the actor later costs the transfer only
+        if warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
+            self.warm_s = self.trainer.warm()
         self.engine: Any = None
         self.ref: Any = None
 

@@ -1,18 +1,21 @@
 """ActorTrainer: one optimizer step per mini-batch and in-place DP resharding.
 
 Every rank that may ever hold the actor creates an ``ActorTrainer``; ranks outside the
-current actor rank list are *inactive* (no model in memory) until a reshard adds them.
+current actor rank list are *inactive* until a reshard adds them. An inactive rank holds no model
+unless it was *warmed* (:meth:`ActorTrainer.warm`): then its model skeleton, flat buffers and
+optimizer buffers are allocated and paged in ahead of time, so joining costs the transfer only.
 """
 
 from __future__ import annotations
 
-import datetime
+import json
 import socket
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from slurm_rl.engines.model_config import ModelConfig
 
@@ -46,12 +49,18 @@ def nll_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Te
 class ActorTrainer:
     """Trains the megatron-core GPT actor over an explicit DP group and reshards it in place.
 
-    Before construction all world ranks call ``group_cache.ensure([ranks])`` (the DP group).
+    The DP group is created on first use by its members (``GroupCache.get``). ``stay_warm=True``
+    warms a non-member at construction (:meth:`warm`) and keeps a leaving rank's buffers.
     """
+
+    control_via_store: bool | None = None
+    """Reshard arrival barrier and metadata through the world's store instead of the union
+    group; None: only when the group is not gloo (``monitored_barrier`` is gloo-only and the
+    metadata travels as CPU tensors)."""
 
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_cfg: BatchConfig,
                  ranks: Sequence[int], group_cache: GroupCache, seed: int,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", stay_warm: bool = False) -> None:
         check_dp_size(batch_cfg, len(set(ranks)))
         self.model_cfg, self.optim_cfg, self.batch_cfg = model_cfg, optim_cfg, batch_cfg
         self.group_cache = group_cache
@@ -66,7 +75,9 @@ class ActorTrainer:
         self.flat: FlatParams | None = None
         self.optimizer: DPAdamW | None = None
         self.dp_group: dist.ProcessGroup | None = None
-        if self.me in self.ranks:
+        self.stay_warm = stay_warm
+        self._active = self.me in self.ranks
+        if self._active:
             self._build(initialize=True)
             self.dp_group = group_cache.get(self.ranks, "actor DP group")
             self.optimizer = DPAdamW(self.flat, optim_cfg, self.dp_group, self.dp_rank,
@@ -75,12 +86,19 @@ class ActorTrainer:
             # Import megatron now so that joining the actor later costs a skeleton build, not
             # the first import of megatron-core (tens of seconds on a loaded node).
             preload_megatron(device)
+            if stay_warm:
+                self.warm()
 
     # ----------------------------------------------------------------- properties
     @property
     def active(self) -> bool:
-        """Whether this rank currently holds the actor."""
-        return self.model is not None
+        """Whether this rank currently holds the actor (a warm skeleton does not count)."""
+        return self._active
+
+    @property
+    def warm_ready(self) -> bool:
+        """Whether an inactive rank holds a warm skeleton (joining skips the build)."""
+        return not self._active and self.model is not None
 
     @property
     def dp_size(self) -> int:
@@ -100,7 +118,7 @@ class ActorTrainer:
     @property
     def step(self) -> int:
         """Optimizer steps done."""
-        return self.optimizer.step_count if self.optimizer else self._step
+        return self.optimizer.step_count if self._active and self.optimizer else self._step
 
     _step = 0
 
@@ -116,6 +134,37 @@ class ActorTrainer:
         # reshard broadcasts parameters and optimizer state as one buffer.
         self.flat = FlatParams(self.model, slots=1 if self.optim_cfg.zero1 else 3,
                                copy_values=initialize)
+
+    def _build_skeleton(self, dp_rank: int, dp_size: int) -> None:
+        """Model skeleton, flat buffers and (uninitialised) optimizer of a joining rank."""
+        self._build(initialize=False)
+        assert self.flat is not None
+        self.optimizer = DPAdamW(self.flat, self.optim_cfg, None, dp_rank, dp_size,
+                                 zero_state=False)
+
+    def warm(self, dp_size: int | None = None) -> float:
+        """Prepare this non-member to join the actor: build the skeleton, flat buffers and
+        optimizer buffers now and page them in, so a later :meth:`reshard` that adds this rank
+        only receives state (``build_seconds`` ~0). Also makes :meth:`free` keep them when this
+        rank leaves the actor again. ZeRO-1 moment shards are sized for ``dp_size`` (default:
+        the current DP size + 1) and reused when the join gives this rank that size.
+
+        The rank stays inactive: training and state calls raise ``InactiveActorError`` until a
+        reshard adds it. Returns the seconds spent (0 when already warm or active).
+        """
+        self.stay_warm = True
+        if self.model is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._build_skeleton(0, dp_size or self.dp_size + 1)
+        assert self.flat is not None and self.optimizer is not None
+        # FlatParams zero-fills a skeleton's storage (parameters and, without ZeRO-1, the Adam
+        # moments); page in the gradients and ZeRO-1 moment shards too.
+        self.flat.grad.zero_()
+        if self.optim_cfg.zero1:
+            self.optimizer.exp_avg.zero_()
+            self.optimizer.exp_avg_sq.zero_()
+        return time.perf_counter() - t0
 
     # ----------------------------------------------------------------- training
     def train_step(self, samples: Sequence[Mapping[str, Any]],
@@ -136,7 +185,7 @@ class ActorTrainer:
         assert self.model is not None and self.flat is not None and self.optimizer is not None
         batches = [collate(mb) for mb in split_microbatches(samples, self.batch_cfg)]
         counts = torch.tensor([sum(float(b["loss_mask"].sum()) for b in batches)],
-                              dtype=torch.float64)
+                              dtype=torch.float64, device=self.device)
         if self.dp_size > 1:
             dist.all_reduce(counts, group=self.dp_group)
         global_tokens = float(counts.item())
@@ -145,7 +194,7 @@ class ActorTrainer:
                              "loss tokens")
         self.model.train()
         self.flat.zero_grad()
-        loss_sum = torch.zeros(1, dtype=torch.float64)
+        loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         for batch in batches:
             logprobs = token_logprobs(self.model, batch["input_ids"].to(self.device),
                                       batch["attention_mask"].to(self.device))
@@ -185,7 +234,7 @@ class ActorTrainer:
             return None
         out = []
         for buf in (opt.exp_avg, opt.exp_avg_sq):
-            whole = torch.empty(self.flat.numel, dtype=torch.float32)
+            whole = torch.empty(self.flat.numel, dtype=torch.float32, device=buf.device)
             whole[:buf.numel()].copy_(buf)
             out.append(whole)
         for src in self.ranks[1:]:
@@ -259,13 +308,16 @@ class ActorTrainer:
         """Move the actor from the current ranks to ``new_ranks`` in place.
 
         Collective over the union of old and new ranks: every one of them must call it with the
-        same ``new_ranks``, after all world ranks called
-        ``group_cache.ensure(transition_rank_sets(old, new))``. Holders send parameters and Adam state over torch.distributed (no
-        disk); joining ranks build the model skeleton and receive state, step counter, LR
-        schedule position, RNG and data state; leaving ranks free their memory. Raises
-        ``InvalidDPSizeError`` before any communication if the new DP size is invalid, and
-        ``ReshardTimeoutError``/``GroupTimeoutError`` naming the missing ranks if not all
-        ranks arrive within the group cache's timeout. Returns figures of this rank.
+        same ``new_ranks``; the groups of ``transition_rank_sets(old, new)`` are created on first
+        use by their members (or ahead of time with ``group_cache.ensure``). Holders send
+        parameters and Adam state over torch.distributed (no disk); joining ranks build the model
+        skeleton (unless warm, see :meth:`warm`) and receive state, step counter, LR schedule
+        position, RNG and data state; leaving ranks free their memory (:meth:`free`: a warm
+        rank keeps its buffers). Raises ``InvalidDPSizeError`` before any communication if the
+        new DP size is invalid, and ``ReshardTimeoutError``/``GroupTimeoutError`` naming the
+        missing ranks if not all ranks arrive within the group cache's timeout. Returns figures
+        of this rank: ``build_seconds`` (joiner's skeleton), ``group_seconds`` (group creation),
+        ``wait_seconds`` (arrival barrier), ``transfer_seconds``, ``seconds`` (all) and bytes.
         """
         new = sorted(set(new_ranks))
         old = list(self.ranks)
@@ -275,48 +327,88 @@ class ActorTrainer:
             raise ValueError(f"rank {self.me} called reshard {old}->{new} it takes no part in")
         figures = {"bytes_moved": 0.0, "bytes_sent": 0.0, "bytes_received": 0.0,
                    "seconds": 0.0, "transfer_seconds": 0.0, "build_seconds": 0.0,
-                   "wait_seconds": 0.0, "old_dp": float(len(old)), "new_dp": float(len(new))}
+                   "group_seconds": 0.0, "wait_seconds": 0.0, "old_dp": float(len(old)),
+                   "new_dp": float(len(new))}
         if new == old:
             return figures
         t0 = time.perf_counter()
         what = f"epoch {epoch} actor reshard {old}->{new}"
         joining = self.me in new and self.me not in old
         if joining and self.model is None:
-            self._build(initialize=False)
-            assert self.flat is not None
-            self.optimizer = DPAdamW(self.flat, self.optim_cfg, None, new.index(self.me),
-                                     len(new), zero_state=False)
+            self._build_skeleton(new.index(self.me), len(new))
         t_built = time.perf_counter()
-        union_group = self.group_cache.get(union, what)  # created by ensure() on all ranks
-        self._monitored_barrier(union_group, union, what)
+        union_group = self.group_cache.get(union, what)
+        t_group = time.perf_counter()
+        # How many reshards over this union this rank took part in, counted in the world's store
+        # (the same on every member): it names this reshard's control keys.
+        seq = c10d._get_default_store().add(f"slurm_rl/reshard-seq/{'_'.join(map(str, union))}/{self.me}", 1)
+        via_store = (self.control_via_store if self.control_via_store is not None
+                     else dist.get_backend(union_group) != dist.Backend.GLOO)
+        prefix = f"slurm_rl/reshard/{'_'.join(map(str, union))}/{seq}"
+        if via_store:
+            self._store_barrier(prefix, union, what)
+        else:
+            self._monitored_barrier(union_group, union, what)
         t_arrived = time.perf_counter()
-        meta = broadcast_json(self.meta() if self.me == old[0] else None, old[0], union_group)
+        mine = self.meta() if self.me == old[0] else None
+        if via_store:
+            meta = self._store_json(f"{prefix}/meta", mine)
+        else:
+            meta = broadcast_json(mine, old[0], union_group)
         if joining:
             self.load_meta(meta)
         t1 = time.perf_counter()
         sent, received, moved = self._move_state(old, new, union_group, meta, what)
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize()  # NCCL returns once queued: time the transfer itself
         figures["transfer_seconds"] = time.perf_counter() - t1
         self.ranks = new
         if self.me in new:
             self.dp_group = self.group_cache.get(new, "actor DP group")
             assert self.optimizer is not None
             self.optimizer.set_group(self.dp_group, self.dp_rank, self.dp_size)
+            self._active = True
         else:
             self.free()
         figures.update(bytes_moved=float(moved), bytes_sent=float(sent),
                        bytes_received=float(received), build_seconds=t_built - t0,
-                       wait_seconds=t_arrived - t_built, seconds=time.perf_counter() - t0)
+                       group_seconds=t_group - t_built, wait_seconds=t_arrived - t_group,
+                       seconds=time.perf_counter() - t0)
         return figures
 
-    def _monitored_barrier(self, group: dist.ProcessGroup, union: list[int], what: str) -> None:
+    def _timeout_error(self, union: list[int], what: str, detail: str) -> ReshardTimeoutError:
         timeout = self.group_cache.timeout
+        return ReshardTimeoutError(
+            f"rank {self.me} on {socket.gethostname()}: {what}: not all ranks arrived within "
+            f"{timeout.total_seconds():.0f}s (group ranks 0..{len(union) - 1} are global "
+            f"ranks {union}): {detail}")
+
+    def _monitored_barrier(self, group: dist.ProcessGroup, union: list[int], what: str) -> None:
         try:
-            dist.monitored_barrier(group, timeout=timeout, wait_all_ranks=True)
+            dist.monitored_barrier(group, timeout=self.group_cache.timeout, wait_all_ranks=True)
         except RuntimeError as exc:
-            raise ReshardTimeoutError(
-                f"rank {self.me} on {socket.gethostname()}: {what}: not all ranks arrived within "
-                f"{timeout.total_seconds():.0f}s (group ranks 0..{len(union) - 1} are global "
-                f"ranks {union}): {exc}") from exc
+            raise self._timeout_error(union, what, str(exc)) from exc
+
+    def _store_barrier(self, prefix: str, union: list[int], what: str) -> None:
+        """Arrival barrier through the world's store (any backend); names missing ranks."""
+
+        store = c10d._get_default_store()
+        store.set(f"{prefix}/arrived/{self.me}", socket.gethostname())
+        keys = [f"{prefix}/arrived/{r}" for r in union]
+        try:
+            store.wait(keys, self.group_cache.timeout)
+        except Exception as exc:  # the store raises a generic error on timeout
+            missing = [r for r, k in zip(union, keys) if not store.check([k])]
+            raise self._timeout_error(union, what, f"ranks {missing} missing") from exc
+
+    @staticmethod
+    def _store_json(key: str, obj: Any) -> Any:
+        """Publish ``obj`` under ``key`` in the world's store (when given) and read it back."""
+
+        store = c10d._get_default_store()
+        if obj is not None:
+            store.set(key, json.dumps(obj))
+        return json.loads(store.get(key).decode())
 
     def _replicated_buffer(self) -> torch.Tensor:
         """Parameters (+ Adam moments without ZeRO-1) as one contiguous tensor."""
@@ -371,7 +463,12 @@ class ActorTrainer:
             assert self.flat is not None
             lo, hi = holding(new, numel, True)[self.me]
             for name in arrays:
-                buf = torch.zeros(hi - lo, dtype=torch.float32, device=self.flat.data.device)
+                warm = getattr(self.optimizer, name) if self.optimizer is not None else None
+                if self.me not in old and warm is not None and warm.numel() == hi - lo:
+                    buf = warm  # a warm joiner's paged-in shard: the plan overwrites all of it
+                else:
+                    buf = torch.zeros(hi - lo, dtype=torch.float32,
+                                      device=self.flat.data.device)
                 copy_local(self.me, old, new, numel, True,
                            sources[name][0] if name in sources else None, buf)
                 targets[name] = (buf, lo)
@@ -382,11 +479,19 @@ class ActorTrainer:
             self.optimizer.exp_avg_sq = targets["exp_avg_sq"][0]
         return sent + s, received + r, moved + plan_bytes(plan)
 
-    def free(self) -> None:
-        """Drop the model and optimizer state (this rank leaves the actor)."""
-        if self.optimizer is not None:
+    def free(self, keep_warm: bool | None = None) -> None:
+        """This rank stops holding the actor: drop the model and optimizer state.
+
+        ``keep_warm`` (default: ``stay_warm``, set by :meth:`warm`) keeps the model skeleton
+        and its (now stale) buffers allocated instead, so that joining again at the next growth
+        costs the transfer only; ``free(keep_warm=False)`` releases everything.
+        """
+        if self._active and self.optimizer is not None:
             self._step = self.optimizer.step_count
+        self._active = False
+        self.dp_group = None
+        if self.stay_warm if keep_warm is None else keep_warm:
+            return
         if self.flat is not None:
             self.flat.release()  # frees the buffers now, without a (slow) gc.collect()
         self.model = self.flat = self.optimizer = None
-        self.dp_group = None

