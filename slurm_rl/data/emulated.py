@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, PROMPTS, ROLLOUTS
+from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, PENDING, PROMPTS, ROLLOUTS, inference_table
 
 LengthSpec = int | tuple[int, int] | np.ndarray | Callable[[np.random.Generator, int], np.ndarray]
 
@@ -195,14 +195,8 @@ def make_fake_inference(rollouts: pa.Table, *, seed: int = 0, inference_rank: in
     rng = np.random.default_rng([seed, rollouts.num_rows, inference_rank])
     lengths = pc.list_value_length(rollouts.column("response_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     ref = _ragged_logprobs(lengths, rng)
-    values = _ragged_logprobs(lengths, rng) if with_values else pa.nulls(rollouts.num_rows, pa.list_(pa.float32()))
-    cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
-    cols.update(
-        ref_logprobs=ref,
-        values=values,
-        inference_rank=pa.array(np.full(rollouts.num_rows, inference_rank, np.int32)),
-    )
-    return pa.table(cols, schema=INFERENCE)
+    values = _ragged_logprobs(lengths, rng) if with_values else None
+    return inference_table(rollouts, ref, inference_rank, values)
 
 
 def make_actor_batch(inference: pa.Table, *, eps: float = 1e-6) -> pa.Table:

@@ -50,6 +50,16 @@ def count_tokens(table: pa.Table, column: str = "response_ids") -> int:
     return int(pc.sum(pc.list_value_length(table.column(column))).as_py() or 0)
 
 
+def inference_table(rollouts: pa.Table, ref_logprobs: pa.Array | list, inference_rank: int,
+                    values: pa.Array | None = None) -> pa.Table:
+    """ROLLOUTS rows plus their reference logprobs (and values, else nulls): INFERENCE schema."""
+    cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
+    cols.update(ref_logprobs=pa.array(ref_logprobs, pa.list_(pa.float32())) if isinstance(ref_logprobs, list) else ref_logprobs,
+                values=values if values is not None else pa.nulls(rollouts.num_rows, pa.list_(pa.float32())),
+                inference_rank=pa.array([inference_rank] * rollouts.num_rows, pa.int32()))
+    return pa.table(cols, schema=INFERENCE)
+
+
 def split_sample_id(sample_id: int) -> tuple[int, int]:
     """``(iteration, index within the iteration)`` of a sample id."""
     return divmod(sample_id, ID_STRIDE)

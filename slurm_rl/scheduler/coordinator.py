@@ -48,7 +48,7 @@ from slurm_rl.scheduler.live_state import (
     policy_config,
     restart_decision,
 )
-from slurm_rl.scheduler.placement_ops import placement_problems
+from slurm_rl.scheduler.placement_ops import mid_iteration_problems, placement_problems
 from slurm_rl.scheduler.state import Decision, SchedState, normalize_placement
 
 
@@ -164,7 +164,7 @@ class CoordinatorLoop:
         current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
         if decision.placement == current:
             return None
-        problems = self._usable(decision) + _mid_iteration_problems(current, decision.placement)
+        problems = self._usable(decision) + mid_iteration_problems(current, decision.placement)
         if problems:
             key = repr(sorted(decision.placement.items()))
             if key not in self.rejected:
@@ -232,17 +232,6 @@ def _progress_summary(state: SchedState) -> dict[str, Any]:
     return {"running": state.rollout.running, "pending": state.rollout.pending,
             "finished": state.rollout.finished, "inference_done": state.inference.done,
             "minibatches_done": state.actor.minibatches_done, "actor_busy": state.actor.busy}
-
-
-def _mid_iteration_problems(current: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Inside an iteration rollout and inference may only shrink: a rank joining them would need
-    this iteration's weights (rollout) or a share fixed at the iteration start (inference)."""
-    problems = []
-    for comp in ("rollout", "inference"):
-        grown = sorted(set(new.get(comp, ())) - set(current.get(comp, ())))
-        if grown:
-            problems.append(f"{comp}: ranks {grown} cannot join mid-iteration (only at an iteration gate)")
-    return problems
 
 
 def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:

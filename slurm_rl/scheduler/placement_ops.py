@@ -42,6 +42,17 @@ def iteration_start_placement(initial: Mapping[str, Sequence[int]], cfg: PolicyC
     return start
 
 
+def mid_iteration_problems(current: Mapping[str, Sequence[int]], new: Mapping[str, Sequence[int]]) -> list[str]:
+    """Inside an iteration rollout and inference may only shrink: a rank joining them would need
+    this iteration's weights (rollout) or a share fixed at the iteration start (inference)."""
+    problems = []
+    for comp in ("rollout", "inference"):
+        grown = sorted(set(new.get(comp, ())) - set(current.get(comp, ())))
+        if grown:
+            problems.append(f"{comp}: ranks {grown} cannot join mid-iteration (only at an iteration gate)")
+    return problems
+
+
 def placement_problems(placement: Mapping[str, Sequence[int]], world: Sequence[int],
                        cfg: PolicyConfig, global_batch_size: int, micro_batch_size: int,
                        allow_empty_actor: bool = False) -> list[str]:

@@ -51,7 +51,7 @@ from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.manifest import ProducerManifest
 from slurm_rl.data.migration import claim_pending, write_pending
-from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, ROLLOUTS, count_tokens
+from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, ROLLOUTS, count_tokens, inference_table
 from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.launch.rank_env import RankInfo
@@ -97,11 +97,7 @@ def mean_k3(old: list[list[float]], ref: list[list[float]]) -> float | None:
 def without_reference(rollouts: pa.Table, rank: int) -> pa.Table:
     """INFERENCE rows for a run without an inference component: the KL term is taken against the
     rollout policy itself (reference logprobs = sampled logprobs)."""
-    cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
-    cols.update(ref_logprobs=rollouts.column("sampled_logprobs"),
-                values=pa.nulls(rollouts.num_rows, pa.list_(pa.float32())),
-                inference_rank=pa.array([rank] * rollouts.num_rows, pa.int32()))
-    return pa.table(cols, schema=INFERENCE)
+    return inference_table(rollouts, rollouts.column("sampled_logprobs"), rank)
 
 
 class IterationProtocol:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from slurm_rl.config import Config
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.data.schemas import INFERENCE, PENDING, ROLLOUTS, make_group_id, make_sample_id
+from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
 from slurm_rl.launch.rank_env import RankInfo
 
 
@@ -217,16 +217,15 @@ class RealCompute:
         from slurm_rl.engines.convert import megatron_to_hf
         from slurm_rl.engines.weight_sync import broadcast_weights
 
-        named = megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg) if self.rank == src else None
-        if len(ranks) == 1:  # the actor's rank is the only rollout rank: a local copy
-            received, stats = list(named or []), None
-        else:
+        named = (list(megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg))
+                 if self.rank == src else None)
+        stats = None
+        received: list[Any] = []
+        if len(ranks) > 1:
             received, stats = broadcast_weights(named, src, self.groups.get(ranks, "weight sync"),
                                                 timeout=self.cfg.runtime.wait_timeout_s, what=f"weight sync v{k}")
-        if self.engine is not None:
-            if self.rank == src:  # the source also serves rollout (pre-process): its own weights
-                received = list(megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg))
-            self.engine.update_weights(received, version=k)
+        if self.engine is not None:  # the source may serve rollout too (pre-process): its own weights
+            self.engine.update_weights(named if self.rank == src else received, version=k)
         return {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
 
     # -- inference ------------------------------------------------------------------------------
@@ -237,20 +236,11 @@ class RealCompute:
         responses = rollouts.column("response_ids").to_pylist()
         scores = self.ref.score([p + r for p, r in zip(prompts, responses)])
         ref = [s[len(p) - 1:].tolist() for s, p in zip(scores, prompts)]
-        cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
-        cols.update(ref_logprobs=pa.array(ref, pa.list_(pa.float32())),
-                    values=pa.nulls(rollouts.num_rows, pa.list_(pa.float32())),
-                    inference_rank=pa.array([self.rank] * rollouts.num_rows, pa.int32()))
-        return pa.table(cols, schema=INFERENCE), time.time()
+        return inference_table(rollouts, ref, self.rank), time.time()
 
     # -- actor ----------------------------------------------------------------------------------
     def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
-        if not self.trainer.active:  # moves it took no part in left its view stale: the protocol knows
-            self.trainer.ranks = sorted(old)
-        elif list(self.trainer.ranks) != sorted(old):
-            raise RuntimeError(f"rank {self.rank}: the actor is on ranks {self.trainer.ranks}, "
-                               f"epoch {epoch} moves it from {sorted(old)}")
-        return {key: float(v) for key, v in self.trainer.reshard(new, epoch=epoch).items()}
+        return {key: float(v) for key, v in self.trainer.reshard(new, epoch=epoch, old_ranks=old).items()}
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         return None  # measured, not predicted

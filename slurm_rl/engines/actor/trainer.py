@@ -304,7 +304,8 @@ class ActorTrainer:
             self.optimizer.step_count = int(meta["step"])
 
     # ----------------------------------------------------------------- resharding
-    def reshard(self, new_ranks: Sequence[int], epoch: int | None = None) -> dict[str, float]:
+    def reshard(self, new_ranks: Sequence[int], epoch: int | None = None,
+                old_ranks: Sequence[int] | None = None) -> dict[str, float]:
         """Move the actor from the current ranks to ``new_ranks`` in place.
 
         Collective over the union of old and new ranks: every one of them must call it with the
@@ -318,8 +319,17 @@ class ActorTrainer:
         missing ranks if not all ranks arrive within the group cache's timeout. Returns figures
         of this rank: ``build_seconds`` (joiner's skeleton), ``group_seconds`` (group creation),
         ``wait_seconds`` (arrival barrier), ``transfer_seconds``, ``seconds`` (all) and bytes.
+
+        ``old_ranks`` is the caller's view of where the actor is: an inactive rank adopts it (moves
+        it took no part in left its own view stale); an active rank must agree with it.
         """
         new = sorted(set(new_ranks))
+        if old_ranks is not None:
+            if not self._active:
+                self.ranks = sorted(set(old_ranks))
+            elif sorted(set(old_ranks)) != self.ranks:
+                raise ValueError(f"rank {self.me}: the actor is on ranks {self.ranks}, epoch {epoch} "
+                                 f"moves it from {sorted(set(old_ranks))}")
         old = list(self.ranks)
         check_dp_size(self.batch_cfg, len(new))
         union = sorted(set(old) | set(new))
