@@ -537,7 +537,6 @@ class _ActorFollower:
         self.busy: tuple[float, int, dict[str, Any] | None] | None = None  # (ready at, index, marker doc)
         self.trained = 0
         self.trained_index = -1  # last mini-batch this rank trained
-        self.training = False
 
     @property
     def done(self) -> bool:
@@ -561,7 +560,6 @@ class _ActorFollower:
         self.trained += 1
         self.trained_index = index
         self.next += 1
-        self.training = False
 
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         p, rank = self.it.p, self.it.rank
@@ -588,7 +586,6 @@ class _ActorFollower:
             info = self.shards[self.next]
             batch = open_shard(stage_dir(p.run_dir, self.it.k, ACTOR_STAGE) / info.name,
                                nbytes=info.bytes, digest=info.xxh3_64)
-            self.training = True
             self.it.report_now(now)
             ready_at, stats = p.compute.train(self.it.k, self.next, batch, actor, entry.get("ready_at"))
             marker = {"index": self.next, "epoch": entry["epoch"], "dp": len(actor), "ranks": actor,
@@ -654,7 +651,9 @@ class _Iteration:
             "migrated_out": r.migrated_out if r else 0,
             "inference_done": i.done_rows if i else 0,
             "actor_minibatches_done": done,
-            "actor_busy": bool(a.training or (c is not None and c.in_flight(now))),
+            # the cutter alone says whether a stamped mini-batch is in flight: a follower's own view
+            # lags (it notices the end of its share a poll later) and would hide a boundary
+            "actor_busy": bool(c is not None and c.in_flight(now)),
             "boundary_at": c.boundary_at if c else None,
             # what the actor leader has received: a floor for rollout/inference progress that
             # never lags the data (other ranks' reports may be a report period behind)
