@@ -1,4 +1,4 @@
-"""``slurm-rl run | submit | prepare | validate | inspect | simulate``.
+"""``slurm-rl run | mux | submit | prepare | validate | inspect | simulate``.
 
 Bad config or arguments: a message naming the key, the value and what is allowed, exit code 2,
 nothing launched.
@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run locally: one process per rank on this machine (no Slurm)")
     _config_args(p)
     p.add_argument("--no-inspect", action="store_true", help="do not print the epoch log at the end")
+
+    p = sub.add_parser("mux", help="run a co-execution group (several jobs sharing pools) locally")
+    p.add_argument("group", help="group YAML file (jobs + pools)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the group file, e.g. group.tail_fraction=1")
 
     p = sub.add_parser("submit", help="submit with submitit (slurm or local executor)")
     _config_args(p)
@@ -101,6 +105,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_mux(args: argparse.Namespace) -> int:
+    from slurm_rl.launch.local import LaunchError
+    from slurm_rl.launch.mux import prepare_group, run_group_local
+
+    spec = prepare_group(args.group, args.overrides)
+    print(f"group dir: {spec.dir}", flush=True)
+    for job in spec.jobs:
+        print(f"  job {job.name}: {job.cfg.placement.world_size} ranks (rollout slots {list(job.slots('rollout'))}, "
+              f"train slots {list(job.slots('train'))}), SLO {job.slo:g}x", flush=True)
+    try:
+        result = run_group_local(spec, log=lambda m: print(m, flush=True))
+    except LaunchError as exc:
+        print(f"group failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"group finished in {result.seconds:.1f}s: " + ", ".join(f"{j} {v.split(':')[0]}" for j, v in result.jobs.items()))
+    print(f"inspect: slurm-rl inspect {spec.dir}")
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from slurm_rl.launch.submit import submit
 
@@ -134,6 +157,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "run": cmd_run,
+    "mux": cmd_mux,
     "submit": cmd_submit,
     "prepare": cmd_prepare,
     "validate": cmd_validate,

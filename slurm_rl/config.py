@@ -35,7 +35,7 @@ from slurm_rl.placement import (
 
 __all__ = [
     "COMPONENTS", "ClusterConfig", "ComponentPlacement", "Config", "ConfigError", "ConfigIssue",
-    "EmulatedConfig", "Placement", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
+    "EmulatedConfig", "MuxMemberConfig", "Placement", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
     "TrainConfig", "config_from_yaml_text", "load_config", "parse_placement",
     "placement_from_ranks", "resolve_gpus_per_node",
 ]
@@ -140,6 +140,15 @@ class EmulatedConfig:
 
 
 @dataclass
+class MuxMemberConfig:
+    """Membership in a co-execution group (written by ``slurm-rl mux``; empty for a solo run)."""
+
+    group_dir: Optional[str] = None  # the group's directory (control/grants, group.yaml)
+    job: Optional[str] = None  # this job's name in the group file
+    park_s: float = 0.0  # emulated: seconds a warm switch (park or resume) of one rank takes
+
+
+@dataclass
 class RootSchema:
     """Top-level schema; free-form sections belong to other modules and are not validated here."""
 
@@ -148,6 +157,7 @@ class RootSchema:
     train: TrainConfig = field(default_factory=TrainConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     emulated: EmulatedConfig = field(default_factory=EmulatedConfig)
+    mux: MuxMemberConfig = field(default_factory=MuxMemberConfig)
     model: Dict[str, Any] = field(default_factory=dict)  # model definition (engines)
     actor: Dict[str, Any] = field(default_factory=dict)  # actor engine settings
     rollout: Dict[str, Any] = field(default_factory=dict)  # rollout engine settings
@@ -172,6 +182,7 @@ class Config:
     train: TrainConfig
     scheduler: SchedulerConfig
     emulated: EmulatedConfig
+    mux: MuxMemberConfig
     placement: Placement
     script_placements: tuple[Placement, ...]
     model: Dict[str, Any]
@@ -446,6 +457,14 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
             f"({t.rollout_batch_size} * {t.group_size} = {samples})")))
     if s.policy not in POLICIES:
         issues.append(ConfigIssue("scheduler.policy", s.policy, "one of " + ", ".join(POLICIES)))
+    m = root.mux
+    if (m.group_dir is None) != (m.job is None):
+        issues.append(ConfigIssue("mux.job" if m.job is None else "mux.group_dir", None,
+                                  "both mux.group_dir and mux.job, or neither (solo run)"))
+    if m.group_dir is not None and s.policy != "static":
+        issues.append(ConfigIssue("scheduler.policy", s.policy,
+                                  "static inside a co-execution group (the group scheduler decides when the job runs)"))
+    _positive(issues, "mux", m, "park_s", allow_zero=True)
     _positive(issues, "scheduler", s, "max_running_requests", "rollout_ranks_per_instance",
               "actor_ranks_per_instance", "tick_s")
     _positive(issues, "scheduler", s, "switch_latency_s", "seed", allow_zero=True)
@@ -598,7 +617,7 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     OmegaConf.set_readonly(root, True)
     sections = {name: getattr(typed, name) for name in FREE_FORM_SECTIONS}
     return Config(raw=root, cluster=typed.cluster, runtime=typed.runtime, train=typed.train,
-                  scheduler=typed.scheduler, emulated=typed.emulated, placement=placement,
+                  scheduler=typed.scheduler, emulated=typed.emulated, mux=typed.mux, placement=placement,
                   script_placements=scripted, **sections)
 
 

@@ -51,40 +51,79 @@ def worker_env(rank: int, world_size: int, job_id: str, port: int, base: dict[st
     return env
 
 
+class LocalJob:
+    """The worker processes of one run on this machine (started at construction)."""
+
+    def __init__(self, run_dir: Path, world_size: int, log_dir: Path | None = None) -> None:
+        self.run_dir = run_dir
+        self.log_dir = log_dir or run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.codes: dict[int, int] = {}
+        self._logs = []
+        job_id = f"local-{os.getpid()}-{run_dir.name}"
+        port = _free_port()
+        try:
+            for rank in range(world_size):
+                log = open(self.log_dir / f"rank-{rank:04d}.log", "wb")
+                self._logs.append(log)
+                self.procs[rank] = subprocess.Popen(
+                    [sys.executable, "-m", "slurm_rl.worker", str(run_dir)],
+                    env=worker_env(rank, world_size, job_id, port, dict(os.environ)),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except BaseException:
+            self.kill()
+            raise
+
+    def poll(self) -> dict[int, int] | None:
+        """Exit codes once every rank exited, None while some run; the first rank to fail stops
+        the others and raises :class:`LaunchError` with the end of its log."""
+        for rank, p in self.procs.items():
+            if rank in self.codes or (rc := p.poll()) is None:
+                continue
+            self.codes[rank] = rc
+            if rc != 0:
+                self.kill()
+                log = self.log_dir / f"rank-{rank:04d}.log"
+                raise LaunchError(f"rank {rank} exited with code {rc}; stopped the other ranks. "
+                                  f"Last lines of {log}:\n{_tail(log)}")
+        return dict(self.codes) if len(self.codes) == len(self.procs) else None
+
+    def kill(self) -> None:
+        """Stop every rank still running and close the logs."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                _kill(p)
+        for log in self._logs:
+            log.close()
+        self._logs = []
+
+
 def run_local(run_dir: Path, world_size: int, timeout_s: float, log_dir: Path | None = None) -> LocalRunResult:
     """Start ``world_size`` workers on ``run_dir`` (already prepared) and wait for all of them.
 
     The first rank to fail stops the others; a run still going after ``timeout_s`` is stopped.
     Each rank's output goes to ``run_dir/logs/rank-NNNN.log``.
     """
-    log_dir = log_dir or run_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    job_id = f"local-{os.getpid()}"
-    port = _free_port()
-    procs: dict[int, subprocess.Popen] = {}
-    logs = []
-    start = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)  # so the finally below stops the ranks
+    job: LocalJob | None = None
     try:
-        for rank in range(world_size):
-            log = open(log_dir / f"rank-{rank:04d}.log", "wb")
-            logs.append(log)
-            procs[rank] = subprocess.Popen(
-                [sys.executable, "-m", "slurm_rl.worker", str(run_dir)],
-                env=worker_env(rank, world_size, job_id, port, dict(os.environ)),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        codes = _wait_all(procs, timeout_s, log_dir)
+        job = LocalJob(run_dir, world_size, log_dir)
+        deadline = time.monotonic() + timeout_s
+        while (codes := job.poll()) is None:
+            if time.monotonic() > deadline:
+                missing = sorted(r for r in job.procs if r not in job.codes)
+                raise LaunchError(f"run did not finish within {timeout_s:.0f}s; ranks still running: {missing}")
+            time.sleep(0.05)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for p in procs.values():
-            if p.poll() is None:
-                _kill(p)
-        for log in logs:
-            log.close()
-    return LocalRunResult(run_dir=run_dir, seconds=time.monotonic() - start, exit_codes=codes)
+        if job is not None:
+            job.kill()
+    return LocalRunResult(run_dir=run_dir, seconds=time.monotonic() - job.started, exit_codes=codes)
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -104,29 +143,3 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def _wait_all(procs: dict[int, subprocess.Popen], timeout_s: float, log_dir: Path) -> dict[int, int]:
-    deadline = time.monotonic() + timeout_s
-    codes: dict[int, int] = {}
-    while len(codes) < len(procs):
-        for rank, p in procs.items():
-            if rank in codes:
-                continue
-            rc = p.poll()
-            if rc is None:
-                continue
-            codes[rank] = rc
-            if rc != 0:
-                for other in procs.values():
-                    if other.poll() is None:
-                        _kill(other)
-                raise LaunchError(
-                    f"rank {rank} exited with code {rc}; stopped the other ranks. "
-                    f"Last lines of {log_dir / f'rank-{rank:04d}.log'}:\n{_tail(log_dir / f'rank-{rank:04d}.log')}"
-                )
-        if time.monotonic() > deadline:
-            missing = sorted(r for r in procs if r not in codes)
-            raise LaunchError(f"run did not finish within {timeout_s:.0f}s; ranks still running: {missing}")
-        time.sleep(0.05)
-    return codes

@@ -76,6 +76,14 @@ class Compute(Protocol):
         """Train mini-batch ``index`` on actor ranks ``ranks`` (called by each of them):
         (ready at, step figures such as loss and lr)."""
 
+    def park(self) -> dict[str, Any]:
+        """Warm switch out: move this rank's engine state (actor params, optimizer state, rollout and
+        reference weights) to host memory, keeping the engine objects and process groups;
+        figures ``seconds`` and ``bytes``."""
+
+    def unpark(self) -> dict[str, Any]:
+        """Warm switch in: bring the parked state back in place; figures ``seconds`` and ``bytes``."""
+
     def close(self) -> None:
         """Free what the engines hold."""
 

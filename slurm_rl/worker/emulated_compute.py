@@ -18,7 +18,7 @@ from slurm_rl.config import Config
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.data import emulated as fake
 from slurm_rl.data.schemas import ID_STRIDE, count_tokens
-from slurm_rl.engines.emulated import CostModel, DecodeBatch
+from slurm_rl.engines.emulated import BYTES_PER_PARAM_STATE, CostModel, DecodeBatch, emulate
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.scheduler.lengths import LengthModel
 
@@ -137,6 +137,17 @@ class EmulatedCompute:
               ) -> tuple[float, dict[str, Any]]:
         assert ready_at is not None  # stamped by the cutter from predict_train_seconds
         return ready_at, {}
+
+    def _switch(self) -> dict[str, Any]:
+        """A warm switch costs ``mux.park_s`` (calibrated; the group file's ``park_s``)."""
+        seconds = emulate(float(self.cfg.mux.park_s))
+        return {"seconds": seconds, "bytes": self.cost.model_params * BYTES_PER_PARAM_STATE}
+
+    def park(self) -> dict[str, Any]:
+        return self._switch()
+
+    def unpark(self) -> dict[str, Any]:
+        return self._switch()
 
     def close(self) -> None:
         pass

@@ -57,6 +57,7 @@ from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
 from slurm_rl.worker.compute import Compute, Decoder
+from slurm_rl.worker.pool_gate import PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
 
 ROLLOUTS_STAGE = "rollouts"
@@ -71,6 +72,7 @@ REPORT_EVERY_S = 0.05  # progress files are rewritten at most this often (and on
 CLAIM_EVERY_S = 0.05  # a rollout rank lists the pending directory at most this often
 DONE_CHECK_EVERY_S = 0.1  # an idle rollout rank checks at most this often whether rollout finished
 FLUSH_EVERY_S = 0.05  # finished samples wait at most this long before they are written as a shard
+REVOKE_TAG = 1_000_000  # pending tickets of a revoked group slot: tag = this + grant number (epochs stay below)
 
 
 def rollout_heads(ranks: list[int], ranks_per_instance: int) -> list[int]:
@@ -100,6 +102,20 @@ def without_reference(rollouts: pa.Table, rank: int) -> pa.Table:
     return inference_table(rollouts, rollouts.column("sampled_logprobs"), rank)
 
 
+def rollout_complete(run_dir: Path, k: int, samples: int) -> bool:
+    """Every request of iteration ``k`` is in some producer's rollouts manifest."""
+    path = expected_path(run_dir, k, ROLLOUTS_STAGE)
+    if not path.exists():
+        return False
+    total = 0
+    for r in read_json(path).get("producer_ranks", []):
+        mpath = manifest_path(run_dir, k, ROLLOUTS_STAGE, int(r))
+        if mpath.exists():
+            m = ProducerManifest.load(mpath, iteration=k, stage=ROLLOUTS_STAGE, producer_rank=int(r))
+            total += sum(s.rows for s in m.shards)
+    return total >= samples
+
+
 class IterationProtocol:
     """The :class:`~slurm_rl.worker.runtime.Roles` of every device: the protocol over a compute."""
 
@@ -118,6 +134,8 @@ class IterationProtocol:
         self.actor_ranks: list[int] = list(self.initial_actor)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
+        # Inside a co-execution group the rank computes only while its job holds its pool slot.
+        self.gate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else None
 
     def epoch(self, n: int, rt: WorkerRuntime) -> Epoch:
         """Epoch ``n`` (cached; the one in force comes from the runtime)."""
@@ -157,19 +175,39 @@ class IterationProtocol:
         """This rank's share of ``iteration`` for whatever roles it holds while it runs."""
         assert rt.epoch is not None
         start = self.epoch(rt.released_epoch if rt.released_epoch is not None else rt.epoch.epoch, rt)
+        if self.gate is not None:  # outside its job's turn a rank's engines stay parked (weights sync parked)
+            self.gate.park()
         before = list(self.actor_ranks)
         self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt)
         rollout = sorted(start.ranks_of("rollout"))
         ranks = sorted({self.actor_ranks[0], *rollout}) if rollout else []
         sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks) if self.info.rank in ranks else {}
-        self._iteration = _Iteration(self, iteration, rt, start, sync, before)
+        self._iteration = _Iteration(self, iteration, rt, start, sync, before)  # writes the expected producers
+        if self.gate is not None:
+            samples = self.samples_per_iteration
+            over = (lambda: rollout_complete(self.run_dir, iteration, samples)) if self.gate.pool == "rollout" else (lambda: False)
+            granted = self.gate.acquire(iteration, lambda: _check_job(rt), over)
+            if not granted and self._iteration.rollout is not None:  # the job's rollout ended on other slots
+                self._iteration.rollout.skip()
         try:
             self._iteration.run()
         finally:
             self._iteration = None
+        if self.gate is not None:  # the training pool is released once the iteration is trained
+            self.gate.release()
 
     def close(self) -> None:
         self.compute.close()
+
+
+def _check_job(rt: WorkerRuntime) -> None:
+    """Raise when the rank's own job failed (its coordinator, or what the watchdog watches)."""
+    rt.safe_point()
+    if rt.watchdog is not None:
+        rt.watchdog()
+    status = read_coordinator_status(rt.paths) or {}
+    if status.get("state") == "failed":
+        raise RuntimeError(f"coordinator failed: {status.get('error')}; rank {rt.info.rank} stops")
 
 
 class _Rollout:
@@ -266,17 +304,12 @@ class _Rollout:
             self.out.append(finished)
 
     def _all_finished(self) -> bool:
-        """Every request of the iteration is in some producer's rollouts manifest."""
-        path = expected_path(self.p.run_dir, self.it.k, ROLLOUTS_STAGE)
-        if not path.exists():
-            return False
-        total = 0
-        for r in read_json(path).get("producer_ranks", []):
-            mpath = manifest_path(self.p.run_dir, self.it.k, ROLLOUTS_STAGE, int(r))
-            if mpath.exists():
-                m = ProducerManifest.load(mpath, iteration=self.it.k, stage=ROLLOUTS_STAGE, producer_rank=int(r))
-                total += sum(s.rows for s in m.shards)
-        return total >= self.it.samples
+        return rollout_complete(self.p.run_dir, self.it.k, self.it.samples)
+
+    def skip(self) -> None:
+        """Nothing left to do here (the iteration's rollout ended elsewhere): an empty manifest."""
+        self._writer().close()
+        self.done = True
 
     def step(self, now: float) -> float | None:
         """Decode up to ``now``, refill, publish; the wall time of the next event."""
@@ -699,6 +732,7 @@ class _Iteration:
             if self.cutter is not None:
                 wakes.append(self.cutter.step(time.time(), rt) or wakes[0])
             wakes.append(self.actor.step(time.time(), rt) or wakes[0])
+            self._pool_turn()
             now = time.time()
             self._report(now)
             if self.report_due is not None:
@@ -727,6 +761,20 @@ class _Iteration:
             # between (e.g. several decode finishes) are handled together, in virtual time.
             time.sleep(max(self.p.poll, min(wakes) - time.time()))
         self._finish()
+
+    def _pool_turn(self) -> None:
+        """Inside a group: free the rollout slot once this rank's rollout is done, or hand the
+        unfinished requests to the job's tail and free it when the grant revokes it."""
+        gate = self.p.gate
+        if gate is None or gate.holding is None or gate.pool != "rollout":
+            return
+        if self.rollout is None or self.rollout.done:
+            gate.release(finished=self.rollout.finished if self.rollout else 0)
+        elif gate.revoked():
+            grant = gate.watcher.latest.grant if gate.watcher.latest is not None else 0
+            migrated = self.rollout.release(REVOKE_TAG + grant, time.time())
+            gate.release(finished=self.rollout.finished, migrated=migrated, revoked=True)
+            self.rt.counters["migrated_out"] = self.rollout.migrated_out
 
     def _waiting_for(self) -> str:
         if self.rollout is not None and not self.rollout.done:

@@ -282,6 +282,29 @@ class RealCompute:
 
         return loss
 
+    # -- warm switch (co-execution groups) ------------------------------------------------------
+    def park(self) -> dict[str, Any]:
+        """Actor state, rollout and reference weights to host memory, engines and groups kept."""
+        t0, nbytes = time.perf_counter(), 0
+        if self.trainer.active:
+            nbytes += int(self.trainer.park().get("bytes", 0))
+        if self.engine is not None:
+            self.engine.release()
+        if self.ref is not None:
+            nbytes += int(self.ref.park().get("bytes", 0))
+        return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
+
+    def unpark(self) -> dict[str, Any]:
+        """Bring the parked state back in place (no rebuild)."""
+        t0, nbytes = time.perf_counter(), 0
+        if self.trainer.active:
+            nbytes += int(self.trainer.unpark().get("bytes", 0))
+        if self.engine is not None:
+            self.engine.resume()
+        if self.ref is not None:
+            nbytes += int(self.ref.unpark().get("bytes", 0))
+        return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
+
     def close(self) -> None:
         """Save the trained actor (``RUN_DIR/checkpoints/final``, by its DP rank 0), free the engines."""
         import torch.distributed as dist
@@ -289,6 +312,8 @@ class RealCompute:
         from slurm_rl.engines.actor.checkpoint import save_checkpoint
 
         if self.trainer.active:
+            if getattr(self.trainer, "parked", False):  # a group member ends parked
+                self.trainer.unpark()
             save_checkpoint(self.trainer, self.run_dir / "checkpoints" / "final")
         if self.engine is not None:
             self.engine.close()

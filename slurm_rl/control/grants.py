@@ -1,0 +1,219 @@
+"""A co-execution group's control files: grants (like epochs), member states, releases.
+
+The group directory is laid out like a run directory (its ``control/lease`` and generations fence
+the group scheduler exactly as they fence a run's coordinator):
+
+- ``control/grants/NNNNNN.json`` — immutable, densely numbered, written once by the lease holder:
+  ``{"grant", "generation", "created_at", "events", "pools": {pool: {"slots": {slot: holder|null},
+  "turn", "cursor"}}, "done": {job: {pool: iteration}}}``, a holder being
+  ``{"job", "iteration", "revoked"}``. A rank polls exactly the next number (one ``open``).
+- ``control/members/<job>/rank-RRRR.json`` — a rank's state, rewritten atomically (waiting for a
+  grant, running, parked) with what the group scheduler needs (rollout samples finished).
+- ``control/releases/<job>/<pool>-IIIIII/slot-SSSS.json`` — written once by the rank on that slot
+  after it parked its state for that phase: the slot is free. Figures of the switch ride along.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from slurm_rl.control.atomic import atomic_write_json, parse_json, read_bytes_once, read_json, write_json_exclusive
+from slurm_rl.control.epochs import lease_generation
+from slurm_rl.control.errors import EpochOrderError, FencedEpochError, TornFileError
+from slurm_rl.control.paths import RunPaths
+
+JOB_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+class GroupPaths(RunPaths):
+    """Paths of a group directory (a :class:`RunPaths` for its lease, generations and events)."""
+
+    @property
+    def grants_dir(self) -> Path:
+        return self.control / "grants"
+
+    def grant(self, n: int) -> Path:
+        return self.grants_dir / f"{n:06d}.json"
+
+    def members_dir(self, job: str) -> Path:
+        return self.control / "members" / _job(job)
+
+    def member(self, job: str, rank: int) -> Path:
+        return self.members_dir(job) / f"rank-{rank:04d}.json"
+
+    def releases_dir(self, job: str, pool: str, iteration: int) -> Path:
+        return self.control / "releases" / _job(job) / f"{pool}-{iteration:06d}"
+
+    def release(self, job: str, pool: str, iteration: int, slot: int) -> Path:
+        return self.releases_dir(job, pool, iteration) / f"slot-{slot:04d}.json"
+
+    def job_dir(self, job: str) -> Path:
+        """RUN_DIR of member ``job``."""
+        return self.run_dir / "jobs" / _job(job)
+
+
+def _job(job: str) -> str:
+    if not job or not set(job) <= JOB_NAME_CHARS:
+        raise ValueError(f"job name {job!r}: allowed are lower-case letters, digits, '_' and '-'")
+    return job
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One published grant: its number, the publisher's generation, and the holdings (JSON)."""
+
+    grant: int
+    generation: int
+    created_at: float
+    pools: Mapping[str, Any]
+    done: Mapping[str, Any]
+    events: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grant": self.grant, "generation": self.generation, "created_at": self.created_at,
+                "events": list(self.events), "pools": self.pools, "done": self.done}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> "Grant":
+        """Validate the structure (types of every field); ``TornFileError`` naming the field."""
+        def bad(field: str, value: Any, want: str) -> TornFileError:
+            return TornFileError(f"{where}: {field} must be {want}, got {value!r}")
+
+        for key in ("grant", "generation"):
+            if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool) or doc[key] < 0:
+                raise bad(key, doc.get(key), "a non-negative int")
+        pools = doc.get("pools")
+        if not isinstance(pools, dict):
+            raise bad("pools", pools, "a mapping")
+        for pool, pg in pools.items():
+            if not isinstance(pg, dict) or not isinstance(pg.get("slots"), dict):
+                raise bad(f"pools.{pool}.slots", pg, "a mapping of slot -> holder")
+            for slot, holder in pg["slots"].items():
+                if not str(slot).isdigit():
+                    raise bad(f"pools.{pool}.slots", slot, "digit-only slot keys")
+                if holder is not None and not (isinstance(holder, dict) and isinstance(holder.get("job"), str)
+                                               and isinstance(holder.get("iteration"), int)):
+                    raise bad(f"pools.{pool}.slots.{slot}", holder, "null or {job, iteration, revoked}")
+        done = doc.get("done")
+        if not isinstance(done, dict):
+            raise bad("done", done, "a mapping job -> pool -> iteration")
+        return cls(grant=doc["grant"], generation=doc["generation"], created_at=float(doc.get("created_at", 0.0)),
+                   pools=pools, done=done, events=tuple(str(e) for e in doc.get("events", ())))
+
+
+def read_grant(paths: GroupPaths, n: int) -> Grant:
+    """Grant ``n`` (``FileNotFoundError`` when not published)."""
+    path = paths.grant(n)
+    grant = Grant.from_json(read_json(path), str(path))
+    if grant.grant != n:
+        raise TornFileError(f"{path}: file holds grant {grant.grant}, expected {n}")
+    return grant
+
+
+def grant_numbers(paths: GroupPaths) -> list[int]:
+    """Published grant numbers, sorted (lists the directory: startup and inspection only)."""
+    try:
+        names = os.listdir(paths.grants_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-5]) for n in names if len(n) == 11 and n.endswith(".json") and n[:6].isdigit())
+
+
+def publish_grant(paths: GroupPaths, grant: Grant, generation: int) -> None:
+    """Publish ``grant`` exclusively as lease holder ``generation`` (fencing as for epochs)."""
+    path = paths.grant(grant.grant)
+    current = lease_generation(paths)
+    if grant.generation != generation or generation < current:
+        raise FencedEpochError(f"cannot publish grant {grant.grant} ({path}) as generation {grant.generation}: "
+                               f"{paths.lease} is at generation {current} (a newer group scheduler took over)")
+    if grant.grant > 0:
+        try:
+            prev = read_grant(paths, grant.grant - 1)
+        except FileNotFoundError:
+            raise EpochOrderError(f"cannot publish grant {grant.grant}: grant {grant.grant - 1} is missing "
+                                  f"({paths.grants_dir}); numbering must be dense") from None
+        if prev.generation > generation:
+            raise FencedEpochError(f"cannot publish grant {grant.grant} as generation {generation}: grant "
+                                   f"{prev.grant} already has generation {prev.generation}")
+    paths.grants_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        write_json_exclusive(path, grant.to_json())
+    except FileExistsError:
+        raise EpochOrderError(f"grant {grant.grant} is already published at {path}") from None
+
+
+class GrantWatcher:
+    """A rank's view of the grants: polls exactly the next number; refuses older generations."""
+
+    def __init__(self, paths: GroupPaths, poll_interval_s: float, who: str) -> None:
+        self.paths, self.poll_interval_s, self.who = paths, poll_interval_s, who
+        self.latest: Grant | None = None
+        self.highest_generation = 0
+        self._last_poll = -float("inf")
+
+    def poll(self, force: bool = False) -> Grant | None:
+        """Advance over every grant published since the last poll; the latest one (or None)."""
+        if not force and time.monotonic() - self._last_poll < self.poll_interval_s:
+            return self.latest
+        self._last_poll = time.monotonic()
+        while True:
+            n = 0 if self.latest is None else self.latest.grant + 1
+            path = self.paths.grant(n)
+            try:
+                data = read_bytes_once(path)
+            except FileNotFoundError:
+                return self.latest
+            grant = Grant.from_json(parse_json(data, path), str(path))
+            if grant.generation < self.highest_generation:
+                raise FencedEpochError(f"{self.who}: grant {n} ({path}) has generation {grant.generation}, older "
+                                       f"than generation {self.highest_generation} already seen; refusing it")
+            self.highest_generation = grant.generation
+            self.latest = grant
+
+
+def write_member(paths: GroupPaths, job: str, rank: int, doc: dict[str, Any]) -> None:
+    """Rewrite rank ``rank`` of ``job``'s state (atomic, not fsynced: it is rewritten often)."""
+    paths.members_dir(job).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(paths.member(job, rank), {**doc, "job": job, "rank": rank, "time": time.time()}, durable=False)
+
+
+def read_members(paths: GroupPaths, job: str) -> dict[int, dict[str, Any]]:
+    """Every rank state of ``job`` (torn or half-written files are skipped: they are rewritten)."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        names = os.listdir(paths.members_dir(job))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                doc = read_json(paths.members_dir(job) / name)
+            except (FileNotFoundError, TornFileError):
+                continue
+            out[int(name[5:9])] = doc
+    return out
+
+
+def write_release(paths: GroupPaths, job: str, pool: str, iteration: int, slot: int, doc: dict[str, Any]) -> None:
+    """Record that ``job``'s rank on ``slot`` parked after its ``pool`` phase of ``iteration``."""
+    paths.releases_dir(job, pool, iteration).mkdir(parents=True, exist_ok=True)
+    write_json_exclusive(paths.release(job, pool, iteration, slot),
+                         {**doc, "job": job, "pool": pool, "iteration": iteration, "slot": slot})
+
+
+def read_releases(paths: GroupPaths, job: str, pool: str, iteration: int) -> dict[int, dict[str, Any]]:
+    """The releases of one phase, by slot."""
+    d = paths.releases_dir(job, pool, iteration)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in names:
+        if name.startswith("slot-") and name.endswith(".json"):
+            out[int(name[5:9])] = read_json(d / name)
+    return out

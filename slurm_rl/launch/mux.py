@@ -1,0 +1,120 @@
+"""Launch a co-execution group: prepare its directory, start the group scheduler and every job.
+
+``prepare_group`` validates the group file and every job config (``ConfigError``: exit 2, nothing
+created), creates ``GROUP_DIR`` (0700) with ``group.json`` (the resolved group) and one ordinary
+RUN_DIR per job under ``GROUP_DIR/jobs/<name>`` whose ``config.yaml`` carries ``mux.group_dir`` and
+``mux.job``. ``run_group_local`` starts the group scheduler and each job's ranks on this machine;
+a job that fails is stopped alone, the others go on. Under Slurm, ``sbatch/mux.sh`` starts the
+same processes with ``srun`` (one step per job, all steps on the group's GPUs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from slurm_rl.control.atomic import atomic_write_json
+from slurm_rl.control.grants import GroupPaths
+from slurm_rl.control.paths import create_run_dir
+from slurm_rl.group_config import GroupSpec, load_group
+from slurm_rl.launch.local import LaunchError, LocalJob
+from slurm_rl.launch.prepare import prepare_run
+
+
+@dataclass
+class GroupResult:
+    """How each job ended (``finished`` or the failure) and the group's wall time."""
+
+    group_dir: Path
+    seconds: float
+    jobs: dict[str, str] = field(default_factory=dict)
+    scheduler_rc: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.scheduler_rc == 0 and all(v == "finished" for v in self.jobs.values())
+
+
+def prepare_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
+    """Validate, create ``GROUP_DIR`` and every job's RUN_DIR; the resolved spec."""
+    spec = load_group(path, overrides)
+    if spec.dir.exists() and (spec.dir / "control" / "grants").is_dir():
+        raise FileExistsError(f"group dir {spec.dir} already holds a group (control/grants); pick another group.dir")
+    create_run_dir(spec.dir)
+    GroupPaths(spec.dir).ensure()
+    (spec.dir / "logs").mkdir(mode=0o700, exist_ok=True)
+    (spec.dir / "jobs").mkdir(mode=0o700, exist_ok=True)
+    doc = spec.to_json()
+    for job in spec.jobs:
+        job_dir = GroupPaths(spec.dir).job_dir(job.name)
+        extra = [f"runtime.run_dir={job_dir}", f"mux.group_dir={spec.dir}", f"mux.job={job.name}",
+                 f"mux.park_s={spec.park_s}"]
+        prepare_run(job.config_path, [*job.overrides, *extra])
+        doc["jobs"][job.name]["run_dir"] = str(job_dir)
+        doc["jobs"][job.name]["heartbeat_timeout_s"] = job.cfg.runtime.heartbeat_timeout_s
+    atomic_write_json(spec.dir / "group.json", doc)
+    return spec
+
+
+def start_group_scheduler(group_dir: Path) -> subprocess.Popen:
+    """The group scheduler as its own process (log: ``GROUP_DIR/logs/group-scheduler.log``)."""
+    log = open(group_dir / "logs" / "group-scheduler.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "slurm_rl.scheduler.group_coordinator", str(group_dir)],
+                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            start_new_session=True)
+
+
+def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
+    """Run every job of ``spec`` (prepared) on this machine; a failed job is stopped alone."""
+    started = time.monotonic()
+    result = GroupResult(group_dir=spec.dir, seconds=0.0)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    scheduler = start_group_scheduler(spec.dir)
+    running: dict[str, LocalJob] = {}
+    try:
+        for job in spec.jobs:
+            running[job.name] = LocalJob(GroupPaths(spec.dir).job_dir(job.name), job.cfg.placement.world_size)
+        deadline = time.monotonic() + spec.timeout_s
+        while running:
+            for name, job in list(running.items()):
+                try:
+                    codes = job.poll()
+                except LaunchError as exc:
+                    result.jobs[name] = f"failed: {exc}"
+                    log(f"job {name} failed (the other jobs go on): {str(exc).splitlines()[0]}")
+                    del running[name]
+                    continue
+                if codes is not None:
+                    result.jobs[name] = "finished"
+                    log(f"job {name} finished after {time.monotonic() - started:.1f}s")
+                    del running[name]
+            if scheduler.poll() not in (None, 0) and running:
+                raise LaunchError(f"group scheduler exited with code {scheduler.returncode} "
+                                  f"(see {spec.dir / 'logs' / 'group-scheduler.log'}); stopping every job")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"group did not finish within group.timeout_s={spec.timeout_s:.0f}s; "
+                                  f"jobs still running: {sorted(running)}")
+            time.sleep(0.05)
+        try:
+            result.scheduler_rc = scheduler.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise LaunchError("group scheduler did not stop within 30s after every job ended") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for job in running.values():
+            job.kill()
+        if scheduler.poll() is None:
+            scheduler.kill()
+            scheduler.wait()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise LaunchError(f"group launcher received signal {signum}; stopping every job")

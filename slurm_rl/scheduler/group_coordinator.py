@@ -1,0 +1,186 @@
+"""The live group scheduler of a co-execution group: observe the jobs, rotate the pools, publish grants.
+
+One process per group holds the group's lease (``GROUP_DIR/control/lease``, generations: a second
+scheduler refuses to start, a stale one is fenced). Every ``group.poll_interval_s`` it builds a
+:class:`~slurm_rl.scheduler.mux.rotation.GroupView` from files only (level-triggered): which
+ranks wait for a grant (``control/members``), which slots were released (``control/releases``),
+each job's rollout progress and health (its own RUN_DIR: coordinator status, progress,
+heartbeats). It calls the same :func:`rotation.decide` the simulator calls and publishes each
+change as the next immutable grant. A job that fails leaves the rotation (``job_failed`` event),
+its slots are freed and the others continue. Events go to ``control/events/decisions.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from slurm_rl.control.atomic import read_json
+from slurm_rl.control.events import append_event
+from slurm_rl.control.grants import (Grant, GroupPaths, grant_numbers, publish_grant, read_grant, read_members,
+                                     read_releases)
+from slurm_rl.control.heartbeats import read_heartbeat
+from slurm_rl.control.lease import CoordinatorLease
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import read_all_progress
+from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
+from slurm_rl.scheduler.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
+                                             grant_to_json, initial_grant)
+
+HEARTBEAT_TIMEOUT_S = 30.0  # when a job's config does not say otherwise
+
+
+@dataclass
+class GroupLoop:
+    """One group scheduler generation."""
+
+    paths: GroupPaths
+    group: dict[str, Any]
+    generation: int
+    log: Callable[[str], None] = lambda msg: print(msg, flush=True)
+    out: dict[str, str] = field(default_factory=dict)  # job -> why it left the rotation
+
+    def __post_init__(self) -> None:
+        self.members = tuple(self.group["jobs"])
+        self.pools = {p: tuple(self.group["pools"][p]) for p in POOLS}
+        self.slots = {j: {p: tuple(sorted(s for q, s in spec["rank_slots"].values() if q == p)) for p in POOLS}
+                      for j, spec in self.group["jobs"].items()}
+        self.poll_s = float(self.group["poll_interval_s"])
+        self.seen_releases: set[tuple[str, str, int, int]] = set()
+        numbers = grant_numbers(self.paths)
+        if numbers:  # a restarted scheduler carries on from the last grant (level-triggered)
+            last = read_grant(self.paths, numbers[-1])
+            self.number, self.grant = last.grant, grant_from_json(last.pools, last.done)
+        else:
+            self.number, self.grant = -1, initial_grant(self.pools, self.members)
+
+    # -- observing ------------------------------------------------------------------------------
+    def _job_health(self, job: str) -> str | None:
+        """Why ``job`` is out of the rotation (finished / failed: ...), or None while it runs."""
+        jpaths = RunPaths(self.paths.job_dir(job))
+        status = read_coordinator_status(jpaths) or {}
+        if status.get("state") == "finished":
+            return "finished"
+        if status.get("state") == "failed":
+            return f"failed: {status.get('error')}"
+        world = range(int(self.group["jobs"][job]["world_size"]))
+        for rank, doc in read_all_progress(jpaths, world).items():
+            if doc.get("state") == "failed":
+                return f"failed: rank {rank} (host {doc.get('host', '?')}): {doc.get('error')}"
+        timeout = float(self.group["jobs"][job].get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S))
+        now = time.time()
+        for rank in world:
+            beat = read_heartbeat(jpaths, rank)
+            if beat is not None and now - float(beat.get("time", now)) > timeout:
+                return f"failed: rank {rank} (host {beat.get('host', '?')}) has no heartbeat for {now - float(beat['time']):.0f}s"
+        return None
+
+    def _rollout_fraction(self, job: str, k: int) -> float:
+        spec = self.group["jobs"][job]
+        progress = read_all_progress(RunPaths(self.paths.job_dir(job)), range(int(spec["world_size"])))
+        finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.get("iteration") == k)
+        received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.get("iteration") == k), default=0)
+        return max(finished, received) / max(1, int(spec["samples"]))
+
+    def observe(self) -> GroupView:
+        jobs: dict[str, JobView] = {}
+        for job in self.members:
+            if job not in self.out:
+                why = self._job_health(job)
+                if why is not None:
+                    self.out[job] = why
+                    kind = "job_finished" if why == "finished" else "job_failed"
+                    append_event(self.paths, kind, {"job": job, "why": why})
+                    self.log(f"group: job {job} {why}")
+            waiting: dict[str, int] = {}
+            for doc in read_members(self.paths, job).values():
+                if doc.get("state") == "waiting" and doc.get("pool") in POOLS:
+                    waiting[doc["pool"]] = max(waiting.get(doc["pool"], -1), int(doc["iteration"]))
+            keys = {(p, h.iteration) for p, pg in self.grant.pools.items()
+                    for h in (*pg.slots.values(), pg.turn) if h is not None and h.job == job}
+            released = {}
+            for p, k in keys:
+                docs = read_releases(self.paths, job, p, k)
+                released[(p, k)] = frozenset(docs)
+                for slot, doc in docs.items():
+                    if (job, p, k, slot) not in self.seen_releases:
+                        self.seen_releases.add((job, p, k, slot))
+                        append_event(self.paths, "phase", {**doc, "job": job, "pool": p, "iteration": k, "slot": slot})
+            turn = self.grant.pools["rollout"].turn
+            fraction = self._rollout_fraction(job, turn.iteration) if turn is not None and turn.job == job else 0.0
+            spec = self.group["jobs"][job]
+            jobs[job] = JobView(slots=self.slots[job], iterations=int(spec["iterations"]), waiting=waiting,
+                                released=released, rollout_fraction=fraction, out=job in self.out)
+        return GroupView(members=self.members, jobs=jobs, tail_fraction=float(self.group["tail_fraction"]),
+                         tail_slots=int(self.group["tail_slots"]))
+
+    # -- publishing -----------------------------------------------------------------------------
+    def publish(self, grant: GroupGrant, events: list[str]) -> None:
+        pools, done = grant_to_json(grant)
+        record = Grant(grant=self.number + 1, generation=self.generation, created_at=time.time(), pools=pools,
+                       done=done, events=tuple(events))
+        publish_grant(self.paths, record, self.generation)
+        self.number, self.grant = record.grant, grant
+        append_event(self.paths, "grant", {"grant": record.grant, "generation": self.generation, "events": events,
+                                           "pools": pools, "published_at": record.created_at})
+        for e in events:
+            self.log(f"group grant {record.grant}: {e}")
+
+    def status(self, state: str, **extra: Any) -> None:
+        write_coordinator_status(self.paths, {"generation": self.generation, "state": state, "grant": self.number,
+                                              "out": dict(self.out), "host": socket.gethostname(),
+                                              "pid": os.getpid(), "time": time.time(), **extra})
+
+    def run(self, timeout_s: float) -> None:
+        """Rotate until every job finished or failed."""
+        if self.number < 0:
+            self.publish(self.grant, ["group started"])
+        self.status("running")
+        deadline = time.monotonic() + timeout_s
+        while len(self.out) < len(self.members):
+            view = self.observe()
+            change = decide(self.grant, view)
+            if change is not None:
+                self.publish(*change)
+                self.status("running")
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group did not finish within group.timeout_s={timeout_s:.0f}s; jobs still "
+                                   f"running: {[j for j in self.members if j not in self.out]}")
+            time.sleep(self.poll_s)
+        failed = {j: why for j, why in self.out.items() if why != "finished"}
+        self.status("finished", failed=failed)
+
+
+def run_group_scheduler(group_dir: Path) -> int:
+    """Entry point: take the group lease and rotate; 0 when every job finished, 1 otherwise."""
+    paths = GroupPaths(group_dir)
+    with CoordinatorLease(paths) as lease:
+        assert lease.generation is not None
+        group = read_json(group_dir / "group.json")
+        loop = GroupLoop(paths, group, lease.generation)
+        try:
+            loop.run(float(group["timeout_s"]))
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            loop.status("failed", error=error)
+            traceback.print_exc()
+            return 1
+    return 0 if all(why == "finished" for why in loop.out.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm_rl.scheduler.group_coordinator")
+    parser.add_argument("group_dir", type=Path)
+    return run_group_scheduler(parser.parse_args(argv).group_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
