@@ -26,12 +26,19 @@ with ``--device cuda``, one GPU per rank):
 ``step``: DP-1 training steps on ``--device`` (a one-GPU check of megatron-core on CUDA).
 ``sync``: actor -> rollout weight sync (``megatron_to_hf`` + ``broadcast_weights``), rank 0 to
     rank 1, over NCCL with ``--device cuda``.
+``park``: warm switching on one rank: ``ActorTrainer.park``/``unpark`` (parameters + Adam
+    moments to host memory and back in place, after one training step) and
+    ``HFRolloutEngine.release``/``resume`` of the same model size, ``--reps`` round trips each
+    (the first also allocates the host buffers: ``first_park_s``; on CUDA they are pinned and
+    kept for the next park). ``GBps`` = bytes copied / best seconds; ``equal``: the parameters
+    after the round trips are bitwise those before.
 
 Per timed figure: best (``_min``) and median (``_median``) over repetitions, maximum over ranks.
 
     .venv/bin/python tools/bench_reshard.py --sizes 10M 50M
     .venv/bin/python tools/bench_reshard.py --sizes 200M --reps 2 --transitions 1-2 2-4 4-2
     .venv/bin/python tools/bench_reshard.py --device cuda --sections step sync switch
+    .venv/bin/python tools/bench_reshard.py --sections park --reps 5
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ SIZES = {  # about 10M, 50M and 200M parameters
                         num_attention_heads=16),
 }
 TRANSITIONS = {"1-2": [[0], [0, 1]], "2-4": [[0, 1], [0, 1, 2, 3]], "4-2": [[0, 1, 2, 3], [0, 1]]}
-SECTIONS = ("transitions", "switch", "ckpt", "step", "sync")
+SECTIONS = ("transitions", "switch", "ckpt", "step", "sync", "park")
 TIMED = ("reshard_s", "transfer_s", "build_s", "wait_s", "broadcast_s")
 SWITCH = ("see_s", "switch_s", "switch_to_first_step_s", "first_step_s", "step_s",
           "broadcast_s", "reshard_s", "transfer_s", "build_s", "group_s", "wait_s")
@@ -296,6 +303,54 @@ def sync_worker(rank: int, world: int, size: str, rounds: int, device: str) -> d
             "bytes": nbytes, "seconds": seconds, "equal": bool(flag.item())}
 
 
+def _round_trips(park: Any, unpark: Any, reps: int, device: str) -> dict[str, Any]:
+    """Time ``reps`` park/unpark round trips; figures of the copies and the freed memory."""
+    parks, unparks, freed = [], [], None
+    nbytes = device_bytes = 0.0
+    for _ in range(reps):
+        before = torch.cuda.memory_allocated() if device == "cuda" else None
+        fig = park()
+        if before is not None:
+            freed = before - torch.cuda.memory_allocated()
+        back = unpark()
+        parks.append(fig["seconds"])
+        unparks.append(back["seconds"])
+        nbytes, device_bytes = fig["bytes"], fig["device_bytes"]
+    out = {"bytes": int(nbytes), "device_bytes": int(device_bytes), "first_park_s": parks[0],
+           **_summary([{"park_s": p, "unpark_s": u} for p, u in zip(parks, unparks)],
+                      ("park_s", "unpark_s"))}
+    out["park_GBps"] = nbytes / out["park_s_min"] / 1e9
+    out["unpark_GBps"] = nbytes / out["unpark_s_min"] / 1e9
+    if freed is not None:
+        out["cuda_allocated_freed_bytes"] = int(freed)
+    return out
+
+
+def park_worker(rank: int, world: int, size: str, zero1: bool, reps: int, batch: int, seq: int,
+                device: str) -> dict[str, Any]:
+    """Park/unpark round trips of the actor (after one step) and of the hf rollout engine."""
+    from slurm_rl.engines.rollout.hf import HFRolloutEngine
+
+    cfg = SIZES[size]
+    trainer = ActorTrainer(cfg, OptimConfig(zero1=zero1),
+                           BatchConfig(global_batch_size=batch, micro_batch_size=1), [0],
+                           _setup(rank, device), seed=0, device=device)
+    trainer.train_step(_samples(0, batch, seq, cfg.vocab_size))
+    assert trainer.flat is not None
+    before = trainer.flat.data.clone()
+    actor = _round_trips(trainer.park, trainer.unpark, reps, device)
+    actor["equal"] = bool(torch.equal(trainer.flat.data, before))
+    trainer.train_step(_samples(1, batch, seq, cfg.vocab_size))  # trains on after the trips
+    del before
+    trainer.free(keep_warm=False)
+    engine = HFRolloutEngine(cfg, device=device, seed=0)
+    weights = [p.detach().clone() for p in engine.model.parameters()]
+    rollout = _round_trips(engine.release, engine.resume, reps, device)
+    rollout["equal"] = all(torch.equal(a, b) for a, b in zip(weights, engine.model.parameters()))
+    return {"size": size, "params": cfg.num_parameters(), "device": device, "zero1": zero1,
+            "reps": reps, "actor": actor, "hf_rollout": rollout}
+
+
 def ckpt_worker(rank: int, world: int, numel: int, workdir: str, reps: int) -> dict[str, Any]:
     """Save + load ``3 * numel`` fp32 values through dist_checkpointing in a one-rank world."""
     from megatron.core import dist_checkpointing
@@ -395,6 +450,10 @@ def main() -> None:
         if "step" in sections:
             results["step"].append(run_local(step_worker, 1, (size, args.batch, args.seq, 3,
                                                               args.device),
+                                             timeout_s=1800, collective_timeout_s=900)[0])
+        if "park" in sections:
+            results["park"].append(run_local(park_worker, 1, (size, args.zero1, args.reps,
+                                                              args.batch, args.seq, args.device),
                                              timeout_s=1800, collective_timeout_s=900)[0])
         if "sync" in sections:
             if fits(2):

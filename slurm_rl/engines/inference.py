@@ -15,6 +15,7 @@ from torch import Tensor
 
 from slurm_rl.engines.convert import megatron_to_hf
 from slurm_rl.engines.model_config import ModelConfig
+from slurm_rl.engines.parking import HostParking
 from slurm_rl.engines.rollout.hf import build_hf_llama, score_sequences
 
 _MEGATRON = re.compile(r"^(?:module\.)*(?:embedding|decoder|output_layer)\.")
@@ -50,9 +51,28 @@ class ReferenceScorer:
         if missing:
             raise KeyError(f"ReferenceScorer: initial_state lacks {missing[:5]}")
         self.model.requires_grad_(False)
+        self._parking = HostParking("ReferenceScorer")
+
+    @property
+    def parked(self) -> bool:
+        """Whether the reference weights are parked in host memory (see :meth:`park`)."""
+        return self._parking.parked
+
+    def park(self) -> dict[str, float]:
+        """Copy the frozen weights (parameters and buffers) to host memory, pinned on CUDA, and
+        free their device storage in place; :meth:`score` raises ``ParkedError`` until
+        :meth:`unpark`. Returns ``bytes``, ``device_bytes`` and ``seconds`` (zeros when already
+        parked)."""
+        return self._parking.park([*self.model.parameters(), *self.model.buffers()],
+                                  guard=[self.model])
+
+    def unpark(self) -> dict[str, float]:
+        """Put the parked weights back into the same tensors. Zeros when not parked."""
+        return self._parking.unpark()
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
         """fp32 reference logprob of every token after the first, per sequence."""
+        self._parking.check_live("score")
         out: list[Tensor] = []
         batch: list[Sequence[int]] = []
         longest = 0

@@ -4,6 +4,10 @@ Every rank that may ever hold the actor creates an ``ActorTrainer``; ranks outsi
 current actor rank list are *inactive* until a reshard adds them. An inactive rank holds no model
 unless it was *warmed* (:meth:`ActorTrainer.warm`): then its model skeleton, flat buffers and
 optimizer buffers are allocated and paged in ahead of time, so joining costs the transfer only.
+
+An active rank whose job is not granted the devices *parks* (:meth:`ActorTrainer.park`): its
+parameters and optimizer state go to host memory and the device storage is freed in place; it
+*unparks* into the same model, optimizer and process groups when granted again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from slurm_rl.engines.model_config import ModelConfig
+from slurm_rl.engines.parking import HostParking, ParkedError  # noqa: F401 (re-exported)
 
 from .groups import GroupCache
 from .lr_schedule import SampleLRScheduler
@@ -39,6 +44,20 @@ class ReshardTimeoutError(TimeoutError):
 
 class InactiveActorError(RuntimeError):
     """A training call on a rank that does not hold the actor."""
+
+
+def drop_megatron_scratch() -> int:
+    """Drop megatron-core's process-wide scratch buffers (the attention matmul input of
+    ``DotProductAttention``, sized by the largest batch seen); megatron allocates them again on
+    the next forward and overwrites them before reading. Returns the bytes dropped."""
+    from megatron.core import parallel_state
+
+    pool = getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None)
+    if pool is None:
+        return 0
+    nbytes = sum(t.numel() * t.element_size() for t in pool.buffer.values())
+    pool.buffer.clear()
+    return nbytes
 
 
 def nll_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -76,6 +95,7 @@ class ActorTrainer:
         self.optimizer: DPAdamW | None = None
         self.dp_group: dist.ProcessGroup | None = None
         self.stay_warm = stay_warm
+        self._parking = HostParking(f"rank {self.me} on {socket.gethostname()} (actor)")
         self._active = self.me in self.ranks
         if self._active:
             self._build(initialize=True)
@@ -94,6 +114,11 @@ class ActorTrainer:
     def active(self) -> bool:
         """Whether this rank currently holds the actor (a warm skeleton does not count)."""
         return self._active
+
+    @property
+    def parked(self) -> bool:
+        """Whether this rank's actor state is parked in host memory (see :meth:`park`)."""
+        return self._parking.parked
 
     @property
     def warm_ready(self) -> bool:
@@ -126,6 +151,11 @@ class ActorTrainer:
         if not self.active:
             raise InactiveActorError(f"rank {self.me} on {socket.gethostname()}: {what} "
                                      f"called but this rank is not an actor rank {self.ranks}")
+
+    def _require_live(self, what: str) -> None:
+        """Active and not parked: ``InactiveActorError`` or ``ParkedError`` naming ``what``."""
+        self._require_active(what)
+        self._parking.check_live(what)
 
     def _build(self, initialize: bool) -> None:
         self.model = build_gpt_model(self.model_cfg, self.seed, self.device,
@@ -176,7 +206,7 @@ class ActorTrainer:
         mean over the global mini-batch), ``grad_norm``, ``lr``, ``consumed_samples``,
         ``step``, ``tokens`` and ``micro_batches`` (this rank's).
         """
-        self._require_active("train_step")
+        self._require_live("train_step")
         share = self.batch_cfg.global_batch_size // self.dp_size
         if len(samples) != share:
             raise ValueError(f"rank {self.me}: train_step got {len(samples)} samples, expected "
@@ -214,10 +244,58 @@ class ActorTrainer:
                 "micro_batches": float(len(batches))}
 
     def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded) parameters by megatron name, for actor -> rollout weight sync."""
+        """Full (unsharded) parameters by megatron name, for actor -> rollout weight sync.
+
+        While parked these are views of the host copies (CPU tensors, pinned on CUDA): the
+        weights can be sent to rollout ranks while the actor is off the device.
+        """
         self._require_active("named_parameters_for_sync")
         assert self.flat is not None
-        yield from self.flat.named_views()
+        if self._parking.parked:
+            yield from self.flat.named_views(self._parking.host_view(self.flat.data))
+        else:
+            yield from self.flat.named_views()
+
+    # ----------------------------------------------------------------- warm switching
+    def park(self) -> dict[str, float]:
+        """Park this rank's actor state in host memory and free its device memory in place.
+
+        Parameters (with the Adam moments that share their flat buffer) and the optimizer's
+        moments are copied to host buffers (pinned on CUDA); then their storages, and that of the
+        gradient buffer (rewritten by the next step, so not copied: it comes back zeroed), are
+        shrunk to zero bytes. The tensor objects stay the same, so the model, the optimizer and
+        the process groups are reused by :meth:`unpark` without any rebuild. Python-side state
+        (step, consumed samples, LR schedule position, ``generator``, data state) is untouched;
+        torch's global CPU RNG state (and the CUDA one on CUDA) is saved and restored by
+        :meth:`unpark`. Local to this rank (no collective): every rank of the actor parks its own
+        state. megatron-core's process-wide attention scratch buffer is dropped (not copied: it
+        is re-created on the next forward); its size is returned as ``scratch_bytes``.
+
+        While parked, :meth:`train_step`, :meth:`reshard`, :meth:`state_dict` and
+        :meth:`load_state_dict` raise ``ParkedError``, a forward of the model raises too, and
+        :meth:`named_parameters_for_sync` reads the host copies. Returns ``bytes`` (copied to
+        host), ``device_bytes`` (freed: copied or dropped), ``scratch_bytes`` and ``seconds``;
+        all zero on an inactive rank or when already parked.
+        """
+        if not self._active or self._parking.parked:
+            return {"bytes": 0.0, "device_bytes": 0.0, "scratch_bytes": 0.0, "seconds": 0.0}
+        assert self.model is not None and self.flat is not None and self.optimizer is not None
+        t0 = time.perf_counter()
+        scratch = drop_megatron_scratch()  # before the park, whose empty_cache returns it too
+        opt = self.optimizer
+        keep = [self.flat.storage, opt.exp_avg, opt.exp_avg_sq,
+                *self.model.parameters(), *self.model.buffers()]
+        drop = [self.flat.grad, *(p.grad for p in self.model.parameters() if p.grad is not None)]
+        figures = self._parking.park(keep, drop, guard=[self.model], rng=True)
+        return {**figures, "scratch_bytes": float(scratch), "seconds": time.perf_counter() - t0}
+
+    def unpark(self) -> dict[str, float]:
+        """Restore what :meth:`park` freed into the same tensors, and the RNG state.
+
+        Returns ``bytes`` (copied back), ``device_bytes`` and ``seconds``; all zero when not
+        parked (or on an inactive rank).
+        """
+        return self._parking.unpark()
 
     # ----------------------------------------------------------------- full state
     def _full_moments(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -248,7 +326,7 @@ class ActorTrainer:
         """Full state by parameter name: ``model``, ``optimizer`` (``exp_avg/<name>``,
         ``exp_avg_sq/<name>``) and JSON ``meta``. Collective over the DP group; returns the
         state on DP rank 0 and None elsewhere."""
-        self._require_active("state_dict")
+        self._require_live("state_dict")
         assert self.flat is not None
         moments = self._full_moments()
         if moments is None:
@@ -261,7 +339,7 @@ class ActorTrainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load a full state (any DP size, any ZeRO setting); each rank keeps its slice."""
-        self._require_active("load_state_dict")
+        self._require_live("load_state_dict")
         assert self.flat is not None and self.optimizer is not None
         model, optim = state["model"], state["optimizer"]
         expected = set(self.flat.names)
@@ -323,6 +401,8 @@ class ActorTrainer:
         ``old_ranks`` is the caller's view of where the actor is: an inactive rank adopts it (moves
         it took no part in left its own view stale); an active rank must agree with it.
         """
+        self._parking.check_live(f"epoch {epoch} actor reshard {self.ranks}->"
+                                 f"{sorted(set(new_ranks))}")
         new = sorted(set(new_ranks))
         if old_ranks is not None:
             if not self._active:
@@ -500,7 +580,12 @@ class ActorTrainer:
             self._step = self.optimizer.step_count
         self._active = False
         self.dp_group = None
-        if self.stay_warm if keep_warm is None else keep_warm:
+        keep = self.stay_warm if keep_warm is None else keep_warm
+        if self._parking.parked and keep:
+            self._parking.unpark()  # a warm skeleton is resident
+        elif self._parking.parked:
+            self._parking.discard()  # the buffers are dropped: nothing to restore
+        if keep:
             return
         if self.flat is not None:
             self.flat.release()  # frees the buffers now, without a (slow) gc.collect()

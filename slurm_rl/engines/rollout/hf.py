@@ -20,6 +20,7 @@ from torch import Tensor
 
 from slurm_rl.engines.convert import hf_llama_config
 from slurm_rl.engines.model_config import ModelConfig
+from slurm_rl.engines.parking import HostParking, ParkedError
 from slurm_rl.engines.rollout.base import Generation, RolloutEngine, SamplingParams
 from slurm_rl.rl.tokenizer import pad_batch
 
@@ -88,11 +89,19 @@ class HFRolloutEngine(RolloutEngine):
         self.model = build_hf_llama(model_cfg, seed, self.device,
                                     attn_implementation=attn_implementation)
         self.weight_version = 0
-        self._released = False
+        self._parking = HostParking("HFRolloutEngine")
+
+    @property
+    def released(self) -> bool:
+        """Whether the weights are parked in host memory (see :meth:`release`)."""
+        return self._parking.parked
+
+    _released = released  # the name the worker runtime reads
 
     def _check_live(self, what: str) -> None:
         if self._released:
-            raise RuntimeError(f"HFRolloutEngine.{what}: engine is released; call resume() first")
+            raise ParkedError(f"HFRolloutEngine.{what}: engine is released (weights parked in "
+                              "host memory); call resume() first")
 
     def _generation_config(self, sampling: SamplingParams):
         from transformers import GenerationConfig
@@ -188,8 +197,11 @@ class HFRolloutEngine(RolloutEngine):
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
-        """Copy HF-named tensors into the model; unknown names or shapes raise naming them."""
-        self._check_live("update_weights")
+        """Copy HF-named tensors into the model; unknown names or shapes raise naming them.
+
+        While released the tensors are written into the host copies of the weights, which
+        :meth:`resume` puts back on the device: a parked engine receives the next weights.
+        """
         params = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
             if name not in params:
@@ -198,7 +210,8 @@ class HFRolloutEngine(RolloutEngine):
             if tuple(p.shape) != tuple(tensor.shape):
                 raise ValueError(f"HFRolloutEngine.update_weights: {name} has shape "
                                  f"{tuple(tensor.shape)}, model expects {tuple(p.shape)}")
-            p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+            target = self._parking.host_view(p) if self._released else p
+            target.copy_(tensor.to(device=target.device, dtype=p.dtype))
         self.weight_version = version
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
@@ -206,16 +219,19 @@ class HFRolloutEngine(RolloutEngine):
         self._check_live("score")
         return score_sequences(self.model, sequences, self.device, self.pad_id)
 
-    def release(self) -> None:
-        """Offload the weights to host memory (a no-op move on CPU)."""
-        if not self._released:
-            self.model.to("cpu")
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            self._released = True
+    def release(self) -> dict[str, float]:  # type: ignore[override]
+        """Park the weights (parameters and buffers) in host memory, pinned on CUDA, and free
+        their device storage in place: the same parameter objects stay in the model.
 
-    def resume(self) -> None:
-        """Move the weights back to the engine's device."""
-        if self._released:
-            self.model.to(self.device)
-            self._released = False
+        While released ``generate``/``score`` (and a forward of ``model``) raise ``ParkedError``
+        and ``update_weights`` writes into the host copies. Returns ``bytes`` (copied to host),
+        ``device_bytes`` (freed) and ``seconds``; zeros when already released.
+        """
+        return self._parking.park([*self.model.parameters(), *self.model.buffers()],
+                                  guard=[self.model])
+
+    def resume(self) -> dict[str, float]:  # type: ignore[override]
+        """Put the parked weights back into the same tensors (the last ``update_weights``
+        included). Returns ``bytes``, ``device_bytes`` and ``seconds``; zeros when not released.
+        """
+        return self._parking.unpark()

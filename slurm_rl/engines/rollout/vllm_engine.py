@@ -86,6 +86,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm = LLM(**kwargs)
         self.weight_version = 0
         self._released = False
+        self._pending: list[tuple[str, Tensor]] | None = None  # weights received while released
 
     def _check_live(self, what: str) -> None:
         if self._released:
@@ -127,13 +128,23 @@ class VLLMRolloutEngine(RolloutEngine):
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
-        """Reload all weights in place through the worker, then drop the prefix cache."""
-        self._check_live("update_weights")
+        """Reload all weights in place through the worker, then drop the prefix cache.
+
+        While released (a sleeping engine's weights are not addressable on GPU) a host copy of
+        the weights is kept instead and loaded by :meth:`resume`; the version is set now.
+        """
+        if self._released:
+            self._pending = [(n, t.detach().to(device="cpu", dtype=torch.float32, copy=True))
+                             for n, t in named_tensors]
+        else:
+            self._load(named_tensors)
+        self.weight_version = version
+
+    def _load(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         weights = [(n, t.detach().to(device=self.device, dtype=torch.float32))
                    for n, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
-        self.weight_version = version
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
         """fp32 logprob of every token after the first (vLLM ``prompt_logprobs``)."""
@@ -159,11 +170,14 @@ class VLLMRolloutEngine(RolloutEngine):
             self._released = True
 
     def resume(self) -> None:
-        """Wake the engine up again."""
+        """Wake the engine up again and load the weights received while released, if any."""
         if self._released:
             if self.device.type == "cuda":
                 self.llm.wake_up()
             self._released = False
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                self._load(pending)
 
     def close(self) -> None:
         """Drop the engine and its checkpoint directory."""
