@@ -22,6 +22,7 @@ from typing import Sequence
 from slurm_rl.control.atomic import atomic_write_json
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import create_run_dir
+from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.group_config import GroupSpec, load_group
 from slurm_rl.launch.local import LaunchError, LocalJob
 from slurm_rl.launch.prepare import prepare_run
@@ -94,7 +95,7 @@ def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
                     result.jobs[name] = "finished"
                     log(f"job {name} finished after {time.monotonic() - started:.1f}s")
                     del running[name]
-            if scheduler.poll() not in (None, 0) and running:
+            if scheduler.poll() not in (None, 0) and running and _scheduler_state(spec.dir) != "finished":
                 raise LaunchError(f"group scheduler exited with code {scheduler.returncode} "
                                   f"(see {spec.dir / 'logs' / 'group-scheduler.log'}); stopping every job")
             if time.monotonic() > deadline:
@@ -114,6 +115,11 @@ def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
             scheduler.wait()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _scheduler_state(group_dir: Path) -> str | None:
+    """``finished`` once the group scheduler saw every job leave (exit 1: some job failed)."""
+    return (read_coordinator_status(GroupPaths(group_dir)) or {}).get("state")
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

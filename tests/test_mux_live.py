@@ -1,0 +1,230 @@
+"""Co-execution groups run for real: jobs share a rollout and a training pool, each parametrised
+over both computes (``emulated``: 8 slots, the cost model; ``cpu``: 4 slots, the real engines).
+
+Checked from the files: pools are handed round-robin by phase, no slot ever serves two jobs at
+once (each holder starts after the previous one parked), every sample of every job is produced
+once and trained once (long-tail migration included), warm switches are recorded, and with the
+real engines each job's per-step losses equal its solo run's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_rl.control.events import read_events
+from slurm_rl.control.grants import GroupPaths, grant_numbers, read_grant
+from slurm_rl.inspect.report import read_metrics
+from slurm_rl.launch.mux import prepare_group, run_group_local
+from test_scheduling_backends import check_every_sample_once
+from emulated_configs import write_config
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ["emulated", "cpu"]
+
+EMULATED_COSTS = {
+    "rollout_s_per_token": 2.0e-5, "inference_s_per_token": 2.0e-6, "actor_s_per_token": 8.0e-6,
+    "response_len_mean": 128, "response_len_max": 512, "response_len_sigma": 1.0, "prompt_len": 32,
+    "model_params": 10_000_000,
+}
+
+
+def job_config(device: str, run_dir: Path, iterations: int = 2, seed: int = 1234) -> dict:
+    """A job for a group: rollout on its upper ranks, actor + inference on the lower ones."""
+    if device == "cpu":  # 4 ranks: actor 0, inference 1, rollout 2-3; 64 samples, 2 mini-batches
+        return {
+            "cluster": {"num_nodes": 1, "gpus_per_node": 4,
+                        "component_placement": {"actor": "0", "inference": "1", "rollout": "2-3"}},
+            "runtime": {"device": "cpu", "run_dir": str(run_dir), "wait_timeout_s": 120.0, "ack_timeout_s": 120.0,
+                        "heartbeat_timeout_s": 60.0, "run_timeout_s": 600.0, "seed": seed},
+            "train": {"num_iterations": iterations, "rollout_batch_size": 16, "group_size": 4,
+                      "global_batch_size": 32, "micro_batch_size": 8, "minibatch_order": "index"},
+            "scheduler": {"policy": "static", "max_running_requests": 16},
+            "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
+            "task": {"name": "copy", "length": 6, "alphabet": 6},
+            "actor": {"lr": 1.0e-3},
+            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
+            "rollout": {"backend": "hf", "sub_batch": 4},
+        }
+    return {  # 8 ranks: actor 0-1, inference 2-3, rollout 4-7; 128 long-tailed samples
+        "cluster": {"num_nodes": 1, "gpus_per_node": 8,
+                    "component_placement": {"actor": "0-1", "inference": "2-3", "rollout": "4-7"}},
+        "runtime": {"device": "emulated", "run_dir": str(run_dir), "heartbeat_timeout_s": 20.0,
+                    "wait_timeout_s": 60.0, "run_timeout_s": 300.0, "seed": seed, "keep_iterations": 10},
+        "train": {"num_iterations": iterations, "rollout_batch_size": 16, "group_size": 8,
+                  "global_batch_size": 32, "micro_batch_size": 4},
+        "scheduler": {"policy": "static", "max_running_requests": 8},
+        "emulated": dict(EMULATED_COSTS),
+    }
+
+
+def pools(device: str) -> dict:
+    return {"rollout": "0-1", "train": "2-3"} if device == "cpu" else {"rollout": "0-3", "train": "4-7"}
+
+
+def write_group(tmp_path: Path, device: str, jobs: dict[str, dict], **group) -> Path:
+    for name, cfg in jobs.items():
+        write_config(tmp_path / f"{name}.yaml", cfg)
+    doc = {"group": {"dir": str(tmp_path / "group"), "pools": pools(device), "tail_fraction": 0.8, "tail_slots": 1,
+                     "poll_interval_s": 0.02, "timeout_s": 600, "park_s": 0.02, **group},
+           "jobs": {name: {"config": f"{name}.yaml", "slo": 2.0} for name in jobs}}
+    path = tmp_path / "group.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def turns(group_dir: Path) -> dict[str, list[tuple[str, int]]]:
+    """The (job, iteration) turns of each pool, in grant order."""
+    paths = GroupPaths(group_dir)
+    out: dict[str, list[tuple[str, int]]] = {"rollout": [], "train": []}
+    for n in grant_numbers(paths):
+        for pool, pg in read_grant(paths, n).pools.items():
+            t = pg["turn"]
+            if t is not None and (not out[pool] or out[pool][-1] != (t["job"], t["iteration"])):
+                out[pool].append((t["job"], t["iteration"]))
+    return out
+
+
+def phases(group_dir: Path) -> list[dict]:
+    return read_events(GroupPaths(group_dir), "phase")
+
+
+def check_slots_exclusive(group_dir: Path) -> None:
+    """On every slot, a job starts only after the previous holder parked and released it."""
+    by_slot: dict[int, list[dict]] = {}
+    for p in phases(group_dir):
+        if not p.get("skipped"):
+            by_slot.setdefault(p["slot"], []).append(p)
+    assert by_slot
+    for slot, items in by_slot.items():
+        items.sort(key=lambda p: p["started_at"])
+        for a, b in zip(items, items[1:]):
+            assert b["granted_seen_at"] >= a["released_at"] - 1e-3, (slot, a, b)
+
+
+def run_group(path: Path):
+    spec = prepare_group(path)
+    return spec, run_group_local(spec, log=lambda m: None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", BACKENDS)
+def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> None:
+    jobs = {"a": job_config(device, tmp_path / "unused-a", seed=11), "b": job_config(device, tmp_path / "unused-b", seed=22)}
+    spec, result = run_group(write_group(tmp_path, device, jobs))
+    assert result.ok, result
+    group_dir = spec.dir
+    t = turns(group_dir)
+    assert t["rollout"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
+    assert t["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
+    check_slots_exclusive(group_dir)
+    done = [p for p in phases(group_dir) if not p.get("skipped")]
+    assert all(p["resume_s"] >= 0 and p["park_s"] >= 0 for p in done)
+    if device == "cpu":  # the real engines parked their state in host memory
+        assert all(p["park_bytes"] > 0 for p in done if p["pool"] == "train")
+    for name, cfg in jobs.items():
+        job_dir = GroupPaths(group_dir).job_dir(name)
+        check_every_sample_once(job_dir, cfg)
+        assert [m["samples"] for m in read_metrics(job_dir)] == [cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]] * 2
+    if device == "cpu":  # multiplexing changes when a job runs, never what it computes
+        for name, cfg in jobs.items():
+            solo_dir = tmp_path / f"solo-{name}"
+            solo = dict(cfg, runtime={**cfg["runtime"], "run_dir": str(solo_dir)})
+            proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run",
+                                   str(write_config(tmp_path / f"solo-{name}.yaml", solo)), "--no-inspect"],
+                                  cwd=REPO, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            muxed = [m["losses"] for m in read_metrics(GroupPaths(group_dir).job_dir(name))]
+            alone = [m["losses"] for m in read_metrics(solo_dir)]
+            assert muxed == pytest.approx(alone, rel=1e-6), (name, muxed, alone)
+
+
+@pytest.mark.slow
+def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path) -> None:
+    """The tail of a job's rollout ends on one slot; the next job starts on the freed ones."""
+    jobs = {"a": job_config("emulated", tmp_path / "x", seed=5), "b": job_config("emulated", tmp_path / "y", seed=6)}
+    spec, result = run_group(write_group(tmp_path, "emulated", jobs))
+    assert result.ok, result
+    revoked = [p for p in phases(spec.dir) if p.get("revoked")]
+    assert revoked and all(p["pool"] == "rollout" for p in revoked)
+    # the next job started on a freed slot while the tail of the previous one still ran
+    overlap = False
+    by_job_it: dict[tuple[str, int], list[dict]] = {}
+    for p in phases(spec.dir):
+        if p["pool"] == "rollout" and not p.get("skipped"):
+            by_job_it.setdefault((p["job"], p["iteration"]), []).append(p)
+    for (job, k), items in by_job_it.items():
+        tail_end = max(p["ended_at"] for p in items)
+        others = [p for (j, _), ps in by_job_it.items() if j != job for p in ps]
+        overlap |= any(tail_end > o["started_at"] > min(p["started_at"] for p in items) for o in others)
+    assert overlap
+    for name, cfg in jobs.items():
+        check_every_sample_once(GroupPaths(spec.dir).job_dir(name), cfg)
+
+
+def _kill_rank_when_granted(group_dir: Path, job: str, rank: int, stop: threading.Event) -> None:
+    import psutil
+
+    paths = GroupPaths(group_dir)
+    while not stop.is_set():
+        if any(p.get("job") == job for p in read_events(paths, "phase")):
+            for proc in psutil.process_iter(["cmdline"]):
+                try:
+                    if f"jobs/{job}" in " ".join(proc.info["cmdline"] or []) and \
+                            proc.environ().get("SLURM_RL_RANK") == str(rank):
+                        proc.kill()
+                        return
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_job_failing_inside_a_group_leaves_the_others_running(tmp_path: Path) -> None:
+    jobs = {"a": job_config("emulated", tmp_path / "x", iterations=3), "b": job_config("emulated", tmp_path / "y", iterations=3)}
+    path = write_group(tmp_path, "emulated", jobs)
+    spec = prepare_group(path)
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_rank_when_granted, args=(spec.dir, "b", 5, stop), daemon=True)
+    killer.start()
+    try:
+        result = run_group_local(spec, log=lambda m: None)
+    finally:
+        stop.set()
+    assert result.jobs["a"] == "finished", result
+    assert result.jobs["b"].startswith("failed"), result
+    assert result.scheduler_rc == 1
+    failed = read_events(GroupPaths(spec.dir), "job_failed")
+    assert [e["job"] for e in failed] == ["b"]
+    check_every_sample_once(GroupPaths(spec.dir).job_dir("a"), jobs["a"])
+    # after b left, a alone took every later turn
+    t = turns(spec.dir)
+    assert t["train"][-1] == ("a", 2)
+
+
+def test_bad_group_file_exits_2_naming_each_key(tmp_path: Path) -> None:
+    good = job_config("emulated", tmp_path / "x")
+    write_config(tmp_path / "a.yaml", good)
+    auto = dict(good, scheduler={"policy": "auto"}, cluster={**good["cluster"], "auto_scheduler": True})
+    write_config(tmp_path / "b.yaml", auto)
+    doc = {"group": {"dir": str(tmp_path / "g"), "pools": {"rollout": "0-3", "train": "3-6"}, "tail_fraction": 1.5,
+                     "colour": "red"},
+           "jobs": {"a": {"config": "a.yaml", "slo": 0.5, "overrides": ["train.num_iterations=0"]},
+                    "b": {"config": "b.yaml"}, "Bad Name": {"config": "a.yaml"}}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for key in ("group.pools.train", "group.tail_fraction", "group.colour", "jobs.a.slo",
+                "jobs.a.config: train.num_iterations", "jobs.b.config", "jobs.Bad Name"):
+        assert key in proc.stderr, (key, proc.stderr)
+    assert "scheduler.policy static" in proc.stderr
+    assert not (tmp_path / "g").exists()  # nothing created, nothing launched
