@@ -33,11 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mux", help="run a co-execution group (several jobs sharing pools) locally")
     p.add_argument("group", help="group YAML file (jobs + pools)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the group file, e.g. group.tail_fraction=1")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="validate and create the group dir, print it, launch nothing (sbatch/mux.sh)")
 
     p = sub.add_parser("submit", help="submit with submitit (slurm or local executor)")
     _config_args(p)
     p.add_argument("--executor", default="slurm", help="slurm | local")
     p.add_argument("--wait", action="store_true", help="wait for the job and print the epoch log")
+    p.add_argument("--group", action="store_true", help="CONFIG is a group file: submit a co-execution group")
 
     p = sub.add_parser("prepare", help="validate, create the run dir, write config.yaml; print the run dir")
     _config_args(p)
@@ -110,12 +113,15 @@ def cmd_mux(args: argparse.Namespace) -> int:
     from slurm_rl.launch.mux import prepare_group, run_group_local
 
     spec = prepare_group(args.group, args.overrides)
+    if args.prepare_only:
+        print(spec.dir)
+        return EXIT_OK
     print(f"group dir: {spec.dir}", flush=True)
     for job in spec.jobs:
         print(f"  job {job.name}: {job.cfg.placement.world_size} ranks (rollout slots {list(job.slots('rollout'))}, "
               f"train slots {list(job.slots('train'))}), SLO {job.slo:g}x", flush=True)
     try:
-        result = run_group_local(spec, log=lambda m: print(m, flush=True))
+        result = run_group_local(spec.dir, log=lambda m: print(m, flush=True))
     except LaunchError as exc:
         print(f"group failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -126,6 +132,14 @@ def cmd_mux(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from slurm_rl.launch.submit import submit
+
+    if args.group:
+        from slurm_rl.launch.mux import submit_group
+
+        job = submit_group(args.config, args.overrides, executor=args.executor)
+        if args.wait:
+            print(job.results()[0] if isinstance(job.results(), list) else job.results())
+        return EXIT_OK
 
     job = submit(args.config, args.overrides, executor=args.executor)
     if args.wait:

@@ -111,7 +111,7 @@ def check_slots_exclusive(group_dir: Path) -> None:
 
 def run_group(path: Path):
     spec = prepare_group(path)
-    return spec, run_group_local(spec, log=lambda m: None)
+    return spec, run_group_local(spec.dir, log=lambda m: None)
 
 
 @pytest.mark.slow
@@ -195,7 +195,7 @@ def test_a_job_failing_inside_a_group_leaves_the_others_running(tmp_path: Path) 
     killer = threading.Thread(target=_kill_rank_when_granted, args=(spec.dir, "b", 5, stop), daemon=True)
     killer.start()
     try:
-        result = run_group_local(spec, log=lambda m: None)
+        result = run_group_local(spec.dir, log=lambda m: None)
     finally:
         stop.set()
     assert result.jobs["a"] == "finished", result
@@ -228,3 +228,61 @@ def test_bad_group_file_exits_2_naming_each_key(tmp_path: Path) -> None:
         assert key in proc.stderr, (key, proc.stderr)
     assert "scheduler.policy static" in proc.stderr
     assert not (tmp_path / "g").exists()  # nothing created, nothing launched
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_mux_runs_the_group_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
+    """sbatch/mux.sh: the group scheduler in the batch script, one srun step per job."""
+    jobs = {"a": job_config("emulated", tmp_path / "x", seed=1), "b": job_config("emulated", tmp_path / "y", seed=2)}
+    path = write_group(tmp_path, "emulated", jobs)
+    log = tmp_path / "job.out"
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
+         "sbatch/mux.sh", str(path)],
+        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
+    )
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    group_dir = tmp_path / "group"
+    assert text.splitlines()[0] == f"slurm_rl group dir: {group_dir}"
+    assert "job a finished" in text and "job b finished" in text, text
+    t = turns(group_dir)
+    assert t["rollout"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
+    check_slots_exclusive(group_dir)
+    hosts = {json.loads(p.read_text())["host"] for p in (group_dir / "jobs" / "a" / "control" / "heartbeats").glob("*.json")}
+    assert hosts == {"n1", "n2"}
+    for name, cfg in jobs.items():
+        check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_mux_rejects_a_bad_group_with_exit_2(slurm_cluster, tmp_path: Path) -> None:
+    write_config(tmp_path / "a.yaml", job_config("emulated", tmp_path / "x"))
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"group": {"dir": str(tmp_path / "g"), "pools": {"rollout": "0-3", "train": "2-7"}},
+                                    "jobs": {"a": {"config": "a.yaml"}}}))
+    log = tmp_path / "job.out"
+    proc = subprocess.run(["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=1", f"--output={log}",
+                           "sbatch/mux.sh", str(path)], cwd=REPO, env=dict(slurm_cluster.env),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "group.pools.train" in log.read_text()
+    assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_submitit_runs_a_group_on_real_slurm(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_rl.launch.mux import submit_group
+
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    jobs = {"a": job_config("emulated", tmp_path / "x", seed=3), "b": job_config("emulated", tmp_path / "y", seed=4)}
+    job = submit_group(write_group(tmp_path, "emulated", jobs), executor="slurm")
+    assert job.results() == [{"a": "finished", "b": "finished"}]
+    group_dir = tmp_path / "group"
+    assert turns(group_dir)["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    for name, cfg in jobs.items():
+        check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfg)

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from slurm_rl.control.atomic import atomic_write_json
 from slurm_rl.control.grants import GroupPaths
@@ -71,17 +71,21 @@ def start_group_scheduler(group_dir: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
-    """Run every job of ``spec`` (prepared) on this machine; a failed job is stopped alone."""
+def run_group_local(group_dir: Path, log: Callable[[str], None] = print) -> GroupResult:
+    """Run every job of the prepared group at ``group_dir`` on this machine (the group scheduler
+    too); a failed job is stopped alone, the others go on."""
+    from slurm_rl.control.atomic import read_json
+
+    group = read_json(group_dir / "group.json")
     started = time.monotonic()
-    result = GroupResult(group_dir=spec.dir, seconds=0.0)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    scheduler = start_group_scheduler(spec.dir)
+    result = GroupResult(group_dir=group_dir, seconds=0.0)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
+    scheduler = start_group_scheduler(group_dir)
     running: dict[str, LocalJob] = {}
     try:
-        for job in spec.jobs:
-            running[job.name] = LocalJob(GroupPaths(spec.dir).job_dir(job.name), job.cfg.placement.world_size)
-        deadline = time.monotonic() + spec.timeout_s
+        for name, job in group["jobs"].items():
+            running[name] = LocalJob(Path(job["run_dir"]), int(job["world_size"]))
+        deadline = time.monotonic() + float(group["timeout_s"])
         while running:
             for name, job in list(running.items()):
                 try:
@@ -95,11 +99,11 @@ def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
                     result.jobs[name] = "finished"
                     log(f"job {name} finished after {time.monotonic() - started:.1f}s")
                     del running[name]
-            if scheduler.poll() not in (None, 0) and running and _scheduler_state(spec.dir) != "finished":
+            if scheduler.poll() not in (None, 0) and running and _scheduler_state(group_dir) != "finished":
                 raise LaunchError(f"group scheduler exited with code {scheduler.returncode} "
-                                  f"(see {spec.dir / 'logs' / 'group-scheduler.log'}); stopping every job")
+                                  f"(see {group_dir / 'logs' / 'group-scheduler.log'}); stopping every job")
             if time.monotonic() > deadline:
-                raise LaunchError(f"group did not finish within group.timeout_s={spec.timeout_s:.0f}s; "
+                raise LaunchError(f"group did not finish within group.timeout_s={group['timeout_s']}s; "
                                   f"jobs still running: {sorted(running)}")
             time.sleep(0.05)
         try:
@@ -107,7 +111,8 @@ def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
         except subprocess.TimeoutExpired:
             raise LaunchError("group scheduler did not stop within 30s after every job ended") from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         for job in running.values():
             job.kill()
         if scheduler.poll() is None:
@@ -117,6 +122,78 @@ def run_group_local(spec: GroupSpec, log=print) -> GroupResult:
     return result
 
 
+def run_group_task(group_dir: str) -> dict[str, str]:
+    """What the one submitit task of ``submit_group`` runs; raises when a job failed."""
+    result = run_group_local(Path(group_dir))
+    if not result.ok:
+        raise RuntimeError(f"group {group_dir}: {result.jobs} (group scheduler exit {result.scheduler_rc})")
+    return result.jobs
+
+
+def submit_group(path: str | Path, overrides: Sequence[str] = (), executor: str = "slurm",
+                 slurm_params: dict[str, Any] | None = None) -> Any:
+    """Validate and prepare the group, then submit it with submitit: one task on one node runs
+    the group scheduler and every job's ranks (``sbatch/mux.sh`` spans several nodes)."""
+    import submitit
+
+    from slurm_rl.launch.submit import EXECUTORS, SubmitError
+
+    if executor not in EXECUTORS:
+        raise SubmitError(f"--executor: got {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    spec = prepare_group(path, overrides)
+    folder = spec.dir / "logs" / "submitit"
+    timeout_min = max(1, int(spec.timeout_s // 60) + 1)
+    cpus = max(len(spec.slots), max(j.cfg.placement.world_size for j in spec.jobs))
+    if executor == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=timeout_min)
+    else:
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        params: dict[str, Any] = dict(nodes=1, ntasks_per_node=1, cpus_per_task=cpus, time=timeout_min,
+                                      job_name="slurm-rl-mux")
+        if spec.jobs[0].cfg.runtime.device == "cuda":
+            params["gres"] = f"gpu:{len(spec.slots)}"
+        params.update(slurm_params or {})
+        ex.update_parameters(**params)
+    job = ex.submit(run_group_task, str(spec.dir))
+    print(f"group dir: {spec.dir}", flush=True)
+    print(f"submitted {executor} job {job.job_id}: {len(spec.jobs)} jobs on {len(spec.slots)} slots", flush=True)
+    return job
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
+    """(job, run dir, ranks, master port) per job, in group order: one ``srun`` step each.
+
+    Every step of an allocation shares ``SLURM_JOB_ID``, so each job gets its own port (from the
+    job id's default port upward) for its torch.distributed rendezvous."""
+    from slurm_rl.control.atomic import read_json
+    from slurm_rl.launch.rank_env import port_for_job
+
+    group = read_json(group_dir / "group.json")
+    base = port_for_job(os.environ.get("SLURM_JOB_ID", "local"))
+    return [(name, Path(spec["run_dir"]), int(spec["world_size"]), base + 1 + i)
+            for i, (name, spec) in enumerate(group["jobs"].items())]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m slurm_rl.launch.mux steps GROUP_DIR``: one line per job (name run_dir ranks port)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m slurm_rl.launch.mux")
+    parser.add_argument("what", choices=["steps"])
+    parser.add_argument("group_dir", type=Path)
+    args = parser.parse_args(argv)
+    for name, run_dir, world, port in job_steps(args.group_dir):
+        print(name, run_dir, world, port)
+    return 0
+
+
 def _scheduler_state(group_dir: Path) -> str | None:
     """``finished`` once the group scheduler saw every job leave (exit 1: some job failed)."""
     return (read_coordinator_status(GroupPaths(group_dir)) or {}).get("state")
@@ -124,3 +201,7 @@ def _scheduler_state(group_dir: Path) -> str | None:
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise LaunchError(f"group launcher received signal {signum}; stopping every job")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
