@@ -152,6 +152,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from slurm_rl.inspect.report import print_report, report_json
 
+    if (args.run_dir / "group.json").is_file():  # a co-execution group: its timeline
+        from slurm_rl.inspect.group_timeline import format_group_report, group_report_json, write_group_gantt
+
+        if args.json:
+            print(json.dumps(group_report_json(args.run_dir), indent=1))
+            return EXIT_OK
+        print(format_group_report(args.run_dir))
+        print(f"timeline: {write_group_gantt(args.run_dir)}; each job: slurm-rl inspect {args.run_dir}/jobs/<name>")
+        return EXIT_OK
     if not (args.run_dir / "control").is_dir():
         return _bad(f"run_dir: got {str(args.run_dir)!r}; allowed: a run directory holding control/epochs")
     if args.json:

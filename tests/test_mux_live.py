@@ -43,7 +43,8 @@ def job_config(device: str, run_dir: Path, iterations: int = 2, seed: int = 1234
             "cluster": {"num_nodes": 1, "gpus_per_node": 4,
                         "component_placement": {"actor": "0", "inference": "1", "rollout": "2-3"}},
             "runtime": {"device": "cpu", "run_dir": str(run_dir), "wait_timeout_s": 120.0, "ack_timeout_s": 120.0,
-                        "heartbeat_timeout_s": 60.0, "run_timeout_s": 600.0, "seed": seed},
+                        "heartbeat_timeout_s": 60.0, "run_timeout_s": 600.0, "seed": seed,
+                        "keep_iterations": 10},
             "train": {"num_iterations": iterations, "rollout_batch_size": 16, "group_size": 4,
                       "global_batch_size": 32, "micro_batch_size": 8, "minibatch_order": "index"},
             "scheduler": {"policy": "static", "max_running_requests": 16},
@@ -109,6 +110,34 @@ def check_slots_exclusive(group_dir: Path) -> None:
             assert b["granted_seen_at"] >= a["released_at"] - 1e-3, (slot, a, b)
 
 
+def responses(run_dir: Path, k: int) -> dict[int, tuple[list[int], float]]:
+    from slurm_rl.data.reader import StageReader
+
+    t = StageReader(run_dir, k, "rollouts", None, timeout_s=5).read_all()
+    return {sid: (ids, r) for sid, ids, r in zip(t.column("sample_id").to_pylist(),
+                                                 t.column("response_ids").to_pylist(), t.column("reward").to_pylist())}
+
+
+def check_same_computation(muxed: Path, alone: Path, cfg: dict) -> None:
+    """Same sampled tokens and rewards for every sample, same per-step losses and final weights.
+
+    Tolerance as in the scaling identity test: the hf engine's logprobs depend on which requests
+    share a generation batch (claims differ from run to run, in solo runs too) at ~1e-7."""
+    from safetensors.torch import load_file
+
+    for k in range(cfg["train"]["num_iterations"]):
+        assert responses(muxed, k) == responses(alone, k), k
+    a = [x for m in read_metrics(muxed) for x in m["losses"]]
+    b = [x for m in read_metrics(alone) for x in m["losses"]]
+    assert len(a) == len(b) == 4, (a, b)
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-5 * max(abs(x), abs(y)) + 1e-9, (a, b)
+    pa_, pb = (load_file(str(d / "checkpoints" / "final" / "model.safetensors")) for d in (muxed, alone))
+    assert pa_.keys() == pb.keys()
+    for name, ref in pb.items():
+        assert float((pa_[name] - ref).abs().max()) <= 1e-5 * float(ref.abs().max()) + 1e-9, name
+
+
 def run_group(path: Path):
     spec = prepare_group(path)
     return spec, run_group_local(spec.dir, log=lambda m: None)
@@ -141,9 +170,7 @@ def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> No
                                    str(write_config(tmp_path / f"solo-{name}.yaml", solo)), "--no-inspect"],
                                   cwd=REPO, capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            muxed = [m["losses"] for m in read_metrics(GroupPaths(group_dir).job_dir(name))]
-            alone = [m["losses"] for m in read_metrics(solo_dir)]
-            assert muxed == pytest.approx(alone, rel=1e-6), (name, muxed, alone)
+            check_same_computation(GroupPaths(group_dir).job_dir(name), solo_dir, cfg)
 
 
 @pytest.mark.slow

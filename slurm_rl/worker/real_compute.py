@@ -135,6 +135,7 @@ class RealCompute:
             self.warm_s = self.trainer.warm()
         self.engine: Any = None
         self.ref: Any = None
+        self._parked: list[Any] = []  # what the last park() parked (a warm switch out)
 
     # -- roles ----------------------------------------------------------------------------------
     def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
@@ -284,25 +285,29 @@ class RealCompute:
 
     # -- warm switch (co-execution groups) ------------------------------------------------------
     def park(self) -> dict[str, Any]:
-        """Actor state, rollout and reference weights to host memory, engines and groups kept."""
+        """Actor state, rollout and reference weights to host memory, engines and groups kept.
+        Only what this call parks is resumed by :meth:`unpark` (an engine parked by a role change
+        stays parked)."""
         t0, nbytes = time.perf_counter(), 0
-        if self.trainer.active:
+        self._parked = []
+        if self.trainer.active and not self.trainer.parked:
             nbytes += int(self.trainer.park().get("bytes", 0))
-        if self.engine is not None:
-            self.engine.release()
-        if self.ref is not None:
+            self._parked.append(self.trainer)
+        if self.engine is not None and not getattr(self.engine, "released", getattr(self.engine, "_released", False)):
+            nbytes += int((self.engine.release() or {}).get("bytes", 0))
+            self._parked.append(self.engine)
+        if self.ref is not None and not self.ref.parked:
             nbytes += int(self.ref.park().get("bytes", 0))
+            self._parked.append(self.ref)
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
 
     def unpark(self) -> dict[str, Any]:
-        """Bring the parked state back in place (no rebuild)."""
+        """Bring back in place what :meth:`park` parked (no rebuild)."""
         t0, nbytes = time.perf_counter(), 0
-        if self.trainer.active:
-            nbytes += int(self.trainer.unpark().get("bytes", 0))
-        if self.engine is not None:
-            self.engine.resume()
-        if self.ref is not None:
-            nbytes += int(self.ref.unpark().get("bytes", 0))
+        for engine in getattr(self, "_parked", []):
+            wake = engine.resume if engine is self.engine else engine.unpark
+            nbytes += int((wake() or {}).get("bytes", 0))
+        self._parked = []
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
 
     def close(self) -> None:
