@@ -86,6 +86,8 @@ class GroupSpec:
                               "iterations": j.cfg.train.num_iterations,
                               "samples": j.cfg.train.rollout_batch_size * j.cfg.train.group_size,
                               "world_size": j.cfg.placement.world_size, "device": j.cfg.runtime.device,
+                              "slot_capacity": j.cfg.scheduler.max_running_requests
+                              * j.cfg.scheduler.rollout_ranks_per_instance,
                               "rank_slots": {str(r): list(ps) for r, ps in j.rank_slots.items()}}
                      for j in self.jobs},
         }

@@ -82,12 +82,12 @@ class GroupLoop:
                 return f"failed: rank {rank} (host {beat.get('host', '?')}) has no heartbeat for {now - float(beat['time']):.0f}s"
         return None
 
-    def _rollout_fraction(self, job: str, k: int) -> float:
+    def _rollout_finished(self, job: str, k: int) -> int:
         spec = self.group["jobs"][job]
         progress = read_all_progress(RunPaths(self.paths.job_dir(job)), range(int(spec["world_size"])))
         finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.get("iteration") == k)
         received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.get("iteration") == k), default=0)
-        return max(finished, received) / max(1, int(spec["samples"]))
+        return max(finished, received)
 
     def observe(self) -> GroupView:
         jobs: dict[str, JobView] = {}
@@ -114,10 +114,12 @@ class GroupLoop:
                         self.seen_releases.add((job, p, k, slot))
                         append_event(self.paths, "phase", {**doc, "job": job, "pool": p, "iteration": k, "slot": slot})
             turn = self.grant.pools["rollout"].turn
-            fraction = self._rollout_fraction(job, turn.iteration) if turn is not None and turn.job == job else 0.0
             spec = self.group["jobs"][job]
+            samples = int(spec["samples"])
+            finished = self._rollout_finished(job, turn.iteration) if turn is not None and turn.job == job else 0
             jobs[job] = JobView(slots=self.slots[job], iterations=int(spec["iterations"]), waiting=waiting,
-                                released=released, rollout_fraction=fraction, out=job in self.out)
+                                released=released, rollout_fraction=finished / max(1, samples), out=job in self.out,
+                                rollout_left=samples - finished, slot_capacity=int(spec.get("slot_capacity", 0)))
         return GroupView(members=self.members, jobs=jobs, tail_fraction=float(self.group["tail_fraction"]),
                          tail_slots=int(self.group["tail_slots"]))
 

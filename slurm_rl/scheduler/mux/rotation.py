@@ -11,7 +11,9 @@ that is free and that the job's ranks sit on. A turn ends when the job has relea
 its slots for that iteration (the phase is done), or — rollout pool, long-tail migration — once
 ``tail_fraction`` of the job's responses are finished: then all but ``tail_slots`` of its slots
 are revoked (its ranks there hand their unfinished requests to the tail and park) and the turn
-passes, so the next job's rollout starts on each slot as soon as it is released.
+passes, so the next job's rollout starts on each slot as soon as it is released. The tail moves
+only once it fits: no more responses left than the kept slots run at once (``slot_capacity``),
+otherwise a few slots would decode a queue serially and stretch the job's phase.
 
 Slots move only through a release: a revoked slot stays with its holder until the holder's rank
 wrote that it parked. A job that finished or failed leaves the rotation and its slots are freed.
@@ -68,6 +70,8 @@ class JobView:
     released: Mapping[tuple[str, int], frozenset[int]] = field(default_factory=dict)  # (pool, it) -> parked slots
     rollout_fraction: float = 0.0  # finished share of its current rollout phase
     out: bool = False  # finished or failed: out of the rotation
+    rollout_left: int = 0  # responses of its current rollout phase not finished yet
+    slot_capacity: int = 0  # responses one rollout slot runs at once (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ def decide(grant: GroupGrant, view: GroupView) -> tuple[GroupGrant, list[str]] |
             elif done[turn.job][pool] >= turn.iteration:
                 turn = None
             elif (pool == "rollout" and view.tail_fraction < 1.0 and jv.rollout_fraction >= view.tail_fraction
+                  and (jv.slot_capacity <= 0 or jv.rollout_left <= jv.slot_capacity * max(1, view.tail_slots))
                   and any(j != turn.job and not view.jobs[j].out for j in view.members)):
                 mine = sorted(s for s, h in slots.items() if h is not None and h.job == turn.job and not h.revoked)
                 keep = mine[:max(1, view.tail_slots)]
