@@ -27,7 +27,7 @@ from slurm_rl.config import (
 from slurm_rl.placement import PLACEMENT_FORMS
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG_FILES = sorted((REPO / "configs").rglob("*.yaml"))
+CONFIG_FILES = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("group"))  # run configs
 SLURM_ENV = {"SLURM_TASKS_PER_NODE": "4(x2)"}
 
 BASE_YAML = """

@@ -239,7 +239,9 @@ def test_a_job_failing_inside_a_group_leaves_the_others_running(tmp_path: Path) 
 def test_bad_group_file_exits_2_naming_each_key(tmp_path: Path) -> None:
     good = job_config("emulated", tmp_path / "x")
     write_config(tmp_path / "a.yaml", good)
-    auto = dict(good, scheduler={"policy": "auto"}, cluster={**good["cluster"], "auto_scheduler": True})
+    auto = dict(good, scheduler={"policy": "auto"}, cluster={**good["cluster"], "auto_scheduler": True,
+                                                             "component_placement": {"actor": "0-1", "rollout": "2-5",
+                                                                                     "inference": "6-7"}})
     write_config(tmp_path / "b.yaml", auto)
     doc = {"group": {"dir": str(tmp_path / "g"), "pools": {"rollout": "0-3", "train": "3-6"}, "tail_fraction": 1.5,
                      "colour": "red"},
@@ -313,3 +315,15 @@ def test_submitit_runs_a_group_on_real_slurm(slurm_cluster, tmp_path: Path, monk
     assert turns(group_dir)["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
     for name, cfg in jobs.items():
         check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfg)
+
+
+def test_example_group_files_load() -> None:
+    from slurm_rl.group_config import load_group
+
+    paths = sorted((REPO / "configs").rglob("group*.yaml"))
+    assert paths
+    for path in paths:
+        spec = load_group(path)
+        assert len(spec.jobs) >= 2 and set(spec.pools) == {"rollout", "train"}
+        for job in spec.jobs:  # every rank sits on one slot of one pool
+            assert sorted(job.rank_slots) == list(range(job.cfg.placement.world_size))
