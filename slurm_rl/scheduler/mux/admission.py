@@ -1,0 +1,191 @@
+"""Conservative inter-group placement and admission control (pure, no I/O).
+
+A new job goes, in order of preference, into an existing group as it is (``direct``: no added
+GPUs), into an existing group with added rollout slots (``scaled``: the H20 slots' price), or into
+a new group of its own solo size (``new``) — the candidate with the least added cost (per hour by
+default; ``ClusterSpec.cost_basis="lifetime"``: over the group's expected remaining life) whose
+members *all* keep their SLO and whose parked states fit in host memory. The SLO check simulates
+the round-robin meta-iteration (:func:`analysis.meta_iteration`) with conservative phase times
+(every response at its job's max length); ``ClusterSpec.slo_check="both"`` also requires it with
+the expected phase times. The newcomer joins last in the round-robin order, so its estimate also
+pays one meta-iteration of waiting for its first turn. A job that no candidate can run within its
+SLO or its host memory is ``refused`` with the reason — never admitted to be slowed silently.
+
+Ties on cost go to the preferred kind, then to the candidate whose pools would be busiest
+(cost-weighted: the tightest packing), then to the lowest group id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from slurm_rl.scheduler.mux.analysis import (SLO_EPS, meta_iteration, member_phases, parked_bytes,
+                                             residency_problems)
+from slurm_rl.scheduler.mux.model import GPU_PRICE, POOL_GPU, GroupSpec, JobProfile, Pools, slots_cost_per_hour
+
+KINDS = ("direct", "scaled", "new", "refused")
+SLO_CHECKS = ("conservative", "both")
+COST_BASES = ("rate", "lifetime")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What placement may use."""
+
+    gpus_per_slot: int = 8
+    host_bytes_per_slot: float = 1.0e12
+    max_added_rollout_slots: int = 4  # per placement into an existing group
+    # ``conservative``: the SLO check with max-length phase times (RollMux); ``both``: it must
+    # also hold with the expected (profiled) phase times — max-length times are pessimistic for
+    # each phase but not for *ratios*: a job whose responses are far below its max length has a
+    # much shorter solo time than its max-length profile says, while the partners' phases delay
+    # it by their actual length.
+    slo_check: str = "conservative"
+    # ``rate``: least added price per hour (RollMux: joining a group as it is adds nothing);
+    # ``lifetime``: least added cost until the group's last member is expected to finish (joining
+    # a group may keep its nodes longer; a small job in a large group's leftover is not free).
+    cost_basis: str = "rate"
+
+    def __post_init__(self) -> None:
+        if self.slo_check not in SLO_CHECKS:
+            raise ValueError(f"slo_check: got {self.slo_check!r}, allowed {SLO_CHECKS}")
+        if self.cost_basis not in COST_BASES:
+            raise ValueError(f"cost_basis: got {self.cost_basis!r}, allowed {COST_BASES}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placement decision.
+
+    ``group``: the existing group's ``gid`` (``direct``/``scaled``), else None. ``train_slots``:
+    the train slots the job sits on (ids in that group; for ``new``: ``0..n-1``).
+    ``slowdowns``: the conservative estimate for every member of the resulting group.
+    ``rejected``: candidates turned down, by cause (``slo``, ``residency``, ``train_pool``).
+    """
+
+    kind: str
+    group: int | None = None
+    added_rollout_slots: int = 0
+    train_slots: tuple[int, ...] = ()
+    delta_cost_per_h: float = 0.0  # added price per hour
+    delta_cost: float = 0.0  # added cost over the group's expected remaining life
+    slowdowns: Mapping[str, float] = field(default_factory=dict)
+    reason: str = ""
+    rejected: Mapping[str, int] = field(default_factory=dict)
+
+
+def _fits_train(group: GroupSpec, job: JobProfile) -> tuple[int, ...]:
+    """The job's train slots in ``group``: the least loaded (parked bytes), then lowest ids."""
+    load = parked_bytes(group)
+    order = sorted(group.pools.train, key=lambda s: (load[("train", s)], s))
+    return tuple(sorted(order[:job.train_slots]))
+
+
+def _slowdowns(group: GroupSpec, newcomer: JobProfile, conservative: bool) -> dict[str, float]:
+    """Every member's slowdown over one meta-iteration; the newcomer's also pays one meta-iteration
+    of waiting for its first turn (it joins last in the order), spread over its iterations."""
+    m = meta_iteration(member_phases(group, conservative))
+    out = dict(m.slowdown)
+    if len(group.members) > 1:
+        out[newcomer.name] *= (newcomer.iterations + 1) / newcomer.iterations
+    return out
+
+
+def _check(group: GroupSpec, newcomer: JobProfile, how: str) -> tuple[dict[str, float], list[str]]:
+    """(conservative slowdowns, problems: SLO violations) of ``group`` with ``newcomer`` in it."""
+    slos = {j.name: j.slo for j in group.members}
+    slow = _slowdowns(group, newcomer, conservative=True)
+    bad = [f"{name} {s:.2f}x > SLO {slos[name]:.2f}x (max-length times)"
+           for name, s in slow.items() if s > slos[name] + SLO_EPS]
+    if how == "both" and not bad:
+        expected = _slowdowns(group, newcomer, conservative=False)
+        bad = [f"{name} {s:.2f}x > SLO {slos[name]:.2f}x (expected times)"
+               for name, s in expected.items() if s > slos[name] + SLO_EPS]
+    return slow, bad
+
+
+def _packing(group: GroupSpec) -> float:
+    """Cost-weighted busy share of the group's pools over one conservative meta-iteration."""
+    m = meta_iteration(member_phases(group, conservative=True))
+    pr = len(group.pools.rollout) * GPU_PRICE[POOL_GPU["rollout"]]
+    pt = len(group.pools.train) * GPU_PRICE[POOL_GPU["train"]]
+    return (m.rollout_busy * pr + m.train_busy * pt) / (pr + pt) if pr + pt else 0.0
+
+
+def _with_rollout_slots(group: GroupSpec, k: int) -> GroupSpec:
+    top = max(group.pools.rollout, default=-1)
+    pools = replace(group.pools, rollout=group.pools.rollout + tuple(range(top + 1, top + 1 + k)))
+    return replace(group, pools=pools)
+
+
+def _rate(group: GroupSpec) -> float:
+    return slots_cost_per_hour(len(group.pools.rollout), len(group.pools.train), group.pools.gpus_per_slot)
+
+
+def _life_cost(group: GroupSpec, extra_s: float = 0.0) -> float:
+    """Expected cost of keeping ``group`` until its last member's remaining iterations are done
+    (expected phase times; ``extra_s`` added, e.g. a newcomer's state loading)."""
+    if not group.members:
+        return 0.0
+    period = meta_iteration(member_phases(group, conservative=False)).period_s
+    left = max(group.remaining.get(j.name, j.iterations) for j in group.members)
+    return _rate(group) * (left * period + extra_s) / 3600
+
+
+def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec()) -> Placement:
+    """Where ``job`` goes (see the module docstring); ``groups`` are the live groups with their
+    current members (each member's rollout sits on every rollout slot)."""
+    rejected: dict[str, int] = {}
+    notes: list[str] = []
+    candidates: list[tuple[float, int, float, int, Placement]] = []
+
+    def add(kind: str, order: int, g: GroupSpec, cand: GroupSpec, k: int, slow: Mapping[str, float]) -> None:
+        rate = _rate(cand) - (_rate(g) if g.members or kind != "new" else 0.0)
+        life = _life_cost(cand, job.switch.cold_s) - (_life_cost(g) if kind != "new" else 0.0)
+        key = life if cluster.cost_basis == "lifetime" else rate
+        gid = g.gid if kind != "new" else None
+        candidates.append((key, order, -_packing(cand), g.gid,
+                           Placement(kind, gid, k, cand.train_of(job), rate, life, slow)))
+
+    for g in groups:
+        if len(g.pools.train) < job.train_slots:
+            rejected["train_pool"] = rejected.get("train_pool", 0) + 1
+            continue
+        cand = g.with_member(job, train=_fits_train(g, job))
+        problems = residency_problems(cand)
+        if problems:
+            rejected["residency"] = rejected.get("residency", 0) + 1
+            notes.append(f"group {g.gid}: residency: {problems[0]}")
+            continue
+        slow, bad = _check(cand, job, cluster.slo_check)
+        if not bad:
+            add("direct", 0, g, cand, 0, slow)
+            continue
+        for k in range(1, cluster.max_added_rollout_slots + 1):
+            scaled = _with_rollout_slots(cand, k)
+            slow_k, bad_k = _check(scaled, job, cluster.slo_check)
+            if not bad_k:
+                add("scaled", 1, g, scaled, k, slow_k)
+                break
+        else:
+            rejected["slo"] = rejected.get("slo", 0) + 1
+            notes.append(f"group {g.gid}: SLO: {bad[0]}")
+    empty = GroupSpec(pools=Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
+                                  cluster.gpus_per_slot, cluster.host_bytes_per_slot), gid=-1)
+    own = empty.with_member(job)
+    problems = residency_problems(own)
+    slow, bad = _check(own, job, cluster.slo_check)
+    if problems:
+        reason = f"residency: even alone {problems[0]}"
+    elif bad:
+        reason = f"SLO: even alone {bad[0]}"
+    else:
+        add("new", 2, empty, own, 0, slow)
+        reason = ""
+    if not candidates:
+        return Placement("refused", reason=reason or "; ".join(notes), rejected=rejected)
+    best = min(candidates, key=lambda c: c[:4])[4]
+    why = (f"least added cost ({best.delta_cost_per_h:.1f}/h, {best.delta_cost:.1f} over the group's "
+           f"expected life) of {len(candidates)} candidates")
+    return replace(best, reason=why, rejected=rejected)
