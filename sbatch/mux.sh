@@ -6,6 +6,12 @@
 #   sbatch sbatch/mux.sh GROUP.yaml [key=value ...]
 #   sbatch --nodes=1 --ntasks-per-node=8 --gres=gpu:8 sbatch/mux.sh configs/examples/mux/group_2x8.yaml
 #
+# Two pools as a heterogeneous job (component 0: the training pool's nodes, component 1: the
+# rollout pool's, e.g. cheaper GPUs); each job's ranks 0.. then land on component 0 first, so a
+# job lists its actor/inference ranks before its rollout ranks:
+#   sbatch --nodes=1 --ntasks-per-node=4 --gres=gpu:4 : --nodes=1 --ntasks-per-node=4 --gres=gpu:4 \
+#     sbatch/mux.sh configs/examples/mux/group_2x8.yaml
+#
 # A job that fails is stopped alone; the others go on. Exit code: 0 when every job finished.
 #SBATCH --job-name=slurm-rl-mux
 #SBATCH --nodes=1
@@ -39,10 +45,25 @@ echo "slurm_rl group dir: $GROUP_DIR"
 scheduler_pid=$!
 
 declare -A step_pid
+if [ "${SLURM_HET_SIZE:-1}" -gt 1 ]; then
+  # one step over every component; its tasks are the allocation's (component 0 first)
+  tasks=0
+  for ((c = 0; c < SLURM_HET_SIZE; c++)); do v="SLURM_NTASKS_HET_GROUP_$c"; tasks=$((tasks + ${!v})); done
+  echo "slurm_rl: heterogeneous allocation, $SLURM_HET_SIZE components, $tasks tasks"
+fi
 while read -r name run_dir world port; do
-  SLURM_RL_MASTER_PORT=$port srun --overlap --kill-on-bad-exit=1 --ntasks="$world" \
-    --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" "$PY" -m slurm_rl.worker "$run_dir" \
-    >"$run_dir/logs/srun.log" 2>&1 &
+  if [ "${SLURM_HET_SIZE:-1}" -gt 1 ]; then
+    if [ "$world" -ne "$tasks" ]; then
+      echo "slurm_rl: job $name has $world ranks but the heterogeneous allocation has $tasks tasks" >&2
+      kill "$scheduler_pid" 2>/dev/null || true
+      exit 2
+    fi
+    placement=(--het-group="$(seq -s, 0 $((SLURM_HET_SIZE - 1)))")
+  else
+    placement=(--ntasks="$world" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}")
+  fi
+  SLURM_RL_MASTER_PORT=$port srun --overlap --kill-on-bad-exit=1 "${placement[@]}" \
+    "$PY" -m slurm_rl.worker "$run_dir" >"$run_dir/logs/srun.log" 2>&1 &
   step_pid[$name]=$!
   echo "slurm_rl: job $name: $world ranks (srun step, port $port), run dir $run_dir"
 done < <("$PY" -m slurm_rl.launch.mux steps "$GROUP_DIR")

@@ -327,3 +327,28 @@ def test_example_group_files_load() -> None:
         assert len(spec.jobs) >= 2 and set(spec.pools) == {"rollout", "train"}
         for job in spec.jobs:  # every rank sits on one slot of one pool
             assert sorted(job.rank_slots) == list(range(job.cfg.placement.world_size))
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_mux_two_pools_as_a_heterogeneous_job(slurm_cluster, tmp_path: Path) -> None:
+    """Component 0 (node n1) holds the training pool, component 1 (node n2) the rollout pool."""
+    jobs = {"a": job_config("emulated", tmp_path / "x", seed=7), "b": job_config("emulated", tmp_path / "y", seed=8)}
+    path = write_group(tmp_path, "emulated", jobs)
+    log = tmp_path / "job.out"
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}", ":",
+         "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4", "sbatch/mux.sh", str(path)],
+        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
+    )
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    assert "heterogeneous allocation, 2 components, 8 tasks" in text, text
+    group_dir = tmp_path / "group"
+    for name, cfg in jobs.items():
+        job_dir = GroupPaths(group_dir).job_dir(name)
+        hosts = {r: json.loads((job_dir / "control" / "heartbeats" / f"rank-{r:04d}.json").read_text())["host"]
+                 for r in range(8)}
+        assert {hosts[r] for r in range(4)} == {"n1"} and {hosts[r] for r in range(4, 8)} == {"n2"}, hosts
+        check_every_sample_once(job_dir, cfg)
+    assert turns(group_dir)["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]

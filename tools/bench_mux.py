@@ -23,6 +23,7 @@ relative price: H20 1.0, H800 2.85). When mux falls short of RollMux's figures (
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import statistics
 import sys
@@ -148,10 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo", default="1,2", help="SLOs drawn uniformly from LO,HI")
     ap.add_argument("--tail-fraction", type=float, default=0.8)
     ap.add_argument("--tail-slots", type=int, default=1)
+    ap.add_argument("--live", nargs="*", metavar="GROUP.yaml",
+                    help="instead of the trace: run these group files live (emulated), each job alone too, and "
+                         "compare with the simulator (default: configs/examples/mux/group_2x8.yaml)")
     ap.add_argument("--h800-decode-speed", type=float, default=ColocatedModel.decode_speed,
                     help="colocated: per-request decode speed on an H800 relative to an H20")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.live is not None:
+        from live_mux import live_section
+
+        files = args.live or [str(Path(__file__).resolve().parents[1] / "configs/examples/mux/group_2x8.yaml")]
+        json.dump({"live": [live_section(Path(f)) for f in files], "wall_s": round(time.perf_counter() - t0, 1)},
+                  sys.stdout, indent=1)
+        print()
+        return 0
     colocated = ColocatedModel(decode_speed=args.h800_decode_speed)
     seeds = [int(s) for s in args.seeds.split(",")]
     lo, hi = (float(x) for x in args.slo.split(","))
