@@ -9,6 +9,8 @@ group:
   poll_interval_s: 0.02
   timeout_s: 3600                        # the whole group (launcher)
   park_s: 0.0                            # emulated jobs: seconds of one warm switch (park or resume)
+  host_memory_gb: null                   # per node: parked state must fit (admission); null: unchecked
+  gpus_per_node: 8                       # slots per node
 jobs:                                    # round-robin order = this order
   a: {config: a.yaml, slo: 1.5, max_response_length: 1024, overrides: [train.num_iterations=3]}
   b: {config: b.yaml, slo: 2.0}
@@ -27,13 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import yaml
 from omegaconf import OmegaConf
 
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.grants import JOB_NAME_CHARS
 
 POOLS = ("rollout", "train")
-GROUP_KEYS = ("dir", "pools", "tail_fraction", "tail_slots", "poll_interval_s", "timeout_s", "park_s")
+GROUP_KEYS = ("dir", "pools", "tail_fraction", "tail_slots", "poll_interval_s", "timeout_s", "park_s",
+              "host_memory_gb", "gpus_per_node")
 JOB_KEYS = ("config", "slo", "max_response_length", "overrides")
 _RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
@@ -67,6 +71,8 @@ class GroupSpec:
     poll_interval_s: float = 0.02
     timeout_s: float = 3600.0
     park_s: float = 0.0
+    host_memory_gb: float | None = None  # per node: residency limit of parked state (None: unchecked)
+    gpus_per_node: int = 8  # slots per node (which node a slot's parked state lives on)
     raw: Mapping[str, Any] = field(default_factory=dict)
 
     def job(self, name: str) -> GroupJob:
@@ -172,7 +178,7 @@ def load_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
         root = OmegaConf.create(text)
         for item in overrides:
             k, _, v = item.partition("=")
-            OmegaConf.update(root, k.strip(), OmegaConf.create({"v": v})["v"] if v else v, force_add=True)
+            OmegaConf.update(root, k.strip(), yaml.safe_load(v) if v else v, force_add=True)
         from slurm_rl.config import _register_resolvers  # the ${now:...} resolver of run configs
 
         _register_resolvers()
@@ -213,6 +219,10 @@ def load_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
     poll = _number(g.get("poll_interval_s", 0.02), "group.poll_interval_s", issues, 1e-4, None, "a positive number")
     timeout = _number(g.get("timeout_s", 3600.0), "group.timeout_s", issues, 1e-3, None, "a positive number")
     park_s = _number(g.get("park_s", 0.0), "group.park_s", issues, 0.0, None, "a non-negative number")
+    host_gb = g.get("host_memory_gb")
+    if host_gb is not None:
+        host_gb = _number(host_gb, "group.host_memory_gb", issues, 1e-9, None, "a positive number of GB (or null)")
+    gpn = _number(g.get("gpus_per_node", 8), "group.gpus_per_node", issues, 1, None, "a positive int", integer=True)
 
     jobs_doc = doc.get("jobs")
     jobs: list[GroupJob] = []
@@ -259,4 +269,5 @@ def load_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
         raise ConfigError(issues)
     return GroupSpec(source=source, dir=Path(gdir).absolute(), pools=pools, jobs=tuple(jobs),
                      tail_fraction=float(tail_fraction), tail_slots=int(tail_slots), poll_interval_s=float(poll),
-                     timeout_s=float(timeout), park_s=float(park_s), raw=doc)
+                     timeout_s=float(timeout), park_s=float(park_s),
+                     host_memory_gb=None if host_gb is None else float(host_gb), gpus_per_node=int(gpn), raw=doc)

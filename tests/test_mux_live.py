@@ -352,3 +352,24 @@ def test_sbatch_mux_two_pools_as_a_heterogeneous_job(slurm_cluster, tmp_path: Pa
         assert {hosts[r] for r in range(4)} == {"n1"} and {hosts[r] for r in range(4, 8)} == {"n2"}, hosts
         check_every_sample_once(job_dir, cfg)
     assert turns(group_dir)["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+
+
+@pytest.mark.parametrize("override, key, text", [
+    ("jobs.sft-like.slo=2.0", "jobs.sft-like.slo", "predicted 2."),
+    ("group.host_memory_gb=10", "group.host_memory_gb", "park 14.4 GB on node 0"),
+])
+def test_admission_refuses_a_group_that_breaks_an_slo_or_residency(tmp_path: Path, override: str, key: str,
+                                                                   text: str) -> None:
+    """A member predicted slower than its SLO, or parked state beyond host memory: exit 2, the key named,
+    nothing created — refused, not slowed silently. The example group itself is admitted."""
+    group = REPO / "configs" / "examples" / "mux" / "group_2x8.yaml"
+    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", str(group), override,
+                           f"group.dir={tmp_path / 'g'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert key in proc.stderr and text in proc.stderr, proc.stderr
+    assert not (tmp_path / "g").exists()
+    ok = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", str(group), "--prepare-only",
+                         f"group.dir={tmp_path / 'ok'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    admission = json.loads((tmp_path / "ok" / "group.json").read_text())["admission"]
+    assert admission["slo_checked"] and 2.0 < admission["predicted_slowdown"]["expected_lengths"]["sft-like"] <= 3.0

@@ -23,7 +23,9 @@ from slurm_rl.control.atomic import atomic_write_json
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import create_run_dir
 from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.config import ConfigError
 from slurm_rl.group_config import GroupSpec, load_group
+from slurm_rl.scheduler.mux.group_admission import admit
 from slurm_rl.launch.local import LaunchError, LocalJob
 from slurm_rl.launch.prepare import prepare_run
 
@@ -45,13 +47,16 @@ class GroupResult:
 def prepare_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
     """Validate, create ``GROUP_DIR`` and every job's RUN_DIR; the resolved spec."""
     spec = load_group(path, overrides)
+    issues, figures = admit(spec, spec.host_memory_gb, spec.gpus_per_node)
+    if issues:
+        raise ConfigError(issues)
     if spec.dir.exists() and (spec.dir / "control" / "grants").is_dir():
         raise FileExistsError(f"group dir {spec.dir} already holds a group (control/grants); pick another group.dir")
     create_run_dir(spec.dir)
     GroupPaths(spec.dir).ensure()
     (spec.dir / "logs").mkdir(mode=0o700, exist_ok=True)
     (spec.dir / "jobs").mkdir(mode=0o700, exist_ok=True)
-    doc = spec.to_json()
+    doc = {**spec.to_json(), "admission": figures}
     for job in spec.jobs:
         job_dir = GroupPaths(spec.dir).job_dir(job.name)
         extra = [f"runtime.run_dir={job_dir}", f"mux.group_dir={spec.dir}", f"mux.job={job.name}",

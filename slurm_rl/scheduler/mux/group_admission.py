@@ -1,0 +1,81 @@
+"""Admission of a declared group before anything starts: every member keeps its SLO, parked state fits.
+
+``slurm-rl mux`` refuses a group (exit 2, the key path of the job named) when a member's predicted
+slowdown versus running alone exceeds its SLO, or when the working sets parked on a node exceed
+``group.host_memory_gb``. Phase times come from the jobs' cost model (``emulated``): the group is
+simulated twice with the same rotation the live scheduler runs — once with the jobs' response
+length distributions, once conservatively with every response at its maximum length
+(``jobs.<name>.max_response_length``, else ``emulated.response_len_max``) — and the larger
+slowdown counts. Jobs on real engines (``cpu``/``cuda``) have no calibrated phase times here: their
+SLO is not checked (reported as such), residency is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurm_rl.config import ConfigIssue, load_config
+from slurm_rl.group_config import GroupJob, GroupSpec
+from slurm_rl.scheduler.mux.predict import predict_group
+
+BYTES_TRAIN_RANK = 16  # per parameter: fp32 params, grads, two Adam moments
+BYTES_ROLLOUT_RANK = 2  # per parameter: bf16 weights
+
+
+def model_params(job: GroupJob) -> int:
+    """Parameters of the job's model: ``emulated.model_params``, or a GPT estimate from ``model``."""
+    cfg = job.cfg
+    if cfg.runtime.device == "emulated":
+        return int(cfg.emulated.model_params)
+    m = dict(cfg.model)
+    h, layers, vocab = int(m.get("hidden_size", 64)), int(m.get("num_layers", 1)), int(m.get("vocab_size", 256))
+    return 12 * layers * h * h + 2 * vocab * h
+
+
+def parked_bytes_per_node(spec: GroupSpec, gpus_per_node: int) -> dict[int, int]:
+    """Host bytes the members park on each node (a slot's node: slot // gpus_per_node)."""
+    out: dict[int, int] = {}
+    for job in spec.jobs:
+        params = model_params(job)
+        for pool, slot in job.rank_slots.values():
+            per = BYTES_TRAIN_RANK if pool == "train" else BYTES_ROLLOUT_RANK
+            out[slot // gpus_per_node] = out.get(slot // gpus_per_node, 0) + params * per
+    return out
+
+
+def _conservative(job: GroupJob) -> Any:
+    max_len = job.max_response_length or int(job.cfg.emulated.response_len_max)
+    return load_config(job.config_path, [*job.overrides, "emulated.response_len_dist=fixed",
+                                         f"emulated.response_len_mean={max_len}", f"emulated.response_len_max={max_len}"])
+
+
+def admit(spec: GroupSpec, host_memory_gb: float | None, gpus_per_node: int) -> tuple[list[ConfigIssue], dict]:
+    """Problems (empty: admitted) and the figures behind the decision."""
+    issues: list[ConfigIssue] = []
+    figures: dict[str, Any] = {"slo_checked": spec.jobs[0].cfg.runtime.device == "emulated"}
+    if host_memory_gb is not None:
+        per_node = parked_bytes_per_node(spec, gpus_per_node)
+        figures["parked_gb_per_node"] = {n: round(b / 1e9, 3) for n, b in sorted(per_node.items())}
+        for node, nbytes in sorted(per_node.items()):
+            if nbytes > host_memory_gb * 1e9:
+                issues.append(ConfigIssue("group.host_memory_gb", host_memory_gb, (
+                    f"at least {nbytes / 1e9:.1f} GB: the jobs park {nbytes / 1e9:.1f} GB on node {node} "
+                    f"({', '.join(j.name for j in spec.jobs)}); fewer jobs in this group or more host memory")))
+    if not figures["slo_checked"]:
+        return issues, figures
+    switch = {"rollout": 2 * spec.park_s, "train": 2 * spec.park_s}
+    names = [j.name for j in spec.jobs]
+    args = (spec.pools["rollout"], spec.pools["train"], spec.tail_fraction, spec.tail_slots, switch)
+    expected = predict_group([j.cfg for j in spec.jobs], names, *args)
+    maxlen = predict_group([_conservative(j) for j in spec.jobs], names, *args)
+    figures["predicted_slowdown"] = {"expected_lengths": expected["slowdown"], "max_lengths": maxlen["slowdown"]}
+    figures["predicted_makespan_s"] = round(expected["makespan_s"], 2)
+    for job in spec.jobs:
+        worst = max(expected["slowdown"][job.name], maxlen["slowdown"][job.name])
+        if worst > job.slo:
+            issues.append(ConfigIssue(f"jobs.{job.name}.slo", job.slo, (
+                f"at least {worst:.2f}: in this group the job is predicted {expected['slowdown'][job.name]:.2f}x "
+                f"slower than alone ({maxlen['slowdown'][job.name]:.2f}x with every response at its maximum "
+                f"length); round-robin gives each member one iteration per group cycle — refused rather than "
+                f"slowed silently")))
+    return issues, figures
