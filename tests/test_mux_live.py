@@ -368,7 +368,7 @@ def test_admission_refuses_a_group_that_breaks_an_slo_or_residency(tmp_path: Pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert key in proc.stderr and text in proc.stderr, proc.stderr
     assert not (tmp_path / "g").exists()
-    ok = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", str(group), "--prepare-only",
+    ok = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", "--prepare-only", str(group),
                          f"group.dir={tmp_path / 'ok'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     admission = json.loads((tmp_path / "ok" / "group.json").read_text())["admission"]
