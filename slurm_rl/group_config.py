@@ -88,6 +88,7 @@ class GroupSpec:
             "dir": str(self.dir), "pools": {p: list(s) for p, s in self.pools.items()},
             "tail_fraction": self.tail_fraction, "tail_slots": self.tail_slots,
             "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s, "park_s": self.park_s,
+            "gpus_per_node": self.gpus_per_node, "host_memory_gb": self.host_memory_gb,
             "jobs": {j.name: {"slo": j.slo, "max_response_length": j.max_response_length,
                               "iterations": j.cfg.train.num_iterations,
                               "samples": j.cfg.train.rollout_batch_size * j.cfg.train.group_size,

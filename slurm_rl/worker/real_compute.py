@@ -30,8 +30,9 @@ from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group
 from slurm_rl.launch.rank_env import RankInfo
 
 
-def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
-    """Join the allocation-wide torch.distributed world (gloo on cpu, nccl on cuda)."""
+def init_world(info: RankInfo, device: str, timeout_s: float, gpu: int | None = None) -> None:
+    """Join the allocation-wide torch.distributed world (gloo on cpu, nccl on cuda); on cuda the
+    rank uses GPU ``gpu`` (default: its local rank)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -40,7 +41,7 @@ def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
     if device == "cuda":
         import torch
 
-        torch.cuda.set_device(info.local_rank % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device((info.local_rank if gpu is None else gpu) % max(1, torch.cuda.device_count()))
     dist.init_process_group(
         backend,
         init_method=f"tcp://{info.master_addr}:{info.master_port}",
@@ -48,6 +49,20 @@ def init_world(info: RankInfo, device: str, timeout_s: float) -> None:
         world_size=info.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def _group_gpu(cfg: Config, info: RankInfo) -> int | None:
+    """Inside a co-execution group a rank computes on the GPU of its group slot (the slot every
+    member's rank on it time-shares): slot modulo ``group.gpus_per_node``."""
+    if cfg.mux.group_dir is None:
+        return None
+    from pathlib import Path
+
+    from slurm_rl.control.atomic import read_json
+
+    group = read_json(Path(cfg.mux.group_dir) / "group.json")
+    _, slot = group["jobs"][cfg.mux.job]["rank_slots"][str(info.rank)]
+    return int(slot) % int(group.get("gpus_per_node", 8))
 
 
 class RealDecoder:
@@ -105,7 +120,7 @@ class RealCompute:
         self.cfg, self.info, self.rank, self.run_dir = cfg, info, info.rank, paths.run_dir
         self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
         torch.set_num_threads(int(cfg.actor.get("threads", 1)))
-        init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s)
+        init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s, gpu=_group_gpu(cfg, info))
         self.tok = CharTokenizer()
         self.task = TaskConfig(**dict(cfg.task))
         model = dict(cfg.model)
