@@ -174,10 +174,11 @@ def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> No
 
 
 @pytest.mark.slow
-def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", BACKENDS)
+def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path, device: str) -> None:
     """The tail of a job's rollout ends on one slot; the next job starts on the freed ones."""
-    jobs = {"a": job_config("emulated", tmp_path / "x", seed=5), "b": job_config("emulated", tmp_path / "y", seed=6)}
-    spec, result = run_group(write_group(tmp_path, "emulated", jobs))
+    jobs = {"a": job_config(device, tmp_path / "x", seed=5), "b": job_config(device, tmp_path / "y", seed=6)}
+    spec, result = run_group(write_group(tmp_path, device, jobs))
     assert result.ok, result
     revoked = [p for p in phases(spec.dir) if p.get("revoked")]
     assert revoked and all(p["pool"] == "rollout" for p in revoked)
@@ -214,12 +215,17 @@ def _kill_rank_when_granted(group_dir: Path, job: str, rank: int, stop: threadin
 
 
 @pytest.mark.slow
-def test_a_job_failing_inside_a_group_leaves_the_others_running(tmp_path: Path) -> None:
-    jobs = {"a": job_config("emulated", tmp_path / "x", iterations=3), "b": job_config("emulated", tmp_path / "y", iterations=3)}
-    path = write_group(tmp_path, "emulated", jobs)
+@pytest.mark.parametrize("device", BACKENDS)
+def test_a_job_failing_inside_a_group_leaves_the_others_running(tmp_path: Path, device: str) -> None:
+    """A rollout rank of job b is SIGKILLed after b's first phase: b fails, a finishes alone."""
+    jobs = {"a": job_config(device, tmp_path / "x", iterations=3), "b": job_config(device, tmp_path / "y", iterations=3)}
+    if device == "cpu":  # b's surviving ranks notice the dead one quickly
+        jobs["b"]["runtime"].update(heartbeat_timeout_s=10.0, wait_timeout_s=30.0)
+    path = write_group(tmp_path, device, jobs)
     spec = prepare_group(path)
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_rank_when_granted, args=(spec.dir, "b", 5, stop), daemon=True)
+    victim = 3 if device == "cpu" else 5
+    killer = threading.Thread(target=_kill_rank_when_granted, args=(spec.dir, "b", victim, stop), daemon=True)
     killer.start()
     try:
         result = run_group_local(spec.dir, log=lambda m: None)
