@@ -86,6 +86,7 @@ class GroupSpec:
         """The resolved group (``GROUP_DIR/group.json``): what the group scheduler and ranks read."""
         return {
             "dir": str(self.dir), "pools": {p: list(s) for p, s in self.pools.items()},
+            "members": [j.name for j in self.jobs],  # the round-robin order (JSON objects are written sorted)
             "tail_fraction": self.tail_fraction, "tail_slots": self.tail_slots,
             "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s, "park_s": self.park_s,
             "gpus_per_node": self.gpus_per_node, "host_memory_gb": self.host_memory_gb,

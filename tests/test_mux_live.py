@@ -146,13 +146,14 @@ def run_group(path: Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("device", BACKENDS)
 def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> None:
-    jobs = {"a": job_config(device, tmp_path / "unused-a", seed=11), "b": job_config(device, tmp_path / "unused-b", seed=22)}
+    # the group file's order is the round-robin order (here not the alphabetical one)
+    jobs = {"b": job_config(device, tmp_path / "unused-b", seed=22), "a": job_config(device, tmp_path / "unused-a", seed=11)}
     spec, result = run_group(write_group(tmp_path, device, jobs))
     assert result.ok, result
     group_dir = spec.dir
     t = turns(group_dir)
-    assert t["rollout"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
-    assert t["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
+    assert t["rollout"] == [("b", 0), ("a", 0), ("b", 1), ("a", 1)], t
+    assert t["train"] == [("b", 0), ("a", 0), ("b", 1), ("a", 1)], t
     check_slots_exclusive(group_dir)
     done = [p for p in phases(group_dir) if not p.get("skipped")]
     assert all(p["resume_s"] >= 0 and p["park_s"] >= 0 for p in done)

@@ -182,8 +182,9 @@ def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
 
     group = read_json(group_dir / "group.json")
     base = port_for_job(os.environ.get("SLURM_JOB_ID", "local"))
-    return [(name, Path(spec["run_dir"]), int(spec["world_size"]), base + 1 + i)
-            for i, (name, spec) in enumerate(group["jobs"].items())]
+    names = group.get("members") or list(group["jobs"])
+    return [(name, Path(group["jobs"][name]["run_dir"]), int(group["jobs"][name]["world_size"]), base + 1 + i)
+            for i, name in enumerate(names)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,7 +48,7 @@ class GroupLoop:
     out: dict[str, str] = field(default_factory=dict)  # job -> why it left the rotation
 
     def __post_init__(self) -> None:
-        self.members = tuple(self.group["jobs"])
+        self.members = tuple(self.group.get("members") or self.group["jobs"])
         self.pools = {p: tuple(self.group["pools"][p]) for p in POOLS}
         self.slots = {j: {p: tuple(sorted(s for q, s in spec["rank_slots"].values() if q == p)) for p in POOLS}
                       for j, spec in self.group["jobs"].items()}
