@@ -1,5 +1,6 @@
 #!/bin/bash
-# Train with slurm_rl inside one Slurm allocation: one task per accelerator slot.
+# Train with slurm_rl inside one Slurm allocation: one task per process rank of the placement
+# (a rank may own several GPUs: it narrows CUDA_VISIBLE_DEVICES to its own).
 #
 #   sbatch sbatch/train.sh CONFIG [key=value ...]
 #   sbatch --nodes=2 --ntasks-per-node=4 --gres=gpu:4 sbatch/train.sh configs/examples/slurm_2x4.yaml
@@ -44,8 +45,14 @@ on_usr1() {
 }
 trap on_usr1 USR1
 
-srun --kill-on-bad-exit=1 --ntasks="$SLURM_NTASKS" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-  "$PY" -m slurm_rl.worker "$RUN_DIR" &
+# Each rank on the node the placement gives it: SLURM_HOSTFILE lists the node of every rank.
+export SLURM_HOSTFILE="$RUN_DIR/logs/hosts-$SLURM_JOB_ID"
+# shellcheck disable=SC2046
+"$PY" -m slurm_rl.launch.hostfile "$RUN_DIR" $(scontrol show hostnames "$SLURM_JOB_NODELIST") > "$SLURM_HOSTFILE"
+NTASKS=$(wc -l < "$SLURM_HOSTFILE")
+
+env -u SLURM_NTASKS_PER_NODE srun --kill-on-bad-exit=1 --distribution=arbitrary --ntasks="$NTASKS" \
+  --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" "$PY" -m slurm_rl.worker "$RUN_DIR" &
 srun_pid=$!
 set +e
 while true; do

@@ -60,6 +60,9 @@ class ClusterConfig:
     use_pre_process_policy: bool = False  # RLinf: let idle actor GPUs pre-process rollouts
     use_wait_before_last_iter_policy: bool = False  # RLinf: hold placement in the last iteration
     component_placement: Dict[str, Any] = MISSING  # RLinf placement forms; see configs/examples
+    # node groups: {label: {nodes: "1" | "0-1,3" (node indices), gpus_per_node: N (default: gpus_per_node)}};
+    # {node_group: label, placement: "0"} numbers the accelerators of the group's nodes from 0
+    node_groups: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -511,17 +514,81 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue("emulated.scaling", e.scaling, "a number in (0, 1]"))
 
 
+def _node_layout(
+    c: ClusterConfig, gpus: int | None, issues: list[ConfigIssue]
+) -> tuple[list[int], dict[str, list[int]]] | None:
+    """Slots of each node and the node indices of each ``cluster.node_groups`` label (None if invalid).
+
+    A group's ``gpus_per_node`` applies to its nodes; a group without one keeps what another group
+    gives its nodes, else ``cluster.gpus_per_node``."""
+    if not isinstance(c.node_groups, Mapping):
+        issues.append(ConfigIssue("cluster.node_groups", c.node_groups, "a mapping of label to {nodes, gpus_per_node}"))
+        return None
+    groups: dict[str, list[int]] = {}
+    counts: dict[int, tuple[int, str]] = {}  # node -> (gpus, group that set it)
+    ok = True
+    nodes_allowed = f"node indices of the allocation in ascending order, e.g. '1' or '0-1,3' (0-{c.num_nodes - 1})"
+    for label, spec in c.node_groups.items():
+        key = f"cluster.node_groups.{label}"
+        if not isinstance(spec, Mapping) or "nodes" not in spec or set(spec) - {"nodes", "gpus_per_node"}:
+            issues.append(ConfigIssue(key, spec, "a mapping with keys nodes (required) and gpus_per_node"))
+            ok = False
+            continue
+        nodes: list[int] = []
+        for part in str(spec["nodes"]).split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+            lo, hi = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (1, 0)
+            if m is None or lo > hi or (nodes and lo <= nodes[-1]) or hi >= c.num_nodes:
+                nodes = []
+                break
+            nodes.extend(range(lo, hi + 1))
+        if not nodes:
+            issues.append(ConfigIssue(f"{key}.nodes", spec["nodes"], nodes_allowed))
+            ok = False
+            continue
+        groups[str(label)] = nodes
+        count = spec.get("gpus_per_node")
+        if count is None:
+            continue
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            issues.append(ConfigIssue(f"{key}.gpus_per_node", count, "a positive int"))
+            ok = False
+            continue
+        for n in nodes:
+            if n in counts and counts[n][0] != count:
+                issues.append(ConfigIssue(f"{key}.gpus_per_node", count, (
+                    f"{counts[n][0]}, as node group {counts[n][1]!r} gives node {n}")))
+                ok = False
+                break
+            counts[n] = (count, str(label))
+    per_node = [counts[n][0] if n in counts else gpus for n in range(c.num_nodes)]
+    if not ok or any(n is None for n in per_node):
+        return None
+    return [int(n) for n in per_node], groups  # type: ignore[arg-type]
+
+
+def _groups_cover_all_nodes(c: ClusterConfig) -> bool:
+    """True when cluster.node_groups give every node an explicit gpus_per_node."""
+    probe: list[ConfigIssue] = []
+    layout = _node_layout(c, None, probe) if isinstance(c.num_nodes, int) and c.num_nodes >= 1 else None
+    return layout is not None and not probe
+
+
 def _placements(
     root: RootSchema, gpus: int | None, issues: list[ConfigIssue]
 ) -> tuple[Placement | None, tuple[Placement, ...]]:
     """Parse the initial placement and every scripted placement over the same world."""
     c = root.cluster
-    if gpus is None or c.num_nodes < 1 or c.component_placement is MISSING_VALUE:
+    if c.num_nodes < 1 or c.component_placement is MISSING_VALUE:
         return None, ()
-    num_slots = c.num_nodes * gpus
+    layout = _node_layout(c, gpus, issues)
+    if layout is None:
+        return None, ()
+    per_node, groups = layout
+    num_slots = sum(per_node)
+    shape = dict(num_nodes=c.num_nodes, slots_per_node=per_node, node_groups=groups)
     try:
-        base = parse_placement(c.component_placement, num_slots, auto_scheduler=c.auto_scheduler,
-                               num_nodes=c.num_nodes)
+        base = parse_placement(c.component_placement, num_slots, auto_scheduler=c.auto_scheduler, **shape)
     except ConfigError as err:
         issues.extend(err.issues)
         return None, ()
@@ -531,8 +598,7 @@ def _placements(
             continue
         try:
             scripted.append(parse_placement(step.placement, num_slots,
-                                            key=f"scheduler.script[{i}].placement",
-                                            num_nodes=c.num_nodes, world=base))
+                                            key=f"scheduler.script[{i}].placement", world=base, **shape))
         except ConfigError as err:
             issues.extend(err.issues)
     return base, tuple(scripted)
@@ -606,14 +672,16 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     try:
         gpus = resolve_gpus_per_node(typed.cluster.gpus_per_node, env)
     except ConfigError as err:
-        issues.extend(err.issues)
+        if not _groups_cover_all_nodes(typed.cluster):
+            issues.extend(err.issues)
     _validate(typed, issues)
     placement, scripted = _placements(typed, gpus, issues)
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
-    assert placement is not None and gpus is not None
-    root.cluster.gpus_per_node = gpus
-    typed.cluster.gpus_per_node = gpus
+    assert placement is not None
+    if gpus is not None:
+        root.cluster.gpus_per_node = gpus
+        typed.cluster.gpus_per_node = gpus
     OmegaConf.set_readonly(root, True)
     sections = {name: getattr(typed, name) for name in FREE_FORM_SECTIONS}
     return Config(raw=root, cluster=typed.cluster, runtime=typed.runtime, train=typed.train,

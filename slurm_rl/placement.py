@@ -3,7 +3,10 @@
 A placement maps components (actor, rollout, inference) onto global process ranks of the
 allocation. The world is fixed for the allocation: every accelerator slot hosts at least one
 process (an idle rank when no component uses it), and a slot hosts ``k`` processes when an entry
-of the form ``"resources:processes"`` puts ``k`` processes on it. Ranks are numbered slot-major.
+of the form ``"resources:processes"`` puts ``k`` processes on it; with fewer processes than
+resources (``"0-3:0-1"``) one process owns several slots. Ranks are numbered in the order of
+their (first) slot. Slots are numbered node-major; nodes may hold different numbers of slots
+(node groups), and a ``{node_group, placement}`` entry numbers the slots of its group's nodes.
 """
 
 from __future__ import annotations
@@ -100,9 +103,18 @@ class Placement:
     components: Mapping[str, ComponentPlacement]
     slot_of_rank: tuple[int, ...]
     num_nodes: int = 1
+    slots_of_rank: tuple[tuple[int, ...], ...] | None = None
+    """Every slot each rank owns (default: its one slot); ``slot_of_rank`` is the first of them."""
+    slots_per_node: tuple[int, ...] | None = None
+    """Slots of each node (default: ``num_slots / num_nodes`` each)."""
     _roles: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.slots_of_rank is None:
+            object.__setattr__(self, "slots_of_rank", tuple((s,) for s in self.slot_of_rank))
+        if self.slots_per_node is None:
+            per = self.num_slots // self.num_nodes
+            object.__setattr__(self, "slots_per_node", (per,) * self.num_nodes)
         ordered = {n: self.components[n] for n in COMPONENTS if n in self.components}
         object.__setattr__(self, "components", FrozenDict(ordered))
         roles: list[list[str]] = [[] for _ in range(self.world_size)]
@@ -118,12 +130,28 @@ class Placement:
         return self._roles[rank]
 
     def ranks_on_slot(self, slot: int) -> tuple[int, ...]:
-        """Global ranks hosted by accelerator slot ``slot``."""
-        return tuple(r for r, s in enumerate(self.slot_of_rank) if s == slot)
+        """Global ranks that own accelerator slot ``slot``."""
+        return tuple(r for r, slots in enumerate(self.slots_of_rank) if slot in slots)
 
     def node_of_slot(self, slot: int) -> int:
         """Node index of accelerator slot ``slot`` (slots are numbered node-major)."""
-        return slot // (self.num_slots // self.num_nodes)
+        end = 0
+        for node, count in enumerate(self.slots_per_node):
+            end += count
+            if slot < end:
+                return node
+        raise IndexError(f"slot {slot} is outside the {self.num_slots} slots of the allocation")
+
+    def ranks_per_node(self) -> tuple[int, ...]:
+        """How many ranks each node hosts (srun / submitit start that many tasks there)."""
+        counts = [0] * self.num_nodes
+        for slot in self.slot_of_rank:
+            counts[self.node_of_slot(slot)] += 1
+        return tuple(counts)
+
+    def first_slot_of_node(self, node: int) -> int:
+        """Global index of node ``node``'s first slot (its local accelerator 0)."""
+        return sum(self.slots_per_node[:node])
 
     def node_of_rank(self, rank: int) -> int:
         """Node index hosting global rank ``rank``."""
@@ -143,7 +171,9 @@ class Placement:
             "world_size": self.world_size,
             "num_slots": self.num_slots,
             "num_nodes": self.num_nodes,
+            "slots_per_node": list(self.slots_per_node),
             "slot_of_rank": list(self.slot_of_rank),
+            "slots_of_rank": [list(slots) for slots in self.slots_of_rank],
             "components": comps,
         }
 
@@ -166,16 +196,34 @@ class Placement:
                 f"a non-decreasing list of {world} non-negative slot indices")])
         num_slots = data.get("num_slots", max(slot_of_rank) + 1)
         num_nodes = data.get("num_nodes", 1)
+        per_node = data.get("slots_per_node")
+        slots_of = data.get("slots_of_rank")
         if not _is_int(num_slots) or num_slots <= max(slot_of_rank):
             issues.append(ConfigIssue(f"{key}.num_slots", num_slots, "an int above every slot index"))
-        if not _is_int(num_nodes) or num_nodes < 1 or (_is_int(num_slots) and num_slots % num_nodes):
+        if not _is_int(num_nodes) or num_nodes < 1 or (
+                per_node is None and _is_int(num_slots) and num_slots % num_nodes):
             issues.append(ConfigIssue(f"{key}.num_nodes", num_nodes, "a positive int dividing num_slots"))
+        if per_node is not None and (
+            not isinstance(per_node, list) or not all(_is_int(n) and n >= 1 for n in per_node)
+            or len(per_node) != num_nodes or sum(per_node) != num_slots
+        ):
+            issues.append(ConfigIssue(f"{key}.slots_per_node", per_node,
+                                      "a list of num_nodes positive ints summing to num_slots"))
+        if slots_of is not None and (
+            not isinstance(slots_of, list) or len(slots_of) != world
+            or not all(isinstance(g, list) and g and all(_is_int(x) and x >= 0 for x in g)
+                       and g[0] == s for g, s in zip(slots_of, slot_of_rank))
+        ):
+            issues.append(ConfigIssue(f"{key}.slots_of_rank", slots_of,
+                                      f"a list of {world} non-empty slot lists, each starting with slot_of_rank"))
         comps_raw = data.get("components")
         if not isinstance(comps_raw, Mapping):
             issues.append(ConfigIssue(f"{key}.components", comps_raw, "a mapping of component to ranks"))
         if issues:
             raise ConfigError(issues)
-        base = cls(num_slots, world, {}, tuple(slot_of_rank), num_nodes)
+        base = cls(num_slots, world, {}, tuple(slot_of_rank), num_nodes,
+                   None if slots_of is None else tuple(tuple(g) for g in slots_of),
+                   None if per_node is None else tuple(per_node))
         ranks = {n: (v.get("ranks") if isinstance(v, Mapping) else v) for n, v in comps_raw.items()}
         shared = {
             n: tuple(v.get("shared_with", ())) for n, v in comps_raw.items() if isinstance(v, Mapping)
@@ -200,46 +248,50 @@ def _parse_range(text: str, num_slots: int | None) -> list[int] | None:
     return list(range(lo, hi + 1)) if lo <= hi else None
 
 
-def _parse_spec(spec: str, num_slots: int, where: str) -> tuple[list[int], list[str]]:
-    """Parse one placement string into the slot of each process (process-rank order).
+def _parse_spec(
+    spec: str, num_slots: int, where: str, scope: str = "the allocation"
+) -> tuple[list[tuple[int, ...]], list[str]]:
+    """Parse one placement string into the slots each process owns (process-rank order).
 
-    Returns ``(slots_by_process, problems)``; each problem is an "allowed" text.
+    Slots are indices ``0..num_slots-1`` of the numbering the entry uses (its node group's, or the
+    allocation's). Returns ``(slots_by_process, problems)``; each problem is an "allowed" text.
     """
     if not spec.strip():
         return [], [PLACEMENT_FORMS]
-    slots: list[int] = []
-    problems: list[str] = []
-    used: set[int] = set()
+    procs_slots: list[tuple[int, ...]] = []
+    last = -1
     for segment in spec.split(","):
         res_text, sep, proc_text = segment.partition(":")
         resources = _parse_range(res_text, num_slots)
         if resources is None:
             return [], [PLACEMENT_FORMS]
-        repeated = used.intersection(resources)
-        if repeated:
-            return [], [f"each slot at most once per entry (slot {min(repeated)} is listed twice)"]
-        used.update(resources)
-        if sep:
-            procs = _parse_range(proc_text, None)
-            if procs is None:
-                return [], [PLACEMENT_FORMS]
-            if procs[0] != len(slots):
-                return [], [
-                    "process ranks contiguous from 0 across the segments of one entry "
-                    f"(segment {segment.strip()!r} starts at process {procs[0]}, expected {len(slots)})"]
-            if len(procs) % len(resources):
-                return [], [
-                    "processes spread evenly over the resources of their segment "
-                    f"({segment.strip()!r} puts {len(procs)} processes on {len(resources)} resources; "
-                    "use a multiple of the resource count)"]
-            per = len(procs) // len(resources)
-            slots.extend(r for r in resources for _ in range(per))
+        if resources[0] <= last:
+            return [], [f"resource ranks in ascending order (segment {segment.strip()!r} starts at "
+                        f"{resources[0]}, after {last})"]
+        last = resources[-1]
+        if not sep:
+            procs_slots.extend((r,) for r in resources)
+            continue
+        procs = _parse_range(proc_text, None)
+        if procs is None:
+            return [], [PLACEMENT_FORMS]
+        if procs[0] != len(procs_slots):
+            return [], [
+                "process ranks contiguous from 0 across the segments of one entry "
+                f"(segment {segment.strip()!r} starts at process {procs[0]}, expected {len(procs_slots)})"]
+        n_res, n_proc = len(resources), len(procs)
+        if n_proc % n_res == 0:  # k processes on each resource
+            procs_slots.extend((r,) for r in resources for _ in range(n_proc // n_res))
+        elif n_res % n_proc == 0:  # each process owns k consecutive resources
+            per = n_res // n_proc
+            procs_slots.extend(tuple(resources[i:i + per]) for i in range(0, n_res, per))
         else:
-            slots.extend(resources)
-    bad = sorted(s for s in used if s >= num_slots)
-    if bad:
-        problems.append(f"slots 0-{num_slots - 1} ({where}); slot {bad[0]} is outside the allocation")
-    return slots, problems
+            return [], [
+                "processes spread evenly: one of the resource and process counts divides the other "
+                f"({segment.strip()!r} puts {n_proc} processes on {n_res} resources)"]
+    if last >= num_slots:
+        return procs_slots, [f"slots 0-{num_slots - 1} ({where}); slot {last} is outside {scope}"]
+    return procs_slots, []
 
 
 @dataclass
@@ -248,7 +300,11 @@ class _Entry:
     names: tuple[str, ...]
     spec: Any
     node_group: str | None
-    slots: list[int]
+    procs: list[tuple[int, ...]]  # global slots of each process, in process order
+
+    @property
+    def slots(self) -> set[int]:
+        return {s for p in self.procs for s in p}
 
 
 def _unwrap_entry(
@@ -279,6 +335,15 @@ def _unwrap_entry(
     return spec, None, node_group
 
 
+def slot_numbering(
+    num_nodes: int, slots_per_node: Sequence[int], node_groups: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Global slots of each node group, in the group's own numbering (its nodes in order)."""
+    first = [sum(slots_per_node[:n]) for n in range(num_nodes)]
+    return {label: tuple(first[n] + i for n in nodes for i in range(slots_per_node[n]))
+            for label, nodes in (node_groups or {}).items()}
+
+
 def parse_placement(
     raw: Mapping[str, Any],
     num_slots: int,
@@ -286,15 +351,25 @@ def parse_placement(
     auto_scheduler: bool = False,
     num_nodes: int = 1,
     world: Placement | None = None,
+    slots_per_node: Sequence[int] | None = None,
+    node_groups: Mapping[str, Sequence[int]] | None = None,
 ) -> Placement:
     """Parse an RLinf ``component_placement`` mapping over ``num_slots`` accelerator slots.
 
-    With ``world`` given, the processes per slot of that placement define the (fixed) world and
-    the new placement must fit in it; otherwise the world is derived from ``raw``. Raises
-    :class:`ConfigError` listing every problem.
+    ``slots_per_node`` gives each node's slot count (default: equal shares); ``node_groups`` maps
+    a group label to its nodes' indices: an entry ``{node_group: g, placement: "0"}`` numbers the
+    slots of group ``g``'s nodes from 0. Without ``node_groups`` a label is only recorded (the
+    group of all nodes). With ``world`` given, the processes of that placement define the (fixed)
+    world and the new placement must fit in it; otherwise the world is derived from ``raw``.
+    Raises :class:`ConfigError` listing every problem.
     """
     issues: list[ConfigIssue] = []
-    where = f"num_nodes*gpus_per_node = {num_slots}"
+    per_node = tuple(slots_per_node) if slots_per_node is not None else (num_slots // num_nodes,) * num_nodes
+    uniform = len(set(per_node)) == 1
+    where = f"num_nodes*gpus_per_node = {num_slots}" if uniform else (
+        f"{num_slots} slots on {num_nodes} nodes ({'+'.join(map(str, per_node))})")
+    group_slots = slot_numbering(num_nodes, per_node, node_groups)
+    node_of = [n for n, count in enumerate(per_node) for _ in range(count)]
     if not isinstance(raw, Mapping):
         raise ConfigError([ConfigIssue(key, raw, "a mapping of component names to placements")])
     entries: list[_Entry] = []
@@ -317,91 +392,136 @@ def parse_placement(
         spec, text, group = _unwrap_entry(entry_key, value, issues)
         if text is None:
             continue
-        slots, problems = _parse_spec(text, num_slots, where)
+        numbering: Sequence[int] = range(num_slots)
+        entry_where, scope = where, "the allocation"
+        if group is not None and node_groups:
+            if group not in group_slots:
+                issues.append(ConfigIssue(f"{entry_key}.node_group", group, (
+                    f"a node group defined in cluster.node_groups ({', '.join(sorted(group_slots))})")))
+                continue
+            numbering = group_slots[group]
+            entry_where, scope = f"the {len(numbering)} slots of node group {group!r}", "the group"
+        local, problems = _parse_spec(text, len(numbering), entry_where, scope)
         for problem in problems:
             issues.append(ConfigIssue(entry_key, spec, problem))
-        if not problems and ok_names:
-            entries.append(_Entry(entry_key, names, spec, group, slots))
+        if problems:
+            continue
+        procs = [tuple(numbering[s] for s in p) for p in local]
+        split = next((p for p in procs if len({node_of[s] for s in p}) > 1), None)
+        if split is not None:
+            issues.append(ConfigIssue(entry_key, spec, (
+                f"each process's slots on one node (a process would own slots {list(split)} on nodes "
+                f"{sorted({node_of[s] for s in split})})")))
+        elif ok_names:
+            entries.append(_Entry(entry_key, names, spec, group, procs))
     for name in REQUIRED_COMPONENTS:
         if name not in placed_by:
             issues.append(ConfigIssue(f"{key}.{name}", MISSING_VALUE,
                                       f"a placement for each of {', '.join(REQUIRED_COMPONENTS)} "
                                       "(inference is optional)"))
-    owner: dict[int, _Entry] = {}
-    for entry in entries:
-        clash = sorted({s for s in entry.slots if s in owner and owner[s] is not entry})
-        if clash:
-            other = owner[clash[0]]
-            issues.append(ConfigIssue(entry.key, entry.spec, (
-                f"slots not used by another entry (slot {clash[0]} is also used by "
-                f"{','.join(other.names)!r}); components sharing slots must be declared together, "
-                "e.g. 'actor,inference: 0-7'")))
-        for s in entry.slots:
-            owner.setdefault(s, entry)
+    entries = _collocate(entries, issues)
     if auto_scheduler:
-        issues.extend(_check_auto_order(entries))
+        issues.extend(_check_auto_order(entries, num_slots))
     if issues:
         raise ConfigError(issues)
-    return _assign_ranks(entries, num_slots, num_nodes, world, issues)
+    return _assign_ranks(entries, num_slots, num_nodes, per_node, world, issues)
 
 
-def _check_auto_order(entries: Sequence[_Entry]) -> list[ConfigIssue]:
-    """RLinf auto-scheduler rule: contiguous blocks in the order actor -> rollout -> inference."""
-    allowed = ("with cluster.auto_scheduler=true, each component on one contiguous block of slots, "
-               "blocks in the order actor -> rollout -> inference")
-    issues: list[ConfigIssue] = []
-    blocks: list[tuple[int, _Entry]] = []
+def _collocate(entries: Sequence[_Entry], issues: list[ConfigIssue]) -> list[_Entry]:
+    """Merge entries that place their components on identical slots with identical processes
+    (RLinf's collocated mode in separate keys); report partial overlaps."""
+    merged: list[_Entry] = []
     for entry in entries:
-        distinct = sorted(set(entry.slots))
-        if distinct != list(range(distinct[0], distinct[-1] + 1)):
-            issues.append(ConfigIssue(entry.key, entry.spec, allowed))
-        blocks.append((min(COMPONENTS.index(n) for n in entry.names), entry))
-    blocks.sort(key=lambda b: b[0])
-    for (_, first), (_, second) in zip(blocks, blocks[1:]):
-        if max(first.slots) >= min(second.slots):
-            issues.append(ConfigIssue(second.key, second.spec, allowed))
+        same = next((m for m in merged if m.slots == entry.slots), None)
+        if same is not None and same.procs == entry.procs:
+            same.names = tuple(n for n in COMPONENTS if n in same.names + entry.names)
+            continue
+        if same is not None:
+            issues.append(ConfigIssue(entry.key, entry.spec, (
+                f"the same processes as {','.join(same.names)!r} on the same slots (collocated components "
+                f"in separate entries must place the same processes; {same.spec!r} differs)")))
+            continue
+        clash = next((m for m in merged if m.slots & entry.slots), None)
+        if clash is not None:
+            slot = min(clash.slots & entry.slots)
+            issues.append(ConfigIssue(entry.key, entry.spec, (
+                f"slots not used by another entry, or exactly the same slots to collocate (slot {slot} is "
+                f"also used by {','.join(clash.names)!r} with {clash.spec!r}); collocated components: "
+                "'actor,rollout: 0-3', or 'actor: 0-3' and 'rollout: 0-3'")))
+            continue
+        merged.append(_Entry(entry.key, entry.names, entry.spec, entry.node_group, entry.procs))
+    return merged
+
+
+def _check_auto_order(entries: Sequence[_Entry], num_slots: int) -> list[ConfigIssue]:
+    """RLinf auto-scheduler rules: contiguous blocks actor -> rollout -> inference that touch,
+    the actor's starting at slot 0 and the last one ending at the last slot."""
+    allowed = ("with cluster.auto_scheduler=true, each component on one contiguous block of slots, "
+               "blocks in the order actor -> rollout -> inference, touching each other, "
+               f"the actor's starting at slot 0 and the last ending at slot {num_slots - 1}")
+    issues: list[ConfigIssue] = []
+    blocks = sorted(entries, key=lambda e: min(COMPONENTS.index(n) for n in e.names))
+    end = -1
+    for entry in blocks:
+        lo, hi = min(entry.slots), max(entry.slots)
+        if len(entry.slots) != hi - lo + 1:
+            issues.append(ConfigIssue(entry.key, entry.spec, f"{allowed} (slots {lo}-{hi} have a gap)"))
+        elif lo != end + 1:
+            why = "the actor starts at slot 0" if end < 0 else f"the previous block ends at slot {end}"
+            issues.append(ConfigIssue(entry.key, entry.spec, f"{allowed} (starts at slot {lo}; {why})"))
+        end = hi
+    if blocks and not issues and end != num_slots - 1:
+        issues.append(ConfigIssue(blocks[-1].key, blocks[-1].spec,
+                                  f"{allowed} (ends at slot {end}, not at the last slot {num_slots - 1})"))
     return issues
 
 
 def _assign_ranks(
-    entries: Sequence[_Entry], num_slots: int, num_nodes: int, world: Placement | None,
-    issues: list[ConfigIssue],
+    entries: Sequence[_Entry], num_slots: int, num_nodes: int, per_node: Sequence[int],
+    world: Placement | None, issues: list[ConfigIssue],
 ) -> Placement:
-    """Number ranks slot-major and build the :class:`Placement`."""
-    need = [1] * num_slots
-    for entry in entries:
-        for s in set(entry.slots):
-            need[s] = max(need[s], entry.slots.count(s))
+    """Number ranks in the order of their (first) slot and build the :class:`Placement`.
+
+    A process unit is the tuple of slots one process owns. Every slot belongs to one unit; a unit
+    hosts as many processes as the entry placing the most there (one idle rank when none)."""
     if world is not None:
-        have = [0] * world.num_slots
-        for s in world.slot_of_rank:
-            have[s] += 1
+        units = list(world.slots_of_rank)
         for entry in entries:
-            over = [s for s in sorted(set(entry.slots)) if entry.slots.count(s) > have[s]]
-            if over:
-                issues.append(ConfigIssue(entry.key, entry.spec, (
-                    f"at most {have[over[0]]} process(es) on slot {over[0]}: the world is fixed by the "
-                    "initial placement")))
+            for unit in sorted(set(entry.procs)):
+                need, have = entry.procs.count(unit), units.count(unit)
+                if need > have:
+                    where = f"slot {unit[0]}" if len(unit) == 1 else f"slots {list(unit)} (one process)"
+                    issues.append(ConfigIssue(entry.key, entry.spec, (
+                        f"at most {have} process(es) on {where}: the world is fixed by the initial placement")))
+                    break
         if issues:
             raise ConfigError(issues)
-        need = have
-    offsets = [0] * num_slots
-    for s in range(1, num_slots):
-        offsets[s] = offsets[s - 1] + need[s - 1]
-    slot_of_rank = tuple(s for s in range(num_slots) for _ in range(need[s]))
+    else:
+        need: dict[tuple[int, ...], int] = {}
+        for entry in entries:
+            for unit in set(entry.procs):
+                need[unit] = max(need.get(unit, 0), entry.procs.count(unit))
+        covered = {s for unit in need for s in unit}
+        need.update({(s,): 1 for s in range(num_slots) if s not in covered})
+        units = [unit for unit in sorted(need) for _ in range(need[unit])]
+    ranks_of_unit: dict[tuple[int, ...], list[int]] = {}
+    for rank, unit in enumerate(units):
+        ranks_of_unit.setdefault(unit, []).append(rank)
     comps: dict[str, ComponentPlacement] = {}
     for entry in entries:
-        local = [0] * num_slots
+        taken: dict[tuple[int, ...], int] = {}
         ranks: list[int] = []
-        for s in entry.slots:
-            ranks.append(offsets[s] + local[s])
-            local[s] += 1
+        for unit in entry.procs:
+            ranks.append(ranks_of_unit[unit][taken.get(unit, 0)])
+            taken[unit] = taken.get(unit, 0) + 1
         for name in entry.names:
             comps[name] = ComponentPlacement(
-                name=name, ranks=tuple(ranks), slots=tuple(sorted(set(entry.slots))),
+                name=name, ranks=tuple(ranks), slots=tuple(sorted(entry.slots)),
                 node_group=entry.node_group,
                 shared_with=tuple(n for n in COMPONENTS if n in entry.names and n != name))
-    return Placement(num_slots, len(slot_of_rank), comps, slot_of_rank, num_nodes)
+    return Placement(num_slots, len(units), comps, tuple(u[0] for u in units), num_nodes,
+                     tuple(units), tuple(per_node))
+
 
 
 def _build_from_ranks(
@@ -448,9 +568,10 @@ def _build_from_ranks(
             group = base.components[name].node_group
         comps[name] = ComponentPlacement(
             name=name, ranks=clean[name],
-            slots=tuple(sorted({base.slot_of_rank[r] for r in clean[name]})),
+            slots=tuple(sorted({s for r in clean[name] for s in base.slots_of_rank[r]})),
             node_group=None if group is None else str(group), shared_with=mates)
-    return Placement(base.num_slots, base.world_size, comps, base.slot_of_rank, base.num_nodes)
+    return Placement(base.num_slots, base.world_size, comps, base.slot_of_rank, base.num_nodes,
+                     base.slots_of_rank, base.slots_per_node)
 
 
 def placement_from_ranks(

@@ -193,7 +193,7 @@ BAD_PLACEMENTS = [
     pytest.param({"actor": "0-2:0-3", "rollout": "4"}, "cluster.component_placement.actor", "0-2:0-3",
                  "processes spread evenly", id="uneven"),
     pytest.param({"actor": "0-1,1-2", "rollout": "4"}, "cluster.component_placement.actor", "0-1,1-2",
-                 "each slot at most once per entry", id="slot-twice-in-entry"),
+                 "resource ranks in ascending order", id="slot-twice-in-entry"),
     pytest.param({"actor": "0-1"}, "cluster.component_placement.rollout", None, "actor, rollout",
                  id="missing-rollout"),
     pytest.param({"actor": {"placement": "0-1", "gpus": 2}, "rollout": "4"},
@@ -242,8 +242,8 @@ def test_auto_scheduler_requires_contiguous_ordered_blocks(raw: dict[str, Any], 
     key = f"cluster.component_placement.{bad}"
     assert key in issues_of(exc)
     assert "actor -> rollout -> inference" in issues_of(exc)[key].allowed
-    # a block may be written in any order
-    parse_placement({"actor": "0-1", "rollout": "2-5", "inference": "7,6"}, 8, auto_scheduler=True)
+    # a block may be written as a comma list (ascending, as RLinf requires)
+    parse_placement({"actor": "0-1", "rollout": "2-5", "inference": "6,7"}, 8, auto_scheduler=True)
 
 
 def test_auto_scheduler_collocated_entry_is_one_block() -> None:
@@ -578,7 +578,8 @@ def disjoint_layouts(draw: Any) -> tuple[int, dict[str, str], list[int]]:
 @given(disjoint_layouts())
 def test_rank_numbering_properties(layout: tuple[int, dict[str, str], list[int]]) -> None:
     num_slots, raw, per_slot = layout
-    p = parse_placement(raw, num_slots, auto_scheduler=True)
+    last = max(int(v.split(":")[0].split("-")[1]) for v in raw.values())
+    p = parse_placement(raw, num_slots, auto_scheduler=last == num_slots - 1)  # RLinf: no idle tail
     assert p.world_size == sum(per_slot)
     assert list(p.slot_of_rank) == sorted(p.slot_of_rank)  # slot-major numbering
     assert [len(p.ranks_on_slot(s)) for s in range(num_slots)] == per_slot
@@ -589,3 +590,147 @@ def test_rank_numbering_properties(layout: tuple[int, dict[str, str], list[int]]
     used = [r for comp in p.components.values() for r in comp.ranks]
     assert len(used) == len(set(used))  # disjoint components never share a rank
     assert Placement.from_json(p.to_json()) == p
+
+
+# --------------------------------------------------------------------------- RLinf semantics (issue 13)
+
+
+def test_one_process_over_several_accelerators() -> None:
+    p = parse_placement({"actor": "0-3:0-1", "rollout": "4-7"}, 8)
+    assert p.world_size == 6 and p.components["actor"].ranks == (0, 1)
+    assert p.slots_of_rank[:2] == ((0, 1), (2, 3)) and p.slot_of_rank == (0, 2, 4, 5, 6, 7)
+    assert p.components["actor"].slots == (0, 1, 2, 3) and p.ranks_on_slot(1) == (0,)
+    assert p.to_json()["slots_of_rank"][:3] == [[0, 1], [2, 3], [4]]
+    assert Placement.from_json(p.to_json()) == p
+    # a mixed entry: 2 processes of 2 GPUs, then one process per slot; 3 GPUs per process
+    q = parse_placement({"actor": "0-3:0-1,4-5", "rollout": "6-11:0-1"}, 12)
+    assert q.components["actor"].ranks == (0, 1, 2, 3) and q.slots_of_rank[4:] == ((6, 7, 8), (9, 10, 11))
+    # processes per GPU still works beside it
+    assert parse_placement({"actor": "0-1:0-3", "rollout": "2-3:0"}, 4).slots_of_rank == ((0,), (0,), (1,), (1,), (2, 3))
+
+
+@pytest.mark.parametrize("raw, key, value, allowed", [
+    ({"actor": "0-2:0-1", "rollout": "4-7"}, "actor", "0-2:0-1", "one of the resource and process counts divides the other"),
+    ({"actor": "0-3:0-2", "rollout": "4-7"}, "actor", "0-3:0-2", "one of the resource and process counts divides the other"),
+    ({"actor": "0-1", "rollout": "3-4:0"}, "rollout", "3-4:0", "each process's slots on one node"),
+])
+def test_several_accelerators_refused(raw: dict[str, Any], key: str, value: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_placement(raw, 8, num_nodes=2)
+    assert_issue(exc.value, f"cluster.component_placement.{key}", value, allowed)
+
+
+def test_multi_accelerator_ranks_fix_the_world() -> None:
+    base = parse_placement({"actor": "0-3:0-1", "rollout": "4-7"}, 8)
+    again = parse_placement({"actor": "4-7", "rollout": "0-3:0-1"}, 8, world=base)
+    assert again.components["rollout"].ranks == (0, 1) and again.components["actor"].ranks == (2, 3, 4, 5)
+    assert parse_placement({"actor": "0-1:0", "rollout": "2-3:0,4-7"}, 8, world=base).components["actor"].ranks == (0,)
+    with pytest.raises(ConfigError) as exc:
+        parse_placement({"actor": "0-3", "rollout": "4-7"}, 8, world=base)
+    assert "the world is fixed by the initial placement" in issues_of(exc)["cluster.component_placement.actor"].allowed
+
+
+def test_validate_json_shows_several_slots_of_a_rank(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster: {num_nodes: 1, gpus_per_node: 4, component_placement: {actor: '0-1', rollout: '2-3:0'}}\n"
+                    f"runtime: {{run_dir: {tmp_path / 'run'}}}\n")
+    out = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(path), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["slots_of_rank"] == [[0], [1], [2, 3]] and doc["components"]["rollout"] == {"ranks": [2], "slots": [2, 3]}
+
+
+def test_resource_ranks_must_ascend() -> None:
+    p = parse_placement({"actor": "0-1,4-5", "rollout": "2-3,6-7"}, 8)
+    assert p.components["actor"].ranks == (0, 1, 4, 5)
+    for spec in ("4-5,0-1", "2,1", "0-3:0-1,2-3:2-3"):
+        with pytest.raises(ConfigError) as exc:
+            parse_placement({"actor": spec, "rollout": "6-7"}, 8)
+        assert_issue(exc.value, "cluster.component_placement.actor", spec, "resource ranks in ascending order")
+
+
+NODE_GROUPS = """
+cluster:
+  num_nodes: 3
+  node_groups:
+    big: {nodes: "0", gpus_per_node: 8}
+    small: {nodes: "1-2", gpus_per_node: 2}
+    pool: {nodes: "0-1"}
+  component_placement:
+    actor: {node_group: big, placement: "0-7:0-3"}
+    rollout: {node_group: small, placement: "2-3:0"}
+    inference: {node_group: pool, placement: "8-9"}
+"""
+
+
+def test_node_groups_number_their_own_accelerators() -> None:
+    cfg = config_from_yaml_text(NODE_GROUPS, env={})  # no gpus_per_node needed: the groups give every node's
+    p = cfg.placement
+    assert p.num_slots == 12 and p.slots_per_node == (8, 2, 2)
+    # rollout: slots 2-3 of group small = node 2's two GPUs = global 10-11, one process
+    assert p.components["rollout"].slots == (10, 11) and p.slots_of_rank[p.components["rollout"].ranks[0]] == (10, 11)
+    # inference: slots 8-9 of group pool (node 0: 8 GPUs, node 1: 2) = node 1 = global 8-9
+    assert p.components["inference"].slots == (8, 9)
+    assert [p.node_of_slot(s) for s in (7, 8, 9, 10, 11)] == [0, 1, 1, 2, 2]
+    assert p.ranks_per_node() == (4, 2, 1) and p.node_of_rank(p.components["rollout"].ranks[0]) == 2
+    assert Placement.from_json(p.to_json()) == p
+    # "0" of group infer is the first accelerator of its node, not global slot 0 (no overlap with actor)
+    two = config_from_yaml_text(
+        "cluster: {num_nodes: 2, gpus_per_node: 4, node_groups: {train: {nodes: '0'}, infer: {nodes: '1'}},"
+        " component_placement: {actor: '0-3', rollout: {node_group: infer, placement: '0'}}}", env={})
+    assert two.placement.components["rollout"].slots == (4,)
+    # without cluster.node_groups a label is only recorded (the group of all nodes), as before
+    assert parse_placement({"actor": {"node_group": "x", "placement": "0"}, "rollout": "1"}, 2).components["actor"].slots == (0,)
+
+
+@pytest.mark.parametrize("override, key, value, allowed", [
+    ("cluster.component_placement.rollout.node_group=nope", "cluster.component_placement.rollout.node_group", "nope",
+     "a node group defined in cluster.node_groups (big, pool, small)"),
+    ("cluster.component_placement.rollout.placement=0-4", "cluster.component_placement.rollout", "0-4",
+     "slots 0-3 (the 4 slots of node group 'small'); slot 4 is outside the group"),
+    ("cluster.node_groups.small.nodes=2-5", "cluster.node_groups.small.nodes", "2-5", "node indices of the allocation"),
+    ("cluster.node_groups.pool.gpus_per_node=4", "cluster.node_groups.pool.gpus_per_node", 4,
+     "8, as node group 'big' gives node 0"),
+])
+def test_node_groups_refused(override: str, key: str, value: Any, allowed: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(NODE_GROUPS, [override], env={})
+    assert_issue(exc.value, key, value, allowed)
+
+
+def test_auto_scheduler_layout_rules() -> None:
+    ok = parse_placement({"actor": "0-1", "rollout": "2-5", "inference": "6-7"}, 8, auto_scheduler=True)
+    assert ok.components["inference"].ranks == (6, 7)
+    parse_placement({"actor,inference": "0-3", "rollout": "4-7"}, 8, auto_scheduler=True)
+    for raw, bad, why in [
+        ({"actor": "1-2", "rollout": "3-7"}, "actor", "starts at slot 1; the actor starts at slot 0"),
+        ({"actor": "0-1", "rollout": "3-7"}, "rollout", "starts at slot 3; the previous block ends at slot 1"),
+        ({"actor": "0-1", "rollout": "2-5", "inference": "6"}, "inference", "ends at slot 6, not at the last slot 7"),
+        ({"actor": "0-1", "rollout": "2-3", "inference": "5-7"}, "inference", "starts at slot 5"),
+    ]:
+        parse_placement(raw, 8)  # fine without the auto scheduler
+        with pytest.raises(ConfigError) as exc:
+            parse_placement(raw, 8, auto_scheduler=True)
+        assert list(issues_of(exc)) == [f"cluster.component_placement.{bad}"]
+        assert why in issues_of(exc)[f"cluster.component_placement.{bad}"].allowed
+
+
+def test_collocated_components_in_separate_keys() -> None:
+    together = parse_placement({"actor,rollout": "0-3", "inference": "4-7"}, 8)
+    apart = parse_placement({"actor": "0-3", "rollout": "0-3", "inference": "4-7"}, 8)
+    assert apart == together and apart.components["rollout"].shared_with == ("actor",)
+    assert parse_placement({"actor": "0-3:0-1", "rollout": "0-1:0,2-3:1"}, 4).components["rollout"].ranks == (0, 1)
+    assert parse_placement({"actor": "0-3", "rollout": "0-3"}, 4, auto_scheduler=True).world_size == 4
+    for raw, allowed in [
+        ({"actor": "0-3", "rollout": "2-5"}, "slots not used by another entry, or exactly the same slots to collocate "
+                                            "(slot 2 is also used by 'actor'"),
+        ({"actor": "0-3", "rollout": "0-3:0-7"}, "the same processes as 'actor' on the same slots"),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            parse_placement(raw, 8)
+        assert_issue(exc.value, "cluster.component_placement.rollout", raw["rollout"], allowed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,16 @@ import pytest
 
 from emulated_configs import emulated_config, write_config
 from slurm_rl.inspect.report import report_json
-from slurm_rl.launch.rank_env import RankDiscoveryError, discover_rank, port_for_job
+from slurm_rl.launch.hostfile import rank_hosts
+from slurm_rl.launch.rank_env import (
+    RankDiscoveryError,
+    RankInfo,
+    bind_accelerators,
+    check_node,
+    discover_rank,
+    port_for_job,
+)
+from slurm_rl.placement import parse_placement
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,3 +117,70 @@ def test_submitit_slurm_executor(slurm_cluster, tmp_path: Path, monkeypatch: pyt
     _check_run(run_dir, 8, hosts={"n1", "n2"})
     if slurm_cluster.accounting:
         assert slurm_cluster.wait_sacct_state(str(job.job_id)) == "COMPLETED"
+
+
+def _info(rank: int, node: int, source: str = "slurm", nodes: int = 2) -> RankInfo:
+    return RankInfo(rank=rank, world_size=6, local_rank=0, node_rank=node, num_nodes=nodes, host=f"n{node + 1}",
+                    master_addr="127.0.0.1", master_port=1, job_id="1", source=source)
+
+
+def test_each_rank_sees_its_own_accelerators() -> None:
+    # 2 nodes x 4: actor one process per GPU on node 0, rollout 2 processes of 2 GPUs on node 1
+    p = parse_placement({"actor": "0-3", "rollout": "4-7:0-1"}, 8, num_nodes=2)
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # Slurm's GRES list of the node
+    assert bind_accelerators(p, _info(5, 1), env) == "2,3"
+    assert env == {"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_RL_SLOTS": "6,7"}
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}  # the list is read through, not assumed 0-based
+    assert bind_accelerators(p, _info(4, 1), env) == "4,5" and env["SLURM_RL_SLOTS"] == "4,5"
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}  # local launcher: one machine, global slots
+    assert bind_accelerators(p, _info(5, 0, source="local", nodes=1), env) == "6,7"
+    env = {"CUDA_VISIBLE_DEVICES": "0"}  # fewer accelerators than the placement: left alone
+    assert bind_accelerators(p, _info(5, 1), env) is None and env == {"CUDA_VISIBLE_DEVICES": "0"}
+    # srun must put each rank on its placement's node
+    assert check_node(p, _info(4, 1)) is None
+    assert "placement puts it on node 1" in str(check_node(p, _info(4, 0)))
+    assert rank_hosts(p, ["n1", "n2"]) == ["n1"] * 4 + ["n2"] * 2
+    with pytest.raises(ValueError, match="spans 2 nodes"):
+        rank_hosts(p, ["n1"])
+
+
+@pytest.mark.slow
+def test_local_launcher_gives_a_rank_two_gpus(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cfg = emulated_config(run_dir, nodes=1, gpus_per_node=4, iterations=1)
+    cfg["cluster"]["component_placement"] = {"actor": "0-1", "rollout": "2-3:0"}
+    cfg["scheduler"] = {"policy": "static"}
+    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "c.yaml", cfg))],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "starting 3 ranks" in proc.stdout
+    assert "[rank 2] slots [2, 3] CUDA_VISIBLE_DEVICES=2,3" in (run_dir / "logs" / "rank-0002.log").read_text()
+    assert "[rank 1] slots [1] CUDA_VISIBLE_DEVICES=1" in (run_dir / "logs" / "rank-0001.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_rank_owning_two_gpus_sees_both(slurm_cluster, tmp_path: Path) -> None:
+    """RLinf's "4-7:0-1": 2 rollout processes of 2 GPUs each on node 2; 4 actor ranks on node 1
+    (6 tasks over 2 nodes, placed by srun --distribution=arbitrary)."""
+    run_dir = tmp_path / "run"
+    cfg = emulated_config(run_dir, nodes=2, gpus_per_node=4, iterations=2)
+    del cfg["cluster"]["gpus_per_node"]
+    cfg["cluster"]["component_placement"] = {"actor": "0-3", "rollout": "4-7:0-1"}
+    cfg["scheduler"] = {"policy": "static"}
+    log = tmp_path / "job.out"
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
+         "sbatch/train.sh", str(write_config(tmp_path / "c.yaml", cfg))],
+        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
+    )
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    for line in ["[rank 4/6 host n2 source slurm]", "[rank 4] slots [4, 5] CUDA_VISIBLE_DEVICES=0,1",
+                 "[rank 5/6 host n2 source slurm]", "[rank 5] slots [6, 7] CUDA_VISIBLE_DEVICES=2,3",
+                 "[rank 0/6 host n1 source slurm]", "[rank 0] slots [0] CUDA_VISIBLE_DEVICES=0",
+                 "[rank 3] slots [3] CUDA_VISIBLE_DEVICES=3"]:
+        assert line in text, text
+    records = report_json(run_dir)["epochs"]
+    assert records and all(r["acks"] == 6 for r in records), records

@@ -7,11 +7,15 @@ result is one :class:`RankInfo`. No torch import here: emulated ranks stay light
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import subprocess
 from dataclasses import asdict, dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping, MutableMapping
+
+if TYPE_CHECKING:
+    from slurm_rl.placement import Placement
 
 PORT_BASE = 20000
 PORT_SPAN = 20000
@@ -153,3 +157,42 @@ def discover_rank(env: Mapping[str, str] | None = None) -> RankInfo:
         "no rank information: expected SLURM_RL_RANK (local launcher), SUBMITIT_EXECUTOR (submitit) "
         "or SLURM_PROCID (srun) in the environment"
     )
+
+
+def rank_accelerators(placement: Placement, info: RankInfo) -> list[int]:
+    """Indices of the accelerators rank ``info.rank`` owns, as its node numbers them (under the
+    local launcher every rank runs on this machine, so they are the allocation's slot numbers)."""
+    slots = placement.slots_of_rank[info.rank]
+    if info.source == "local":
+        return list(slots)
+    first = placement.first_slot_of_node(placement.node_of_slot(slots[0]))
+    return [s - first for s in slots]
+
+
+def bind_accelerators(placement: Placement, info: RankInfo, env: MutableMapping[str, str]) -> str | None:
+    """Narrow ``CUDA_VISIBLE_DEVICES`` in ``env`` to the accelerators the placement gives this rank
+    (all of its slots when it owns several), read through the inherited list when there is one
+    (Slurm's GRES binding). Sets ``SLURM_RL_SLOTS`` (the rank's global slots) and returns the new
+    value; returns None and changes nothing when there are fewer accelerators (inherited list, else
+    the NVIDIA devices of this machine) than the index wanted, e.g. an emulated run of more slots
+    than the machine has accelerators."""
+    wanted = rank_accelerators(placement, info)
+    inherited = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    available = len(inherited) if inherited else len(glob.glob("/proc/driver/nvidia/gpus/*"))
+    if max(wanted) >= available:
+        return None
+    value = ",".join(inherited[i] if inherited else str(i) for i in wanted)
+    env["CUDA_VISIBLE_DEVICES"] = value
+    env["SLURM_RL_SLOTS"] = ",".join(str(s) for s in placement.slots_of_rank[info.rank])
+    return value
+
+
+def check_node(placement: Placement, info: RankInfo) -> str | None:
+    """A message when the launcher put this rank on another node than the placement does."""
+    if info.source == "local" or info.num_nodes != placement.num_nodes:
+        return None
+    node = placement.node_of_rank(info.rank)
+    if node == info.node_rank:
+        return None
+    return (f"rank {info.rank} runs on node {info.node_rank} ({info.host}) but the placement puts it on node "
+            f"{node}: start {list(placement.ranks_per_node())} tasks per node (sbatch/train.sh does)")

@@ -43,8 +43,10 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
         ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=timeout_min)
         return ex
     nodes = cfg.cluster.num_nodes
-    if world % nodes:
-        raise SubmitError(f"cluster.num_nodes: got {nodes}; allowed: a divisor of the world size {world}")
+    per_node = cfg.placement.ranks_per_node()
+    if len(set(per_node)) != 1:
+        raise SubmitError(f"cluster.component_placement: got {list(per_node)} ranks per node; allowed: the same "
+                          "number on every node with submitit (sbatch/train.sh starts any layout)")
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
     params: dict[str, Any] = dict(
         nodes=nodes,
@@ -54,7 +56,7 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
         signal_delay_s=60,
     )
     if cfg.runtime.device == "cuda":
-        params["gres"] = f"gpu:{cfg.placement.num_slots // nodes}"
+        params["gres"] = f"gpu:{max(cfg.placement.slots_per_node)}"
     params.update(slurm_params or {})
     ex.update_parameters(**params)
     return ex

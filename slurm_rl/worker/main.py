@@ -13,7 +13,7 @@ from pathlib import Path
 from slurm_rl.config import Config, load_config
 from slurm_rl.control.heartbeats import HeartbeatWriter
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.launch.rank_env import RankInfo, discover_rank
+from slurm_rl.launch.rank_env import RankInfo, bind_accelerators, check_node, discover_rank
 from slurm_rl.worker.runtime import Roles, WorkerRuntime
 
 COORDINATOR_RANK = 0
@@ -72,6 +72,17 @@ def run_worker(run_dir: Path) -> int:
             file=sys.stderr,
         )
         return 2
+    wrong_node = check_node(cfg.placement, info)
+    if wrong_node is not None:
+        print(wrong_node, file=sys.stderr)
+        return 2
+    # The rank's own accelerators (several when it owns several slots); a co-execution group
+    # member keeps the node's list: it computes on the GPU of its group slot.
+    if cfg.mux.group_dir is None:
+        visible = bind_accelerators(cfg.placement, info, os.environ)
+        print(f"[rank {info.rank}] slots {list(cfg.placement.slots_of_rank[info.rank])} "
+              f"CUDA_VISIBLE_DEVICES={visible if visible is not None else os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+              flush=True)
     # Slurm's --signal (forwarded by sbatch/train.sh) must not kill the rank: note it and go on.
     note = f"rank {info.rank}: SIGUSR1 (preemption / time limit ahead) received\n".encode()
     signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(2, note))  # no buffered I/O in a handler

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from typing import Any
 
@@ -41,7 +42,9 @@ def init_world(info: RankInfo, device: str, timeout_s: float, gpu: int | None = 
     if device == "cuda":
         import torch
 
-        torch.cuda.set_device((info.local_rank if gpu is None else gpu) % max(1, torch.cuda.device_count()))
+        if gpu is None:  # the worker narrowed CUDA_VISIBLE_DEVICES to the rank's own GPUs: the first
+            gpu = 0 if os.environ.get("SLURM_RL_SLOTS") else info.local_rank
+        torch.cuda.set_device(gpu % max(1, torch.cuda.device_count()))
     dist.init_process_group(
         backend,
         init_method=f"tcp://{info.master_addr}:{info.master_port}",
