@@ -266,20 +266,23 @@ def test_bad_group_file_exits_2_naming_each_key(tmp_path: Path) -> None:
     assert not (tmp_path / "g").exists()  # nothing created, nothing launched
 
 
+def sbatch_mux(slurm_cluster, tmp_path: Path, group: Path, *opts: str) -> str:
+    """``sbatch --wait OPTS sbatch/mux.sh GROUP`` on the local cluster; the job log (exit 0 asserted)."""
+    log = tmp_path / "job.out"
+    proc = subprocess.run(["sbatch", "--wait", f"--output={log}", *opts, "sbatch/mux.sh", str(group)],
+                          cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600)
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    return text
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_sbatch_mux_runs_the_group_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
     """sbatch/mux.sh: the group scheduler in the batch script, one srun step per job."""
     jobs = {"a": job_config("emulated", tmp_path / "x", seed=1), "b": job_config("emulated", tmp_path / "y", seed=2)}
     path = write_group(tmp_path, "emulated", jobs)
-    log = tmp_path / "job.out"
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
-         "sbatch/mux.sh", str(path)],
-        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
-    )
-    text = log.read_text() if log.exists() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    text = sbatch_mux(slurm_cluster, tmp_path, path, "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4")
     group_dir = tmp_path / "group"
     assert text.splitlines()[0] == f"slurm_rl group dir: {group_dir}"
     assert "job a finished" in text and "job b finished" in text, text
@@ -342,14 +345,8 @@ def test_sbatch_mux_two_pools_as_a_heterogeneous_job(slurm_cluster, tmp_path: Pa
     """Component 0 (node n1) holds the training pool, component 1 (node n2) the rollout pool."""
     jobs = {"a": job_config("emulated", tmp_path / "x", seed=7), "b": job_config("emulated", tmp_path / "y", seed=8)}
     path = write_group(tmp_path, "emulated", jobs)
-    log = tmp_path / "job.out"
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}", ":",
-         "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4", "sbatch/mux.sh", str(path)],
-        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
-    )
-    text = log.read_text() if log.exists() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    text = sbatch_mux(slurm_cluster, tmp_path, path, "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4", ":",
+                      "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4")
     assert "heterogeneous allocation, 2 components, 8 tasks" in text, text
     group_dir = tmp_path / "group"
     for name, cfg in jobs.items():

@@ -186,7 +186,7 @@ class IterationProtocol:
         if self.gate is not None:
             samples = self.samples_per_iteration
             over = (lambda: rollout_complete(self.run_dir, iteration, samples)) if self.gate.pool == "rollout" else (lambda: False)
-            granted = self.gate.acquire(iteration, lambda: _check_job(rt), over)
+            granted = self.gate.acquire(iteration, rt.check, over)
             if not granted and self._iteration.rollout is not None:  # the job's rollout ended on other slots
                 self._iteration.rollout.skip()
         try:
@@ -198,16 +198,6 @@ class IterationProtocol:
 
     def close(self) -> None:
         self.compute.close()
-
-
-def _check_job(rt: WorkerRuntime) -> None:
-    """Raise when the rank's own job failed (its coordinator, or what the watchdog watches)."""
-    rt.safe_point()
-    if rt.watchdog is not None:
-        rt.watchdog()
-    status = read_coordinator_status(rt.paths) or {}
-    if status.get("state") == "failed":
-        raise RuntimeError(f"coordinator failed: {status.get('error')}; rank {rt.info.rank} stops")
 
 
 class _Rollout:

@@ -167,10 +167,10 @@ class RealCompute:
                 self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
                                                   pad_id=self.tok.pad_id)
                 figures["rollout_engine"] = "built"
-            elif getattr(self.engine, "_released", False):
+            elif self.engine.released:
                 self.engine.resume()
                 figures["rollout_engine"] = "woken"
-        elif self.engine is not None and not getattr(self.engine, "_released", False):
+        elif self.engine is not None and not self.engine.released:
             self.engine.release()  # parked: memory freed, weights kept for a wake without rebuild
             figures["rollout_engine"] = "parked"
         if "inference" in roles and self.ref is None:
@@ -311,7 +311,7 @@ class RealCompute:
         if self.trainer.active and not self.trainer.parked:
             nbytes += int(self.trainer.park().get("bytes", 0))
             self._parked.append(self.trainer)
-        if self.engine is not None and not getattr(self.engine, "released", getattr(self.engine, "_released", False)):
+        if self.engine is not None and not self.engine.released:
             nbytes += int((self.engine.release() or {}).get("bytes", 0))
             self._parked.append(self.engine)
         if self.ref is not None and not self.ref.parked:

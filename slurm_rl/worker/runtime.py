@@ -106,18 +106,24 @@ class WorkerRuntime:
         doc.update(extra)
         write_progress(self.paths, self.info.rank, doc)
 
+    def check(self) -> dict[str, Any] | None:
+        """Apply due epochs, then raise if what this rank depends on failed (watchdog, coordinator);
+        the coordinator status."""
+        self.safe_point()
+        status = read_coordinator_status(self.paths)
+        if self.watchdog is not None:
+            self.watchdog()
+        if status is not None and status.get("state") == "failed":
+            raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
+        return status
+
     def _wait_until(self, done: Callable[[dict[str, Any] | None], bool], what: str) -> None:
         """Poll epochs (applying them) until ``done()``; fail on a coordinator failure or timeout."""
         deadline = time.monotonic() + self.wait_timeout_s
         while True:
-            self.safe_point()
-            status = read_coordinator_status(self.paths)
+            status = self.check()
             if done(status):
                 return
-            if self.watchdog is not None:
-                self.watchdog()
-            if status is not None and status.get("state") == "failed":
-                raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
             if time.monotonic() > deadline:
                 raise WaitTimeout(
                     f"{self._describe()} waited {self.wait_timeout_s:.0f}s for {what} "

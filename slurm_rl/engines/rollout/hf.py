@@ -96,10 +96,8 @@ class HFRolloutEngine(RolloutEngine):
         """Whether the weights are parked in host memory (see :meth:`release`)."""
         return self._parking.parked
 
-    _released = released  # the name the worker runtime reads
-
     def _check_live(self, what: str) -> None:
-        if self._released:
+        if self.released:
             raise ParkedError(f"HFRolloutEngine.{what}: engine is released (weights parked in "
                               "host memory); call resume() first")
 
@@ -210,7 +208,7 @@ class HFRolloutEngine(RolloutEngine):
             if tuple(p.shape) != tuple(tensor.shape):
                 raise ValueError(f"HFRolloutEngine.update_weights: {name} has shape "
                                  f"{tuple(tensor.shape)}, model expects {tuple(p.shape)}")
-            target = self._parking.host_view(p) if self._released else p
+            target = self._parking.host_view(p) if self.released else p
             target.copy_(tensor.to(device=target.device, dtype=p.dtype))
         self.weight_version = version
 

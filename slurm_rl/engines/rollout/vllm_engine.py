@@ -88,6 +88,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self._released = False
         self._pending: list[tuple[str, Tensor]] | None = None  # weights received while released
 
+    @property
+    def released(self) -> bool:
+        """Whether the engine sleeps (see :meth:`release`)."""
+        return self._released
+
     def _check_live(self, what: str) -> None:
         if self._released:
             raise RuntimeError(f"VLLMRolloutEngine.{what}: engine is released; call resume()")
