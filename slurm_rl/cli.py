@@ -15,6 +15,7 @@ from typing import Sequence
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_STOPPED = 3  # the run stopped at a gate with a checkpoint (preemption, time limit, slurm-rl stop): resumable
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -27,8 +28,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run locally: one process per rank on this machine (no Slurm)")
-    _config_args(p)
+    p.add_argument("config", nargs="?", help="YAML config file (with --resume: none, only overrides)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="go on with the run in RUN_DIR from its newest checkpoint (overrides may change the placement)")
     p.add_argument("--no-inspect", action="store_true", help="do not print the epoch log at the end")
+
+    p = sub.add_parser("stop", help="ask a running run to checkpoint at its next iteration gate and stop")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--no-checkpoint", action="store_true", help="stop at the next gate without a checkpoint")
 
     p = sub.add_parser("mux", help="run a co-execution group (several jobs sharing pools) locally")
     p.add_argument("group", help="group YAML file (jobs + pools)")
@@ -83,9 +91,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from slurm_rl.launch.prepare import prepare_run
+    """Create the run dir (sbatch/train.sh); a requeued job gets its previous incarnation's,
+    made ready to resume."""
+    import os
 
-    _, run_dir = prepare_run(args.config, args.overrides)
+    from slurm_rl.launch.prepare import prepare_run
+    from slurm_rl.resume.restart import prepare_resume, previous_incarnation, record_job
+
+    env = dict(os.environ)
+    previous = previous_incarnation(args.config, args.overrides, env)
+    if previous is not None:
+        _, run_dir, _ = prepare_resume(previous, log=lambda m: print(m, file=sys.stderr, flush=True))
+    else:
+        _, run_dir = prepare_run(args.config, args.overrides)
+    if env.get("SLURM_JOB_ID"):
+        record_job(run_dir, env["SLURM_JOB_ID"])
     print(run_dir)
     return EXIT_OK
 
@@ -94,17 +114,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     from slurm_rl.launch.local import LaunchError, run_local
     from slurm_rl.launch.prepare import prepare_run
 
-    cfg, run_dir = prepare_run(args.config, args.overrides)
+    if args.resume is not None:
+        from slurm_rl.resume.restart import prepare_resume
+
+        overrides = [*([args.config] if args.config else []), *args.overrides]
+        cfg, run_dir, point = prepare_resume(args.resume, overrides, log=lambda m: print(m, flush=True))
+    elif args.config is None:
+        return _bad("config: got nothing; allowed: a YAML config file, or --resume RUN_DIR")
+    else:
+        cfg, run_dir = prepare_run(args.config, args.overrides)
     print(f"run dir: {run_dir}", flush=True)
     print(f"starting {cfg.placement.world_size} ranks locally (device {cfg.runtime.device})", flush=True)
     try:
         result = run_local(run_dir, cfg.placement.world_size, timeout_s=cfg.runtime.run_timeout_s)
     except LaunchError as exc:
         print(f"run failed: {exc}", file=sys.stderr)
+        print(f"resume from the last checkpoint with: slurm-rl run --resume {run_dir}", file=sys.stderr)
         return EXIT_FAILED
+    from slurm_rl.control.paths import RunPaths
+    from slurm_rl.control.status import read_coordinator_status
+
+    status = read_coordinator_status(RunPaths(run_dir)) or {}
+    if status.get("state") == "stopped":
+        print(f"run stopped at the gate of iteration {status.get('stopped_at_iteration')} after {result.seconds:.1f}s "
+              f"({(status.get('stop') or {}).get('reason')}); checkpoint {status.get('checkpoint')}\n"
+              f"resume with: slurm-rl run --resume {run_dir}", flush=True)
+        return EXIT_STOPPED
     print(f"run finished in {result.seconds:.1f}s", flush=True)
     if not args.no_inspect:
         return cmd_inspect(argparse.Namespace(run_dir=run_dir, json=False))
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from slurm_rl.resume.stop import read_stop, request_stop
+
+    if not (args.run_dir / "control").is_dir():
+        return _bad(f"run_dir: got {str(args.run_dir)!r}; allowed: a run directory holding control/")
+    if request_stop(args.run_dir, "slurm-rl stop", checkpoint=not args.no_checkpoint):
+        print(f"stop requested: {args.run_dir} stops at its next iteration gate"
+              + (" after a checkpoint" if not args.no_checkpoint else ""))
+    else:
+        print(f"a stop was already requested: {read_stop(args.run_dir)}")
     return EXIT_OK
 
 
@@ -180,6 +231,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "run": cmd_run,
+    "stop": cmd_stop,
     "mux": cmd_mux,
     "submit": cmd_submit,
     "prepare": cmd_prepare,

@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 DEVICES = ("emulated", "cpu", "cuda")
+ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 POLICIES = ("static", "scripted", "auto")
 MINIBATCH_ORDERS = ("arrival", "index")
@@ -79,6 +80,10 @@ class RuntimeConfig:
     run_timeout_s: float = 14400.0  # the whole run (local launcher, coordinator, submitit time limit)
     seed: int = 1234  # global seed
     keep_iterations: int = 2  # data-plane GC keeps the last K iterations
+    checkpoint_every: int = 0  # take a run checkpoint at every N-th iteration gate (0: only on a stop request)
+    keep_checkpoints: int = 2  # run checkpoints kept (the newest K)
+    on_rank_failure: str = "fail"  # fail | checkpoint_and_requeue (sbatch: requeue, resume from the last checkpoint)
+    coordinator_restarts: int = 3  # rank 0 restarts a coordinator killed mid-run this many times
 
 
 @dataclass
@@ -437,8 +442,13 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue("runtime.device", r.device, "one of " + ", ".join(DEVICES)))
     if not r.run_dir.strip():
         issues.append(ConfigIssue("runtime.run_dir", r.run_dir, "a non-empty path"))
+    if r.on_rank_failure not in ON_RANK_FAILURE:
+        issues.append(ConfigIssue("runtime.on_rank_failure", r.on_rank_failure, "one of " + ", ".join(ON_RANK_FAILURE)))
+    for key in ("checkpoint_every", "coordinator_restarts"):
+        if getattr(r, key) < 0:
+            issues.append(ConfigIssue(f"runtime.{key}", getattr(r, key), "an integer >= 0"))
     _positive(issues, "runtime", r, "poll_interval_s", "heartbeat_interval_s", "heartbeat_timeout_s",
-              "ack_timeout_s", "wait_timeout_s", "run_timeout_s", "keep_iterations")
+              "ack_timeout_s", "wait_timeout_s", "run_timeout_s", "keep_iterations", "keep_checkpoints")
     if 0 < r.heartbeat_interval_s and r.heartbeat_timeout_s <= r.heartbeat_interval_s:
         issues.append(ConfigIssue("runtime.heartbeat_timeout_s", r.heartbeat_timeout_s,
                                   f"more than runtime.heartbeat_interval_s ({r.heartbeat_interval_s})"))

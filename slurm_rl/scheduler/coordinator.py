@@ -18,7 +18,9 @@ logs its decision latency (state read -> published) and switch latency (publishe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import signal
 import socket
 import sys
 import time
@@ -35,8 +37,12 @@ from slurm_rl.control.heartbeats import stale_ranks
 from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
-from slurm_rl.control.status import write_coordinator_status
+from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.control.errors import DeadRankError, WaitTimeout
+from slurm_rl.metrics import read_metrics
+from slurm_rl.resume import checkpoints
+from slurm_rl.resume.restart import read_resume_point
+from slurm_rl.resume.stop import install_stop_handlers, read_stop
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
@@ -66,12 +72,23 @@ class CoordinatorLoop:
         self.store = EpochStore(self.paths)
         self.world = list(range(self.cfg.placement.world_size))
         self.runtime = self.cfg.runtime
-        self.released = -1
         self.released_epoch: int | None = None  # the epoch in force when the last iteration was released
         self.rejected: set[str] = set()
+        self.dead_hosts: list[str] = []  # hosts of the ranks found dead (to exclude on requeue)
         self.checked_at = 0.0  # state-read time of the last policy call that answered a boundary
         self.tick_s = max(self.runtime.poll_interval_s, defaults.LIVE_TICK_S)
         self.current: Epoch | None = self.store.latest()  # not None when a coordinator restarts
+        self.resume = read_resume_point(self.paths.run_dir)
+        # A new incarnation (resumed run) starts from its checkpoint's gate with the config's placement.
+        self.fresh = self.current is None or (self.resume is not None and self.current.epoch == self.resume.after_epoch)
+        self.first_iteration = self.resume.iteration if self.resume is not None else 0
+        self.released = self.first_iteration - 1
+        if not self.fresh:  # a restarted coordinator carries on from what its predecessor released
+            previous = read_coordinator_status(self.paths) or {}
+            if previous.get("state") in ("starting", "running", "checkpointing"):
+                self.released = int(previous.get("released_iteration", self.released))
+                self.released_epoch = previous.get("released_epoch")
+                self.checked_at = float(previous.get("checked_at") or 0.0)
 
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
@@ -136,6 +153,7 @@ class CoordinatorLoop:
         stale = stale_ranks(self.paths, self.world, self.runtime.heartbeat_timeout_s, time.time())
         if stale:
             hosts = self._hosts()
+            self.dead_hosts = sorted({hosts.get(r, "?") for r in stale} - {"?"})
             described = ", ".join(
                 f"rank {r} (host {hosts.get(r, '?')}, last heartbeat "
                 + ("never" if age is None else f"{age:.1f}s ago")
@@ -181,8 +199,13 @@ class CoordinatorLoop:
         self.status("starting")
         if self.cfg.scheduler.policy == "auto":
             check_setup(self.cfg)
-        if self.current is None:
-            self.publish(initial_decision(self.cfg), iteration=0, state_read_at=time.time())
+        checkpoints.remove_staging(self.paths.run_dir)  # left by a coordinator killed while checkpointing
+        if self.fresh:
+            decision = initial_decision(self.cfg)
+            if self.resume is not None:
+                decision = restart_decision_from(decision, f"resumed at iteration {self.first_iteration} "
+                                                           f"(incarnation {self.resume.incarnation})")
+            self.publish(decision, iteration=self.first_iteration, state_read_at=time.time())
         else:  # a new generation re-publishes the placement in force, which fences the old one
             restart = restart_decision(self.current, f"coordinator restarted (generation {self.generation})")
             self.publish(restart, iteration=self.current.iteration, state_read_at=time.time())
@@ -196,6 +219,8 @@ class CoordinatorLoop:
             progress = read_all_progress(self.paths, self.world)
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
+                if self.at_gate_checkpoint(gate, progress):
+                    return  # stopped after the checkpoint (preemption, time limit, slurm-rl stop)
                 if gate < num_iterations:
                     state = build_state(self.cfg, self.current, progress, gate, at_gate=True)
                     decision = self.policy(state)
@@ -227,6 +252,79 @@ class CoordinatorLoop:
             time.sleep(self.runtime.poll_interval_s)
         self.status("finished")
 
+    # -- checkpoints and stop requests ----------------------------------------------------------
+    def at_gate_checkpoint(self, gate: int, progress: Mapping[int, dict]) -> bool:
+        """Every rank waits at ``gate``: take the checkpoint that is due (every
+        ``runtime.checkpoint_every`` gates, or asked for by a stop request), then stop if asked.
+        Returns True when the run stopped."""
+        stop = read_stop(self.paths.run_dir)
+        num_iterations = self.cfg.train.num_iterations
+        if gate >= num_iterations:
+            return False  # the run is complete: a late stop request changes nothing
+        every = self.runtime.checkpoint_every
+        due = (every > 0 and gate % every == 0) or (stop is not None and stop.get("checkpoint", True))
+        taken = None
+        if due and gate > self.first_iteration:  # the first gate of an incarnation is its checkpoint
+            taken = self.take_checkpoint(gate)
+        if stop is None:
+            return False
+        self.status("stopped", stopped_at_iteration=gate, stop=stop, requeue=True,
+                    checkpoint=None if taken is None else str(taken))
+        append_event(self.paths, "stopped", {"iteration": gate, "reason": stop.get("reason"),
+                                             "checkpoint": None if taken is None else taken.name})
+        self.log(f"run stopped at the gate of iteration {gate} ({stop.get('reason')}); "
+                 f"resume with: slurm-rl run --resume {self.paths.run_dir}")
+        return True
+
+    def take_checkpoint(self, gate: int) -> Path:
+        """Checkpoint at ``gate``: every rank writes its part into the staging directory (the
+        actor by its DP rank 0), then the manifest seals it. Returns the checkpoint directory."""
+        existing = checkpoints.checkpoints_dir(self.paths.run_dir) / checkpoints.checkpoint_name(gate)
+        if existing.is_dir():
+            try:
+                checkpoints.verify(existing)
+                return existing  # taken by a predecessor killed before it released the gate
+            except checkpoints.CheckpointError as exc:
+                self.log(f"replacing {exc}")
+        started = time.time()
+        staging = checkpoints.staging_dir(self.paths.run_dir, gate, self.generation)
+        staging.mkdir(parents=True, exist_ok=True)
+        self.status("checkpointing", checkpoint={"iteration": gate, "dir": str(staging)})
+        deadline = time.monotonic() + self.runtime.wait_timeout_s
+        while True:
+            progress = read_all_progress(self.paths, self.world)
+            missing = [r for r in self.world if progress.get(r, {}).get("checkpointed") != str(staging)]
+            if not missing:
+                break
+            failed = {r: d.get("error") for r, d in progress.items() if d.get("state") == "failed"}
+            if failed:
+                raise RuntimeError(f"checkpoint of iteration {gate}: ranks failed while writing it: {failed}")
+            self.check_alive()
+            if time.monotonic() > deadline:
+                hosts = self._hosts()
+                raise WaitTimeout(f"checkpoint of iteration {gate} (epoch {self.current.epoch if self.current else None}): "
+                                  f"ranks {[(r, hosts.get(r, '?')) for r in missing]} did not write their part into "
+                                  f"{staging} within runtime.wait_timeout_s={self.runtime.wait_timeout_s}s")
+            time.sleep(self.runtime.poll_interval_s)
+        assert self.current is not None
+        actor = sorted(self.current.ranks_of("actor"))
+        path = checkpoints.finalize(staging, iteration=gate, epoch=self.current.epoch, generation=self.generation,
+                                    metrics_rows=len(read_metrics(self.paths.run_dir)),
+                                    extra={"policy": self.cfg.scheduler.policy, "world_size": len(self.world),
+                                           "actor_ranks": actor, "released_epoch": self.released_epoch})
+        removed = checkpoints.prune(self.paths.run_dir, self.runtime.keep_checkpoints)
+        nbytes = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        append_event(self.paths, "checkpoint", {"iteration": gate, "path": path.name, "bytes": nbytes,
+                                                "seconds": time.time() - started, "pruned": [p.name for p in removed]})
+        self.log(f"checkpoint {path} ({nbytes} bytes, {time.time() - started:.2f}s)")
+        self.status("running")
+        return path
+
+
+def restart_decision_from(decision: Decision, reason: str) -> Decision:
+    """``decision`` with another reason (the epoch records why it was published)."""
+    return dataclasses.replace(decision, reason=reason)
+
 
 def _progress_summary(state: SchedState) -> dict[str, Any]:
     return {"running": state.rollout.running, "pending": state.rollout.pending,
@@ -246,17 +344,31 @@ def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:
 
 
 def run_coordinator(run_dir: Path) -> int:
-    """Entry point: take the lease and drive the run; returns a process exit code."""
+    """Entry point: take the lease and drive the run; returns a process exit code.
+
+    A failure is recorded in the status (workers read it at their next wait). With
+    ``runtime.on_rank_failure: checkpoint_and_requeue`` a dead or stuck rank marks the status
+    ``requeue`` (with the hosts to exclude): ``sbatch/train.sh`` requeues the job, which resumes
+    from the last checkpoint."""
     paths = RunPaths(run_dir)
+    # USR1/USR2 reach the whole step (the coordinator shares rank 0's process group): a stop
+    # request, like on the ranks. SIGTERM ends the coordinator; rank 0 starts the next generation.
+    install_stop_handlers(run_dir, "coordinator", lambda m: print(m, flush=True), (signal.SIGUSR1, signal.SIGUSR2))
     with CoordinatorLease(paths) as lease:
         assert lease.generation is not None
         generation = lease.generation
+        loop: CoordinatorLoop | None = None
         try:
             cfg = load_config(run_dir / "config.yaml")
-            CoordinatorLoop(cfg, paths, generation, build_policy(cfg)).run()
-        except Exception as exc:  # record why (workers read it at their next wait), then fail
+            loop = CoordinatorLoop(cfg, paths, generation, build_policy(cfg))
+            loop.run()
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+            rank_failure = isinstance(exc, (DeadRankError, WaitTimeout))
+            requeue = bool(rank_failure and loop is not None and loop.runtime.on_rank_failure == "checkpoint_and_requeue")
             write_coordinator_status(paths, {"generation": generation, "state": "failed", "error": error,
+                                             "rank_failure": rank_failure, "requeue": requeue,
+                                             "exclude": loop.dead_hosts if loop is not None else [],
                                              "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
             traceback.print_exc()
             print(f"coordinator failed: {error}", file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ holds the result until then, so one event loop serves both.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -84,8 +85,15 @@ class Compute(Protocol):
     def unpark(self) -> dict[str, Any]:
         """Warm switch in: bring the parked state back in place; figures ``seconds`` and ``bytes``."""
 
-    def close(self) -> None:
-        """Free what the engines hold."""
+    def save_state(self, directory: Path) -> None:
+        """Write this rank's share of a run checkpoint into ``directory`` (collective over the
+        actor's ranks: its DP rank 0 writes ``directory/actor``)."""
+
+    def load_state(self, directory: Path) -> None:
+        """Load a run checkpoint's state (the actor ranks of the config's placement read it)."""
+
+    def close(self, finished: bool = True) -> None:
+        """Free what the engines hold; ``finished``: the run is complete (save the final actor)."""
 
 
 def make_compute(cfg: Config, info: RankInfo, paths: RunPaths) -> Compute:

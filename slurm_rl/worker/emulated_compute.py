@@ -9,6 +9,7 @@ emulated run and ``slurm-rl simulate`` see the same workload.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -149,5 +150,11 @@ class EmulatedCompute:
     def unpark(self) -> dict[str, Any]:
         return self._switch()
 
-    def close(self) -> None:
+    def save_state(self, directory: Path) -> None:
+        pass  # the cost model has no state: a checkpoint is the manifest (iteration, epoch, metrics)
+
+    def load_state(self, directory: Path) -> None:
+        pass
+
+    def close(self, finished: bool = True) -> None:
         pass

@@ -13,8 +13,11 @@ from pathlib import Path
 from slurm_rl.config import Config, load_config
 from slurm_rl.control.heartbeats import HeartbeatWriter
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.launch.rank_env import RankInfo, bind_accelerators, check_node, discover_rank
-from slurm_rl.worker.runtime import Roles, WorkerRuntime
+from slurm_rl.resume.restart import read_resume_point
+from slurm_rl.resume.stop import install_stop_handlers
+from slurm_rl.worker.runtime import Roles, RunStopped, WorkerRuntime
 
 COORDINATOR_RANK = 0
 
@@ -48,13 +51,31 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.wait()
 
 
-def _coordinator_watchdog(proc: subprocess.Popen):
-    def check() -> None:
-        rc = proc.poll()
-        if rc not in (None, 0):
-            raise RuntimeError(f"coordinator process {proc.pid} exited with code {rc} (see logs/coordinator.log)")
+class CoordinatorSupervisor:
+    """Rank 0's watch over the coordinator process: one killed mid-run (by a signal, the OOM
+    killer, a crash outside its own error handling) is restarted up to
+    ``runtime.coordinator_restarts`` times; the new generation takes the lease and carries on
+    from the files. A coordinator that recorded a failure in its status is not restarted."""
 
-    return check
+    def __init__(self, run_dir: Path, log_dir: Path, restarts: int) -> None:
+        self.run_dir, self.log_dir, self.restarts_left = run_dir, log_dir, restarts
+        self.proc: subprocess.Popen = start_coordinator(run_dir, log_dir)
+        self.restarted = 0
+
+    def __call__(self) -> None:
+        """Raise when the coordinator is gone for good; restart it when it may be."""
+        rc = self.proc.poll()
+        if rc in (None, 0):
+            return
+        status = read_coordinator_status(RunPaths(self.run_dir)) or {}
+        if status.get("state") == "failed" or self.restarts_left <= 0:
+            raise RuntimeError(f"coordinator process {self.proc.pid} exited with code {rc} "
+                               f"({self.restarted} restarts; see logs/coordinator.log): {status.get('error', '')}")
+        self.restarts_left -= 1
+        self.restarted += 1
+        print(f"rank 0: coordinator process {self.proc.pid} exited with code {rc}; starting generation "
+              f"{self.restarted + 1} of this incarnation ({self.restarts_left} restarts left)", file=sys.stderr, flush=True)
+        self.proc = start_coordinator(self.run_dir, self.log_dir)
 
 
 def run_worker(run_dir: Path) -> int:
@@ -83,13 +104,18 @@ def run_worker(run_dir: Path) -> int:
         print(f"[rank {info.rank}] slots {list(cfg.placement.slots_of_rank[info.rank])} "
               f"CUDA_VISIBLE_DEVICES={visible if visible is not None else os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
               flush=True)
-    # Slurm's --signal (forwarded by sbatch/train.sh) must not kill the rank: note it and go on.
-    note = f"rank {info.rank}: SIGUSR1 (preemption / time limit ahead) received\n".encode()
-    signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(2, note))  # no buffered I/O in a handler
+    # Slurm's --signal (forwarded by sbatch/train.sh), submitit's USR2 and preemption's SIGTERM
+    # must not kill the rank: they ask for a checkpoint and a stop at the next iteration gate.
+    install_stop_handlers(run_dir, f"rank {info.rank}", lambda m: print(m, file=sys.stderr, flush=True))
+    point = read_resume_point(run_dir)
     heartbeat = HeartbeatWriter(paths, info.rank, info.host, cfg.runtime.heartbeat_interval_s)
     heartbeat.start()
-    coordinator = start_coordinator(run_dir, log_dir) if info.rank == COORDINATOR_RANK else None
+    coordinator = (CoordinatorSupervisor(run_dir, log_dir, cfg.runtime.coordinator_restarts)
+                   if info.rank == COORDINATOR_RANK else None)
     roles = make_roles(cfg, info, paths)
+    if point is not None and point.checkpoint is not None:
+        print(f"[rank {info.rank}] resuming at iteration {point.iteration} from {point.checkpoint}", flush=True)
+        roles.restore(run_dir / point.checkpoint)
     runtime = WorkerRuntime(
         info=info,
         paths=paths,
@@ -97,12 +123,19 @@ def run_worker(run_dir: Path) -> int:
         wait_timeout_s=cfg.runtime.wait_timeout_s,
         num_iterations=cfg.train.num_iterations,
         roles_impl=roles,
-        watchdog=None if coordinator is None else _coordinator_watchdog(coordinator),
+        watchdog=coordinator,
+        first_iteration=point.iteration if point is not None else 0,
+        after_epoch=point.after_epoch if point is not None else -1,
     )
     try:
-        runtime.run()
+        try:
+            runtime.run()
+        except RunStopped as stopped:
+            print(f"[rank {info.rank}] {stopped}", flush=True)
+            runtime.report("stopped")
+            roles.close(finished=False)
         if coordinator is not None:
-            rc = coordinator.wait(timeout=cfg.runtime.ack_timeout_s)
+            rc = coordinator.proc.wait(timeout=cfg.runtime.ack_timeout_s)
             if rc != 0:
                 print(f"rank {info.rank}: coordinator exited with code {rc} (see logs/coordinator.log)", file=sys.stderr)
                 return 1
@@ -116,5 +149,5 @@ def run_worker(run_dir: Path) -> int:
         return 1
     finally:
         heartbeat.stop()
-        _stop(coordinator)
+        _stop(None if coordinator is None else coordinator.proc)
         time.sleep(0)

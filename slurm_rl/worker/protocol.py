@@ -196,8 +196,18 @@ class IterationProtocol:
         if self.gate is not None:  # the training pool is released once the iteration is trained
             self.gate.release()
 
-    def close(self) -> None:
-        self.compute.close()
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self, directory: Path, iteration: int) -> None:
+        """This rank's part of the run checkpoint at the gate of ``iteration`` (the actor's state
+        by its DP rank 0; the data plane is not saved: a resumed run re-runs the iteration)."""
+        self.compute.save_state(directory)
+
+    def restore(self, directory: Path) -> None:
+        """Load the state of a run checkpoint (before the first epoch of a resumed incarnation)."""
+        self.compute.load_state(directory)
+
+    def close(self, finished: bool = True) -> None:
+        self.compute.close(finished)
 
 
 class _Rollout:

@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.resume.checkpoints import ACTOR_DIR
 
 
 def init_world(info: RankInfo, device: str, timeout_s: float, gpu: int | None = None) -> None:
@@ -328,13 +330,35 @@ class RealCompute:
         self._parked = []
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
 
-    def close(self) -> None:
-        """Save the trained actor (``RUN_DIR/checkpoints/final``, by its DP rank 0), free the engines."""
+    # -- run checkpoints ------------------------------------------------------------------------
+    def save_state(self, directory: Path) -> None:
+        """The actor's state into ``directory/actor`` (collective over its DP group; DP rank 0 writes)."""
+        from slurm_rl.engines.actor.checkpoint import save_checkpoint
+
+        if not self.trainer.active:
+            return
+        parked = self.trainer.parked  # a group member waits at the gate parked
+        if parked:
+            self.trainer.unpark()
+        save_checkpoint(self.trainer, directory / ACTOR_DIR)
+        if parked:
+            self.trainer.park()
+
+    def load_state(self, directory: Path) -> None:
+        """Load the actor's state on the actor ranks of the config (any DP size)."""
+        from slurm_rl.engines.actor.checkpoint import load_checkpoint
+
+        if self.trainer.active:
+            load_checkpoint(self.trainer, directory / ACTOR_DIR)
+
+    def close(self, finished: bool = True) -> None:
+        """Save the trained actor (``RUN_DIR/checkpoints/final``, by its DP rank 0) when the run
+        is complete, free the engines."""
         import torch.distributed as dist
 
         from slurm_rl.engines.actor.checkpoint import save_checkpoint
 
-        if self.trainer.active:
+        if self.trainer.active and finished:
             if getattr(self.trainer, "parked", False):  # a group member ends parked
                 self.trainer.unpark()
             save_checkpoint(self.trainer, self.run_dir / "checkpoints" / "final")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from slurm_rl.control.acks import write_ack
@@ -37,8 +38,15 @@ class Roles(Protocol):
     def run_iteration(self, iteration: int, rt: "WorkerRuntime") -> None:
         """Do this rank's share of ``iteration`` for its current roles, calling ``rt.safe_point()``."""
 
-    def close(self) -> None:
-        """Free what the roles hold."""
+    def save_checkpoint(self, directory: Path, iteration: int) -> None:
+        """Write this rank's part of the run checkpoint taken at the gate of ``iteration``."""
+
+    def close(self, finished: bool = True) -> None:
+        """Free what the roles hold (``finished``: the run is complete, save its final state)."""
+
+
+class RunStopped(Exception):
+    """The coordinator stopped the run at an iteration gate (after its checkpoint)."""
 
 
 @dataclass
@@ -58,10 +66,14 @@ class WorkerRuntime:
     watchdog: Callable[[], None] | None = None  # raises when something this rank depends on died
     at_gate: bool = False  # True while waiting at an iteration gate (every rank is between iterations)
     released_epoch: int | None = None  # the epoch the coordinator released the current iteration with
+    first_iteration: int = 0  # a resumed run starts at its checkpoint's gate
+    after_epoch: int = -1  # ... and applies the epochs published after its previous incarnation's last
 
     def __post_init__(self) -> None:
-        self._watcher = EpochWatcher(self.paths, start_after=-1, poll_interval_s=self.poll_interval_s, rank=self.info.rank)
+        self._watcher = EpochWatcher(self.paths, start_after=self.after_epoch, poll_interval_s=self.poll_interval_s,
+                                     rank=self.info.rank)
         self._gate_iteration = -1
+        self._checkpointed: str | None = None  # the checkpoint directory this rank wrote its part of
 
     # -- epochs ---------------------------------------------------------------------------------
     def _describe(self) -> str:
@@ -80,7 +92,7 @@ class WorkerRuntime:
         figures = dict(figures, roles=list(self.roles))
         write_ack(self.paths, epoch.epoch, self.info.rank, self.info.host, seen_at, time.time(), figures)
         if self.at_gate:  # still waiting at the gate: the coordinator must keep counting it there
-            self.report("at_gate", gate=self._gate_iteration)
+            self.report("at_gate", gate=self._gate_iteration, checkpointed=self._checkpointed)
         else:
             self.report("applied-epoch")
 
@@ -136,11 +148,24 @@ class WorkerRuntime:
         self._wait_until(lambda status: done(), what)
 
     def gate(self, iteration: int) -> None:
-        """Wait at the start of ``iteration`` until the coordinator releases it, applying epochs."""
-        self.report("at_gate", gate=iteration)
+        """Wait at the start of ``iteration`` until the coordinator releases it, applying epochs;
+        write this rank's part of a checkpoint the coordinator asks for; raise :class:`RunStopped`
+        when the coordinator stops the run here."""
+        self.report("at_gate", gate=iteration, checkpointed=self._checkpointed)
 
         def released(status: dict[str, Any] | None) -> bool:
-            if status is None or status.get("released_iteration", -1) < iteration:
+            if status is None:
+                return False
+            if status.get("state") == "stopped":
+                raise RunStopped(f"{self._describe()}: the coordinator stopped the run at the gate of iteration "
+                                 f"{status.get('stopped_at_iteration')} ({(status.get('stop') or {}).get('reason')})")
+            request = status.get("checkpoint")
+            if (status.get("state") == "checkpointing" and isinstance(request, dict)
+                    and request.get("iteration") == iteration and request.get("dir") != self._checkpointed):
+                self.roles_impl.save_checkpoint(Path(str(request["dir"])), iteration)
+                self._checkpointed = str(request["dir"])
+                self.report("at_gate", gate=iteration, checkpointed=self._checkpointed)
+            if status.get("released_iteration", -1) < iteration:
                 return False
             self.released_epoch = status.get("released_epoch")
             return True
@@ -156,7 +181,7 @@ class WorkerRuntime:
     def run(self) -> None:
         """All iterations of the run, from the first epoch to the final report."""
         self.wait_first_epoch()
-        for iteration in range(self.num_iterations):
+        for iteration in range(self.first_iteration, self.num_iterations):
             self.gate(iteration)
             self.iteration = iteration
             self.counters.clear()  # progress counters are per iteration: none of the last one's may leak
@@ -164,4 +189,4 @@ class WorkerRuntime:
             self.roles_impl.run_iteration(iteration, self)
         self.gate(self.num_iterations)
         self.report("finished")
-        self.roles_impl.close()
+        self.roles_impl.close(finished=True)
