@@ -13,6 +13,7 @@
 #SBATCH --cpus-per-task=1
 #SBATCH --time=04:00:00
 #SBATCH --signal=B:USR1@120
+#SBATCH --requeue
 #SBATCH --output=slurm-rl-%j.out
 set -euo pipefail
 
@@ -26,6 +27,7 @@ elif [ -x .venv/bin/python ]; then PY="$PWD/.venv/bin/python"
 else PY=python3; fi
 
 # Validate and create the run dir before any rank starts; a bad config ends here with exit 2.
+# A requeued job (SLURM_RESTART_COUNT > 0) gets its previous incarnation's run dir, ready to resume.
 set +e
 RUN_DIR=$("$PY" -m slurm_rl.cli prepare "$@")
 rc=$?
@@ -37,10 +39,13 @@ fi
 echo "slurm_rl run dir: $RUN_DIR"
 echo "slurm_rl job $SLURM_JOB_ID: ${SLURM_NNODES:-1} nodes, ${SLURM_NTASKS} tasks, nodes ${SLURM_JOB_NODELIST}"
 
-# Preemption: Slurm sends USR1 to this shell 120 s before the end; forward it to every rank.
+# Preemption / time limit: Slurm sends USR1 to this shell 120 s before the end (give more than
+# one iteration's time). The run checkpoints at its next iteration gate and stops; the job is
+# then requeued (below) and the next start resumes this RUN_DIR.
 srun_pid=""
 on_usr1() {
-  echo "slurm_rl: USR1 (preemption/time limit) received at $(date +%s); forwarding to ranks"
+  echo "slurm_rl: USR1 (preemption/time limit) received at $(date +%s); asking the run to checkpoint and stop"
+  "$PY" -m slurm_rl.cli stop "$RUN_DIR" || true
   [ -n "$srun_pid" ] && kill -USR1 "$srun_pid" 2>/dev/null || true
 }
 trap on_usr1 USR1
@@ -63,4 +68,9 @@ while true; do
   break
 done
 echo "slurm_rl: ranks finished with exit code $rc; inspect with: slurm-rl inspect $RUN_DIR"
+# A run stopped at a gate (or whose ranks failed, with runtime.on_rank_failure:
+# checkpoint_and_requeue) goes on in this job, requeued; scontrol requeue ends this script.
+if "$PY" -m slurm_rl.launch.requeue "$RUN_DIR" --srun-exit "$rc"; then
+  sleep 60 & wait $!  # the requeue ends the job; do not report an exit code of our own first
+fi
 exit $rc

@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stop", help="ask a running run to checkpoint at its next iteration gate and stop")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--no-checkpoint", action="store_true", help="stop at the next gate without a checkpoint")
+    p.add_argument("--at-iteration", type=int, default=None, metavar="N",
+                   help="stop at the gate of iteration N (or the first gate after it) instead of the next one")
 
     p = sub.add_parser("mux", help="run a co-execution group (several jobs sharing pools) locally")
     p.add_argument("group", help="group YAML file (jobs + pools)")
@@ -151,8 +153,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     if not (args.run_dir / "control").is_dir():
         return _bad(f"run_dir: got {str(args.run_dir)!r}; allowed: a run directory holding control/")
-    if request_stop(args.run_dir, "slurm-rl stop", checkpoint=not args.no_checkpoint):
-        print(f"stop requested: {args.run_dir} stops at its next iteration gate"
+    if args.at_iteration is not None and args.at_iteration < 0:
+        return _bad(f"--at-iteration: got {args.at_iteration}; allowed: an iteration number >= 0")
+    if request_stop(args.run_dir, "slurm-rl stop", checkpoint=not args.no_checkpoint, at_iteration=args.at_iteration):
+        where = "its next iteration gate" if args.at_iteration is None else f"the gate of iteration {args.at_iteration}"
+        print(f"stop requested: {args.run_dir} stops at {where}"
               + (" after a checkpoint" if not args.no_checkpoint else ""))
     else:
         print(f"a stop was already requested: {read_stop(args.run_dir)}")

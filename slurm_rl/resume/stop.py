@@ -25,9 +25,10 @@ def stop_path(run_dir: Path) -> Path:
     return Path(run_dir) / "control" / STOP_FILE
 
 
-def request_stop(run_dir: Path, reason: str, checkpoint: bool = True) -> bool:
-    """Ask the coordinator to stop at the next gate; False when a request was already there."""
-    doc = {"reason": reason, "checkpoint": checkpoint, "requested_at": time.time(),
+def request_stop(run_dir: Path, reason: str, checkpoint: bool = True, at_iteration: int | None = None) -> bool:
+    """Ask the coordinator to stop at the next gate (``at_iteration``: at the gate of that
+    iteration or a later one); False when a request was already there."""
+    doc = {"reason": reason, "checkpoint": checkpoint, "at_iteration": at_iteration, "requested_at": time.time(),
            "host": socket.gethostname(), "pid": os.getpid()}
     try:
         write_json_exclusive(stop_path(run_dir), doc)

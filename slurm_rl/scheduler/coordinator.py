@@ -258,6 +258,8 @@ class CoordinatorLoop:
         ``runtime.checkpoint_every`` gates, or asked for by a stop request), then stop if asked.
         Returns True when the run stopped."""
         stop = read_stop(self.paths.run_dir)
+        if stop is not None and int(stop.get("at_iteration") or 0) > gate:
+            stop = None  # asked to stop at a later gate
         num_iterations = self.cfg.train.num_iterations
         if gate >= num_iterations:
             return False  # the run is complete: a late stop request changes nothing
