@@ -1,0 +1,283 @@
+"""Checkpoint, stop, resume: a run interrupted (stopped at a gate, its ranks SIGKILLed, its
+coordinator SIGKILLed) ends like an uninterrupted one, over the emulated and the real cpu compute."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from emulated_configs import emulated_config
+from slurm_rl.control.epochs import EpochStore
+from slurm_rl.control.lease import read_lease
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import read_all_progress
+from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.metrics import read_metrics
+from slurm_rl.resume import checkpoints
+from slurm_rl.resume.stop import request_stop
+
+REPO = Path(__file__).resolve().parents[1]
+ITERATIONS = 4
+BACKENDS = ["emulated", pytest.param("cpu", marks=pytest.mark.slow)]
+# Where a resumed run may put the actor: another DP size than the run started with.
+RESUME_PLACEMENT = 'cluster.component_placement={actor: "0", rollout: "1-2", inference: "3"}'
+
+
+def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
+    """4 ranks, actor DP 2 | rollout | inference, static, mini-batches by index (reproducible)."""
+    if backend == "emulated":
+        cfg = emulated_config(run_dir, gpus_per_node=4, iterations=ITERATIONS, **runtime)
+        cfg["scheduler"] = {"policy": "static"}
+        cfg["emulated"]["rollout_s_per_token"] = 3.0e-5  # iterations long enough to be interrupted inside
+    else:
+        cfg = {
+            "cluster": {"num_nodes": 1, "gpus_per_node": 4},
+            "runtime": {"device": "cpu", "run_dir": str(run_dir), "wait_timeout_s": 300.0, "ack_timeout_s": 300.0,
+                        "heartbeat_timeout_s": 120.0, "run_timeout_s": 900.0, **runtime},
+            "train": {"num_iterations": ITERATIONS, "rollout_batch_size": 4, "group_size": 4,
+                      "global_batch_size": 8, "micro_batch_size": 4},
+            "scheduler": {"policy": "static"},
+            "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
+            "task": {"name": "add", "max_operand": 4},
+            "actor": {"lr": 1.0e-3},
+            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
+            "rollout": {"backend": "hf"},
+        }
+    cfg["cluster"]["component_placement"] = {"actor": "0-1", "rollout": "2", "inference": "3"}
+    cfg["train"]["minibatch_order"] = "index"
+    return cfg
+
+
+def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_run(config: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until(what: str, done, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
+        time.sleep(0.05)
+
+
+def outcome(run_dir: Path) -> list[dict[str, Any]]:
+    """What must not change when a run is interrupted: per iteration its samples, mini-batches,
+    rewards, consumed samples and per-step losses (None on the emulated compute)."""
+    keys = ("iteration", "samples", "minibatches", "reward_mean", "consumed_samples")
+    return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses")} for m in read_metrics(run_dir)]
+
+
+def assert_same_outcome(got: Path, ref: Path) -> None:
+    a, b = outcome(got), outcome(ref)
+    assert [m["iteration"] for m in a] == list(range(ITERATIONS)), a
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if k != "losses"} == {k: v for k, v in y.items() if k != "losses"}
+        assert (x["losses"] is None) == (y["losses"] is None)
+        for lx, ly in zip(x["losses"] or [], y["losses"] or []):
+            assert abs(lx - ly) <= 1e-6 * max(abs(ly), 1e-6), (x, y)
+    final = ref / "checkpoints" / "final" / "model.safetensors"
+    if final.exists():  # the real actor: final parameters equal too (fp32, 1e-6 relative)
+        from safetensors.torch import load_file
+
+        want, have = load_file(str(final)), load_file(str(got / "checkpoints" / "final" / "model.safetensors"))
+        assert set(want) == set(have)
+        for name, tensor in want.items():
+            scale = float(tensor.abs().max()) or 1.0
+            assert float((have[name] - tensor).abs().max()) <= 1e-6 * scale, name
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    """One uninterrupted run per backend, made on first use."""
+    made: dict[str, Path] = {}
+
+    def get(backend: str) -> Path:
+        if backend not in made:
+            base = tmp_path_factory.mktemp(f"reference-{backend}")
+            config = base / "c.yaml"
+            config.write_text(yaml.safe_dump(run_config(backend, base / "run")))
+            proc = cli("run", str(config), "--no-inspect")
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            made[backend] = base / "run"
+        return made[backend]
+
+    return get
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stopped_run_resumes_at_another_dp_size_identically(backend: str, reference, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config(backend, run_dir)))
+    proc = start_run(config)
+    wait_until("the run dir", lambda: (run_dir / "control").is_dir())
+    assert request_stop(run_dir, "test", at_iteration=2)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 3, out  # EXIT_STOPPED
+    assert "resume with: slurm-rl run --resume" in out
+    assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
+    ckpt = checkpoints.verify(run_dir / "checkpoints" / "iter-000002")
+    assert ckpt.iteration == 2 and ckpt.manifest["metrics_rows"] == 2
+    assert (ckpt.actor_dir is not None) == (backend == "cpu")
+    assert not (run_dir / "checkpoints" / "final").exists()  # a stopped run is not finished
+
+    resumed = cli("run", "--resume", str(run_dir), RESUME_PLACEMENT, "--no-inspect")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming" in resumed.stdout and "at iteration 2" in resumed.stdout
+    assert_same_outcome(run_dir, reference(backend))
+    epochs = EpochStore(RunPaths(run_dir)).all()
+    assert epochs[-1].reason.startswith("resumed at iteration 2") and epochs[-1].ranks_of("actor") == [0]
+    assert [m["actor_dp"] for m in read_metrics(run_dir)] == [2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_run_whose_ranks_are_killed_resumes_from_its_last_checkpoint(backend: str, reference, tmp_path: Path) -> None:
+    """Every rank SIGKILLed inside iteration 2 (a lost node): the run resumes from the checkpoint
+    at gate 2 and re-runs iteration 2 from its start: no sample lost or counted twice."""
+    from slurm_rl.launch.local import LocalJob
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config(backend, run_dir, checkpoint_every=1)))
+    assert cli("prepare", str(config)).returncode == 0
+    job = LocalJob(run_dir, 4)
+    try:
+        def inside_iteration_2() -> bool:
+            assert job.poll() is None, "the run ended before it could be killed"
+            docs = read_all_progress(RunPaths(run_dir), range(4)).values()
+            return any(d.get("iteration") == 2 and d.get("state") == "working" for d in docs)
+
+        wait_until("iteration 2 to start", inside_iteration_2)
+    finally:
+        job.kill()  # SIGKILL to each rank's process group (the coordinator included)
+    assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
+    assert (run_dir / "data" / "iter-000002").is_dir()  # the interrupted iteration's partial data
+
+    resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "at iteration 2 (checkpoint checkpoints/iter-000002" in resumed.stdout
+    assert_same_outcome(run_dir, reference(backend))
+    # checkpoint_every=1 with keep_checkpoints=2: the newest two gates are kept
+    assert [p.name for p in checkpoints.list_checkpoints(run_dir)] == ["iter-000002", "iter-000003"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_coordinator_killed_mid_iteration_is_replaced(backend: str, reference, tmp_path: Path) -> None:
+    """SIGKILL the coordinator inside iteration 1: rank 0 starts the next generation, which takes
+    the lease, reads epochs, acks and progress and drives the same iteration to its end."""
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config(backend, run_dir)))
+    proc = start_run(config)
+    try:
+        def inside_iteration_1() -> bool:
+            assert proc.poll() is None, "the run ended before its coordinator could be killed"
+            docs = read_all_progress(RunPaths(run_dir), range(4)).values()
+            return any(d.get("iteration") == 1 and d.get("state") == "working" for d in docs)
+
+        wait_until("iteration 1 to start", inside_iteration_1)
+        victim = read_lease(RunPaths(run_dir))["holder"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert read_lease(RunPaths(run_dir))["generation"] == 2
+    assert any("coordinator restarted (generation 2)" in e.reason for e in EpochStore(RunPaths(run_dir)).all())
+    assert "coordinator process" in (run_dir / "logs" / "rank-0000.log").read_text()
+    assert read_coordinator_status(RunPaths(run_dir))["state"] == "finished"
+    assert_same_outcome(run_dir, reference(backend))
+
+
+# -- the checkpoint store and the resume preparation, without a run ------------------------------
+def _sealed(tmp_path: Path, iteration: int = 2) -> Path:
+    staging = checkpoints.staging_dir(tmp_path, iteration, generation=1)
+    (staging / "actor").mkdir(parents=True)
+    (staging / "actor" / "model.safetensors").write_bytes(os.urandom(4096))
+    (staging / "actor" / "meta.json").write_text(json.dumps({"step": 3}))
+    return checkpoints.finalize(staging, iteration=iteration, epoch=5, generation=1, metrics_rows=iteration)
+
+
+def test_checkpoint_is_sealed_with_a_manifest_of_digests(tmp_path: Path) -> None:
+    path = _sealed(tmp_path)
+    assert path.name == "iter-000002" and not checkpoints.remove_staging(tmp_path)
+    ckpt = checkpoints.verify(path)
+    assert ckpt.iteration == 2 and ckpt.actor_dir == path / "actor"
+    assert set(ckpt.manifest["files"]) == {"actor/model.safetensors", "actor/meta.json"}
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: (p / "actor" / "model.safetensors").write_bytes(b"\0" * 4096), "does not match its xxh3_64"),
+    (lambda p: (p / "actor" / "meta.json").unlink(), "actor/meta.json is missing"),
+    (lambda p: (p / "actor" / "model.safetensors").write_bytes(b"short"), "has 5 bytes"),
+    (lambda p: (p / "run.json").write_text('{"format": "slurm_rl.run_checkpoint/1", "iter'), "not a complete JSON"),
+    (lambda p: (p / "run.json").unlink(), "no run.json"),
+])
+def test_damaged_checkpoint_is_refused_naming_the_file(tmp_path: Path, damage, message: str) -> None:
+    path = _sealed(tmp_path)
+    damage(path)
+    with pytest.raises(checkpoints.CheckpointError, match=message):
+        checkpoints.verify(path)
+
+
+def test_manifest_path_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = _sealed(tmp_path)
+    (tmp_path / "secret").write_text("x")
+    manifest = json.loads((path / "run.json").read_text())
+    manifest["files"]["../../secret"] = {"bytes": 1, "xxh3_64": "0"}
+    (path / "run.json").write_text(json.dumps(manifest))
+    with pytest.raises(checkpoints.CheckpointError, match="'..' is not allowed"):
+        checkpoints.verify(path)
+
+
+def test_newest_valid_checkpoint_wins_and_old_ones_are_pruned(tmp_path: Path) -> None:
+    for k in (1, 2, 3):
+        _sealed(tmp_path, k)
+    (tmp_path / "checkpoints" / "iter-000003" / "actor" / "meta.json").write_text("{}")  # damaged newest
+    seen: list[str] = []
+    assert checkpoints.latest_valid(tmp_path, log=seen.append).iteration == 2
+    assert "iter-000003" in seen[0] and "meta.json" in seen[0]
+    removed = checkpoints.prune(tmp_path, keep=2)
+    assert [p.name for p in removed] == ["iter-000001"]
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path)] == ["iter-000002", "iter-000003"]
+
+
+def test_resume_refuses_a_change_that_would_alter_the_results(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config("emulated", run_dir)))
+    assert cli("prepare", str(config)).returncode == 0
+    proc = cli("run", "--resume", str(run_dir), "train.global_batch_size=16", "runtime.seed=7")
+    assert proc.returncode == 2
+    assert "train.global_batch_size: got '16'" in proc.stderr and "runtime.seed: got '7'" in proc.stderr
+    assert not (run_dir / "control" / "resume.json").exists()  # nothing changed
+    missing = cli("run", "--resume", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "a run dir holding config.yaml" in missing.stderr
+
+
+def test_resume_refuses_a_run_whose_coordinator_holds_the_lease(tmp_path: Path) -> None:
+    import filelock
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config("emulated", run_dir)))
+    assert cli("prepare", str(config)).returncode == 0
+    with filelock.FileLock(str(RunPaths(run_dir).lease_lock)):
+        proc = cli("run", "--resume", str(run_dir))
+    assert proc.returncode == 2 and "is held" in proc.stderr
