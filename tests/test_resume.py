@@ -6,16 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from emulated_configs import emulated_config
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.lease import read_lease
 from slurm_rl.control.paths import RunPaths
@@ -25,98 +20,7 @@ from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 from slurm_rl.resume.stop import request_stop
 
-REPO = Path(__file__).resolve().parents[1]
-ITERATIONS = 4
-BACKENDS = ["emulated", pytest.param("cpu", marks=pytest.mark.slow)]
-# Where a resumed run may put the actor: another DP size than the run started with.
-RESUME_PLACEMENT = 'cluster.component_placement={actor: "0", rollout: "1-2", inference: "3"}'
-
-
-def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
-    """4 ranks, actor DP 2 | rollout | inference, static, mini-batches by index (reproducible)."""
-    if backend == "emulated":
-        cfg = emulated_config(run_dir, gpus_per_node=4, iterations=ITERATIONS, **runtime)
-        cfg["scheduler"] = {"policy": "static"}
-        cfg["emulated"]["rollout_s_per_token"] = 3.0e-5  # iterations long enough to be interrupted inside
-    else:
-        cfg = {
-            "cluster": {"num_nodes": 1, "gpus_per_node": 4},
-            "runtime": {"device": "cpu", "run_dir": str(run_dir), "wait_timeout_s": 300.0, "ack_timeout_s": 300.0,
-                        "heartbeat_timeout_s": 120.0, "run_timeout_s": 900.0, **runtime},
-            "train": {"num_iterations": ITERATIONS, "rollout_batch_size": 4, "group_size": 4,
-                      "global_batch_size": 8, "micro_batch_size": 4},
-            "scheduler": {"policy": "static"},
-            "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "task": {"name": "add", "max_operand": 4},
-            "actor": {"lr": 1.0e-3},
-            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
-            "rollout": {"backend": "hf"},
-        }
-    cfg["cluster"]["component_placement"] = {"actor": "0-1", "rollout": "2", "inference": "3"}
-    cfg["train"]["minibatch_order"] = "index"
-    return cfg
-
-
-def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def start_run(config: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_until(what: str, done, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
-        time.sleep(0.05)
-
-
-def outcome(run_dir: Path) -> list[dict[str, Any]]:
-    """What must not change when a run is interrupted: per iteration its samples, mini-batches,
-    rewards, consumed samples and per-step losses (None on the emulated compute)."""
-    keys = ("iteration", "samples", "minibatches", "reward_mean", "consumed_samples")
-    return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses")} for m in read_metrics(run_dir)]
-
-
-def assert_same_outcome(got: Path, ref: Path) -> None:
-    a, b = outcome(got), outcome(ref)
-    assert [m["iteration"] for m in a] == list(range(ITERATIONS)), a
-    for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if k != "losses"} == {k: v for k, v in y.items() if k != "losses"}
-        assert (x["losses"] is None) == (y["losses"] is None)
-        for lx, ly in zip(x["losses"] or [], y["losses"] or []):
-            assert abs(lx - ly) <= 1e-6 * max(abs(ly), 1e-6), (x, y)
-    final = ref / "checkpoints" / "final" / "model.safetensors"
-    if final.exists():  # the real actor: final parameters equal too (fp32, 1e-6 relative)
-        from safetensors.torch import load_file
-
-        want, have = load_file(str(final)), load_file(str(got / "checkpoints" / "final" / "model.safetensors"))
-        assert set(want) == set(have)
-        for name, tensor in want.items():
-            scale = float(tensor.abs().max()) or 1.0
-            assert float((have[name] - tensor).abs().max()) <= 1e-6 * scale, name
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory):
-    """One uninterrupted run per backend, made on first use."""
-    made: dict[str, Path] = {}
-
-    def get(backend: str) -> Path:
-        if backend not in made:
-            base = tmp_path_factory.mktemp(f"reference-{backend}")
-            config = base / "c.yaml"
-            config.write_text(yaml.safe_dump(run_config(backend, base / "run")))
-            proc = cli("run", str(config), "--no-inspect")
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            made[backend] = base / "run"
-        return made[backend]
-
-    return get
+from resume_helpers import BACKENDS, RESUME_PLACEMENT, assert_same_outcome, cli, run_config, start_run, wait_until
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
