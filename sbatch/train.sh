@@ -70,7 +70,9 @@ done
 echo "slurm_rl: ranks finished with exit code $rc; inspect with: slurm-rl inspect $RUN_DIR"
 # A run stopped at a gate (or whose ranks failed, with runtime.on_rank_failure:
 # checkpoint_and_requeue) goes on in this job, requeued; scontrol requeue ends this script.
-if "$PY" -m slurm_rl.launch.requeue "$RUN_DIR" --srun-exit "$rc"; then
-  sleep 60 & wait $!  # the requeue ends the job; do not report an exit code of our own first
-fi
+"$PY" -m slurm_rl.launch.requeue "$RUN_DIR" --srun-exit "$rc"
+case $? in
+  0) sleep 60 & wait $! ;;  # requeued: Slurm ends this script; report no exit code of our own first
+  3) rc=0 ;;  # the run finished (a rank may have died of a late signal while it shut down)
+esac
 exit $rc

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_rl.control.atomic import parse_json, read_bytes_once, read_json, write_json_exclusive
+from slurm_rl.faults import fault_point
 from slurm_rl.control.errors import EpochOrderError, FencedEpochError, TornFileError, WaitTimeout
 from slurm_rl.control.paths import RunPaths
 
@@ -158,6 +159,7 @@ class EpochStore:
                 raise FencedEpochError(f"cannot publish epoch {epoch.epoch} as generation {generation}: "
                                        f"epoch {prev.epoch} already has generation {prev.generation}")
         self.paths.acks_dir(epoch.epoch).mkdir(parents=True, exist_ok=True)
+        fault_point("epoch_write", epoch=epoch.epoch, generation=generation)
         try:
             write_json_exclusive(path, epoch.to_json())
         except FileExistsError:

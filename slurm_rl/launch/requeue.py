@@ -11,6 +11,7 @@ when
   resumes from the last checkpoint (``runtime.checkpoint_every``).
 
 The restarted job finds this RUN_DIR again through its job id (``slurm-rl prepare``).
+Exit code: 0 requeued, 3 the run finished (nothing to do), 1 not requeued.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 
 SCONTROL_TIMEOUT_S = 60.0
+EXIT_REQUEUED, EXIT_NOT_REQUEUED, EXIT_FINISHED = 0, 1, 3
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def decide(run_dir: Path, srun_exit: int) -> RequeueDecision:
     """Whether the job should be requeued, from the run's files and the ranks' exit code."""
     status = read_coordinator_status(RunPaths(run_dir)) or {}
     state = status.get("state")
-    if state == "finished" and srun_exit == 0:
+    if state == "finished":  # (ranks may still exit non-zero: a signal arriving while they shut down)
         return RequeueDecision(False, "the run finished")
     if state == "stopped":
         return RequeueDecision(True, f"stopped at the gate of iteration {status.get('stopped_at_iteration')} "
@@ -81,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     job_id = os.environ.get("SLURM_JOB_ID")
     if not decision.requeue:
         print(f"slurm_rl: not requeued: {decision.reason}", flush=True)
-        return 1
+        return EXIT_FINISHED if decision.reason == "the run finished" else EXIT_NOT_REQUEUED
     if not job_id:
         print(f"slurm_rl: would requeue ({decision.reason}) but SLURM_JOB_ID is not set; resume with: "
               f"slurm-rl run --resume {args.run_dir}", flush=True)
-        return 1
+        return EXIT_NOT_REQUEUED
     print(f"slurm_rl: requeueing job {job_id}: {decision.reason}; it resumes {args.run_dir}", flush=True)
-    return 0 if requeue_job(job_id, decision.exclude) else 1
+    return EXIT_REQUEUED if requeue_job(job_id, decision.exclude) else EXIT_NOT_REQUEUED
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import xxhash
 from slurm_rl.control.atomic import atomic_write_json, fsync_dir, read_json
 from slurm_rl.control.errors import TornFileError, UnsafePathError
 from slurm_rl.control.paths import safe_join
+from slurm_rl.faults import fault_point
 
 FORMAT = "slurm_rl.run_checkpoint/1"
 MANIFEST = "run.json"
@@ -102,6 +103,7 @@ def finalize(staging: Path, *, iteration: int, epoch: int, generation: int, metr
         files[rel] = {"bytes": path.stat().st_size, "xxh3_64": _digest(path)}
     for directory in sorted({p.parent for p in staging.rglob("*")} | {staging}):
         fsync_dir(directory)
+    fault_point("checkpoint_write", iteration=iteration, generation=generation)
     manifest = {"format": FORMAT, "iteration": iteration, "epoch": epoch, "generation": generation,
                 "created_at": time.time(), "metrics_rows": metrics_rows, "files": files, **(extra or {})}
     atomic_write_json(staging / MANIFEST, manifest)

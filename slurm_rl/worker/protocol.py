@@ -32,8 +32,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +55,7 @@ from slurm_rl.data.migration import claim_pending, write_pending
 from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, ROLLOUTS, count_tokens, inference_table
 from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
+from slurm_rl.faults import fault_point
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
 from slurm_rl.worker.compute import Compute, Decoder
@@ -73,6 +75,23 @@ CLAIM_EVERY_S = 0.05  # a rollout rank lists the pending directory at most this 
 DONE_CHECK_EVERY_S = 0.1  # an idle rollout rank checks at most this often whether rollout finished
 FLUSH_EVERY_S = 0.05  # finished samples wait at most this long before they are written as a shard
 REVOKE_TAG = 1_000_000  # pending tickets of a revoked group slot: tag = this + grant number (epochs stay below)
+
+
+class CollectiveError(RuntimeError):
+    """A collective (reshard, weight sync, training step, checkpoint) failed or timed out on this
+    rank; names the rank, host, epoch, iteration and what was awaited."""
+
+
+@contextmanager
+def collective(what: str, info: RankInfo, epoch: int | None, iteration: int) -> Iterator[None]:
+    """Re-raise a failure inside ``what`` (a gloo/NCCL timeout names none of this) with context."""
+    try:
+        yield
+    except CollectiveError:
+        raise
+    except Exception as exc:
+        raise CollectiveError(f"rank {info.rank} (host {info.host}), epoch {epoch}, iteration {iteration}: {what} "
+                              f"failed: {type(exc).__name__}: {exc}") from exc
 
 
 def rollout_heads(ranks: list[int], ranks_per_instance: int) -> list[int]:
@@ -165,7 +184,9 @@ class IterationProtocol:
             return
         if self.info.rank in set(old) | set(new):
             started = time.time()
-            figures = self.compute.reshard(old, new, epoch)
+            fault_point("reshard", rank=self.info.rank, epoch=epoch, iteration=k)
+            with collective(f"reshard of the actor {old} -> {new}", self.info, epoch, k):
+                figures = self.compute.reshard(old, new, epoch)
             write_reshard(self.paths, epoch, self.info.rank, self.info.host, {
                 **figures, "iteration": k, "old": old, "new": new, "started_at": started, "done_at": time.time()})
         self.actor_ranks = list(new)
@@ -181,7 +202,13 @@ class IterationProtocol:
         self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt)
         rollout = sorted(start.ranks_of("rollout"))
         ranks = sorted({self.actor_ranks[0], *rollout}) if rollout else []
-        sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks) if self.info.rank in ranks else {}
+        if self.info.rank in ranks:
+            fault_point("weight_sync", rank=self.info.rank, iteration=iteration)
+        sync = {}
+        if self.info.rank in ranks:
+            with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {ranks}", self.info,
+                            start.epoch, iteration):
+                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks)
         self._iteration = _Iteration(self, iteration, rt, start, sync, before)  # writes the expected producers
         if self.gate is not None:
             samples = self.samples_per_iteration
@@ -200,7 +227,9 @@ class IterationProtocol:
     def save_checkpoint(self, directory: Path, iteration: int) -> None:
         """This rank's part of the run checkpoint at the gate of ``iteration`` (the actor's state
         by its DP rank 0; the data plane is not saved: a resumed run re-runs the iteration)."""
-        self.compute.save_state(directory)
+        fault_point("rank_checkpoint", rank=self.info.rank, iteration=iteration)
+        with collective(f"checkpoint of the actor into {directory}", self.info, None, iteration):
+            self.compute.save_state(directory)
 
     def restore(self, directory: Path) -> None:
         """Load the state of a run checkpoint (before the first epoch of a resumed incarnation)."""
@@ -620,7 +649,8 @@ class _ActorFollower:
             batch = open_shard(stage_dir(p.run_dir, self.it.k, ACTOR_STAGE) / info.name,
                                nbytes=info.bytes, digest=info.xxh3_64)
             self.it.report_now(now)
-            ready_at, stats = p.compute.train(self.it.k, self.next, batch, actor, entry.get("ready_at"))
+            with collective(f"training step {self.next} on actor ranks {actor}", p.info, rt.epoch.epoch, self.it.k):
+                ready_at, stats = p.compute.train(self.it.k, self.next, batch, actor, entry.get("ready_at"))
             marker = {"index": self.next, "epoch": entry["epoch"], "dp": len(actor), "ranks": actor,
                       "done_at": ready_at, **stats} if rank == actor[0] else None
             self.busy = (ready_at, self.next, marker)
