@@ -30,7 +30,7 @@ def check_run_dir(run_dir: Path) -> None:
             continue
         if not stat.S_ISDIR(st.st_mode):
             issues.append(ConfigIssue(RUN_DIR_KEY, str(path), "a directory (this path exists and is not one)"))
-            continue
+            break
         if st.st_uid != os.geteuid():
             issues.append(ConfigIssue(RUN_DIR_KEY, str(path), f"a directory owned by this user (uid {os.geteuid()}); "
                                                               f"it is owned by uid {st.st_uid}"))
