@@ -451,3 +451,58 @@ def test_emulated_run_on_a_slow_file_system_computes_the_same(tmp_path: Path) ->
     assert len(results["fast"]["epochs"]) == 3 and len(results["fast"]["trained"]) == 3
     assert results["slow"] == results["fast"]
     assert seconds["slow"] > 1.5 * seconds["fast"], seconds  # the delay really applied (ranks and coordinator)
+
+
+# -- whole runs: a full disk and an I/O error end the run with the path named, nothing torn ------------------
+def _assert_nothing_torn(run_dir: Path) -> int:
+    """Every control/data document under ``run_dir`` is complete and every listed shard verifies; no temp
+    file is left. Returns how many files were checked."""
+    from slurm_rl.data.manifest import ProducerManifest
+    from slurm_rl.data.shardio import open_shard
+
+    assert _temp_files(run_dir) == []
+    checked = 0
+    for path in sorted(run_dir.rglob("*.json")):
+        doc = json.loads(read_bytes_once(path))
+        checked += 1
+        if path.name.startswith("manifest-"):
+            stage, it = path.parent.name, int(path.parent.parent.name[5:])
+            m = ProducerManifest.load(path, iteration=it, stage=stage, producer_rank=int(path.name[9:13]))
+            for shard in m.shards:
+                open_shard(path.parent / shard.name, nbytes=shard.bytes, digest=shard.xxh3_64)
+                checked += 1
+        assert isinstance(doc, dict)
+    EpochStore(RunPaths(run_dir)).all()  # dense, each epoch valid
+    return checked
+
+
+def test_emulated_run_on_a_full_file_system_fails_naming_the_path_and_tears_nothing(tmp_path: Path) -> None:
+    """The whole run on a real 400 KiB tmpfs: it runs out of space mid-run (a full run needs ~780 KiB)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a 400 KiB tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    try:
+        run_dir = mount / "run"
+        cfg = write_config(tmp_path / "c.yaml", emulated_config(run_dir, keep_iterations=10))
+        proc = _cli_run(cfg, {**os.environ, FAULTS_ENV: ""})
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "run failed" in out and "No space left on device" in out and f"'{run_dir}/" in out, out[-3000:]
+        assert _assert_nothing_torn(run_dir) > 10
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_emulated_run_with_an_io_error_on_one_ack_fails_naming_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    ack = RunPaths(run_dir).ack(1, 3)
+    cfg = write_config(tmp_path / "c.yaml", emulated_config(run_dir))
+    proc = _cli_run(cfg, {**os.environ, FAULTS_ENV: f"eio=rename:{ack}"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "run failed: rank 3" in out and f"Input/output error (injected by {FAULTS_ENV}): '{ack}'" in out, out[-3000:]
+    assert not ack.exists() and RunPaths(run_dir).ack(1, 2).exists()
+    _assert_nothing_torn(run_dir)
