@@ -304,6 +304,16 @@ def append_bytes(path: PathLike, data: bytes, *, fs: FileSystem | None = None) -
         raise StorageError(errno_mod.ENOSPC, f"short append ({written} of {len(data)} bytes)", str(final))
 
 
+def rename(src: PathLike, dst: PathLike, *, fs: FileSystem | None = None) -> None:
+    """``os.rename`` through the file system (e.g. claiming a ticket); ``FileNotFoundError`` if
+    ``src`` is gone, other errors :class:`StorageError` naming ``dst``."""
+    try:
+        _fs(fs).before("rename", dst)
+        os.rename(src, dst)
+    except OSError as exc:
+        _raise(exc, Path(dst), f"renaming {os.fspath(src)} to it")
+
+
 def open_read(path: PathLike, *, nofollow: bool = False, fs: FileSystem | None = None) -> int:
     """Open ``path`` read-only and return the descriptor (``nofollow``: refuse a symlink).
 

@@ -10,7 +10,6 @@ atomic, so exactly one claimer wins each ticket and no request is taken twice or
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from slurm_rl.data.errors import DataPlaneError, InvalidManifestError
 from slurm_rl.data.layout import PENDING_STAGE, iteration_dir, validate_pending_name
 from slurm_rl.data.schemas import PENDING, conform
 from slurm_rl.data.shardio import open_shard, write_shard
-from slurm_rl.fsio import FileSystem, fsync_dir, makedirs_private, read_bytes_once, write_json_exclusive
+from slurm_rl.fsio import FileSystem, fsync_dir, makedirs_private, read_bytes_once, rename, write_json_exclusive
 
 TICKET_FORMAT = "slurm_rl.data.pending/1"
 
@@ -202,7 +201,7 @@ def claim_pending(
             _, table = _load_claimed(d, target, fs)
         else:
             try:
-                os.rename(d / name, d / target)
+                rename(d / name, d / target, fs=fs)
             except FileNotFoundError:
                 if not (d / target).exists():  # someone else won this ticket
                     continue
