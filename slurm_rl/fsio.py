@@ -284,15 +284,20 @@ def append_bytes(path: PathLike, data: bytes, *, fs: FileSystem | None = None) -
     """Append ``data`` with one ``write`` on an ``O_APPEND`` descriptor (records of a JSONL log).
 
     A short or failed write raises :class:`StorageError` naming ``path``; a reader of the log
-    skips a record without its trailing newline.
+    skips a record without its trailing newline. If an earlier append was cut short (the file
+    does not end with a newline), ``data`` starts on a new line, so the cut record never swallows
+    this one.
     """
     fs = _fs(fs)
     final = Path(path)
     step = "opening for append"
     try:
         fs.before("open", final)
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(final, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
             step = "appending"
             fs.before("write", final)
             written = os.write(fd, data)

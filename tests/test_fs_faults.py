@@ -506,3 +506,12 @@ def test_emulated_run_with_an_io_error_on_one_ack_fails_naming_it(tmp_path: Path
     assert "run failed: rank 3" in out and f"Input/output error (injected by {FAULTS_ENV}): '{ack}'" in out, out[-3000:]
     assert not ack.exists() and RunPaths(run_dir).ack(1, 2).exists()
     _assert_nothing_torn(run_dir)
+
+
+def test_a_record_cut_short_does_not_swallow_the_next_one(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path).ensure()
+    append_event(paths, "decision", {"epoch": 0})
+    with open(paths.decisions, "ab") as f:
+        f.write(b'{"epoch": 1, "kind": "deci')  # what a failed (ENOSPC) append can leave
+    append_event(paths, "decision", {"epoch": 2})
+    assert [e["epoch"] for e in read_events(paths)] == [0, 2]
