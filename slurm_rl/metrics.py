@@ -7,20 +7,17 @@ inspection reads them back, skipping a last line cut short by a crash.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from slurm_rl.fsio import append_bytes
 
 METRICS_FILE = "metrics.jsonl"
 
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
-    """Append one metrics row to ``run_dir/metrics.jsonl``."""
-    fd = os.open(run_dir / METRICS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        os.write(fd, (json.dumps(row) + "\n").encode())
-    finally:
-        os.close(fd)
+    """Append one metrics row to ``run_dir/metrics.jsonl`` (through :mod:`slurm_rl.fsio`)."""
+    append_bytes(run_dir / METRICS_FILE, (json.dumps(row) + "\n").encode())
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -59,7 +59,7 @@ def test_write_ack_creates_a_missing_directory_and_read_checks_identity(paths: R
     assert read_ack(paths, 11, 2)["figures"] == {}
     assert read_ack(paths, 11, 3) is None
     atomic_write_json(paths.ack(11, 4), {"epoch": 10, "rank": 4})
-    with pytest.raises(TornFileError, match=r"rank-0004.json: ack names epoch 10 rank 4, expected epoch 11"):
+    with pytest.raises(TornFileError, match=r"rank-0004.json: field .epoch. is 10, expected 11"):
         read_ack(paths, 11, 4)
 
 

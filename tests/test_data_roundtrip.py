@@ -189,11 +189,11 @@ def test_writer_resumes_incomplete_and_refuses_complete(tmp_path: Path) -> None:
     w = StageWriter(tmp_path, 1, "rollouts", 0, ROLLOUTS)
     w.write(table.slice(0, 10))
     d = stage_dir(tmp_path, 1, "rollouts")
-    (d / ".tmp-shard-0000-000001.arrow-123-abcd").write_bytes(b"partial")  # as left by a killed process
+    (d / ".shard-0000-000001.arrow.123.abcd.tmp").write_bytes(b"partial")  # as left by a killed process
     del w
     w2 = StageWriter(tmp_path, 1, "rollouts", 0, ROLLOUTS)
     assert w2.resumed and len(w2.shards) == 1
-    assert not list(d.glob(".tmp-*"))
+    assert not list(d.glob(".*.tmp"))
     assert w2.write(table.slice(10)).name == "shard-0000-000001.arrow"
     w2.close()
     assert StageReader(tmp_path, 1, "rollouts", [0], timeout_s=5).read_all().equals(table)

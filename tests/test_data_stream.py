@@ -126,9 +126,9 @@ def _freeze_mid_write(p: subprocess.Popen, d: Path, rank: int) -> list[Path]:
     while time.monotonic() < deadline:
         assert p.poll() is None, "producer exited before it could be killed"
         listed = json.loads(mp.read_bytes())["shards"] if mp.exists() else []
-        if listed and list(d.glob(f".tmp-shard-{rank:04d}-*")):
+        if listed and list(d.glob(f".shard-{rank:04d}-*.tmp")):
             os.kill(p.pid, signal.SIGSTOP)
-            tmp = list(d.glob(f".tmp-shard-{rank:04d}-*"))
+            tmp = list(d.glob(f".shard-{rank:04d}-*.tmp"))
             if tmp:
                 return tmp
             os.kill(p.pid, signal.SIGCONT)  # it renamed just before it stopped; try the next shard
@@ -157,7 +157,7 @@ def test_sigkill_mid_write_then_resume(tmp_path: Path) -> None:
 
     r = _spawn("endless", tmp_path, 0, rows, resp_len, total)  # a new process resumes rank 0
     _join(r, "resumed producer")
-    assert not list(d.glob(".tmp-*"))
+    assert not list(d.glob(".*.tmp"))
     table = StageReader(tmp_path, ITER, STAGE, [0], 0.01, 10.0, schema=ROLLOUTS).read_all()
     ids = table.column("sample_id").to_pylist()
     assert sorted(ids) == [ITER * 10**9 + i for i in range(total * rows)]

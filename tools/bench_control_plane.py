@@ -12,7 +12,12 @@ Idle load is counted two ways: (1) instrumented counters reported by every rank 
 write, close, rename); (2) ``strace -c`` attached to all threads of one worker during the idle
 window, counting file-system syscalls (and all syscalls). Prints one JSON document.
 
+``--slow-fs-ms 0 30`` repeats every N with each file operation of the coordinator and the ranks
+delayed by that many ms (``SLURM_RL_FS_FAULTS=delay_ms=...``, the hook of ``slurm_rl.fsio``, as
+on a loaded NFS or Lustre) and adds ``slow_fs``: the slowdown of each figure against 0 ms.
+
     python tools/bench_control_plane.py --ranks 8 32 64 --epochs 30
+    python tools/bench_control_plane.py --ranks 8 --epochs 20 --slow-fs-ms 0 20 50 --no-strace
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_rl.control import (AckWaiter, CoordinatorLease, Epoch, EpochStore, EpochWatcher,  # noqa: E402
                               HeartbeatWriter, RunPaths, stale_ranks, write_ack)
+from slurm_rl.fsio import FAULTS_ENV, FileSystem  # noqa: E402
 
 FS_SYSCALLS = {"openat", "open", "read", "write", "close", "fsync", "fdatasync", "rename", "renameat", "renameat2",
                "unlink", "unlinkat", "stat", "lstat", "fstat", "newfstatat", "statx", "mkdir", "mkdirat",
@@ -129,11 +135,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def run_one(n_ranks: int, args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    paths = RunPaths(base / f"ranks-{n_ranks}").ensure()
+def run_one(n_ranks: int, args: argparse.Namespace, base: Path, slow_fs_ms: float = 0.0) -> dict[str, Any]:
+    name = f"ranks-{n_ranks}" if not slow_fs_ms else f"ranks-{n_ranks}-slow-{slow_fs_ms:g}ms"
+    fs = FileSystem(delay_s=slow_fs_ms / 1000.0)
+    paths = RunPaths(base / name, fs=fs).ensure()
     ranks = list(range(n_ranks))
     hosts = {r: f"{socket.gethostname()}-{r // 8}" for r in ranks}
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", str(paths.run_dir), str(r), hosts[r]])
+    env = {**os.environ, FAULTS_ENV: f"delay_ms={slow_fs_ms:g}"} if slow_fs_ms else dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, __file__, "worker", str(paths.run_dir), str(r), hosts[r]], env=env)
              for r in ranks]
     rng = random.Random(n_ranks)
     try:
@@ -179,7 +188,7 @@ def run_one(n_ranks: int, args: argparse.Namespace, base: Path) -> dict[str, Any
     polls = [a["figures"]["idle_polls"] / a["figures"]["idle_s"] for a in idle_acks.values()]
     ms = lambda xs, q: round(percentile(xs, q) * 1000, 2)  # noqa: E731
     return {
-        "ranks": n_ranks, "epochs": args.epochs,
+        "ranks": n_ranks, "epochs": args.epochs, "slow_fs_ms": slow_fs_ms,
         "publish_to_all_acked_ms": {"p50": ms(latencies, 50), "p90": ms(latencies, 90), "p99": ms(latencies, 99),
                                     "max": ms(latencies, 100), "mean": round(statistics.mean(latencies) * 1000, 2)},
         "rank_detection_ms": {"p50": ms(detect, 50), "p99": ms(detect, 99), "max": ms(detect, 100)},
@@ -194,6 +203,24 @@ def run_one(n_ranks: int, args: argparse.Namespace, base: Path) -> dict[str, Any
     }
 
 
+def slow_fs_summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per N and delay: publish-to-all-acked and detection figures and their ratio to the 0 ms run."""
+    base = {r["ranks"]: r for r in results if not r["slow_fs_ms"]}
+    out = []
+    for r in results:
+        ref = base.get(r["ranks"])
+        p50 = r["publish_to_all_acked_ms"]["p50"]
+        row = {"ranks": r["ranks"], "slow_fs_ms": r["slow_fs_ms"], "publish_to_all_acked_p50_ms": p50,
+               "publish_to_all_acked_p99_ms": r["publish_to_all_acked_ms"]["p99"],
+               "rank_detection_p50_ms": r["rank_detection_ms"]["p50"],
+               "after_idle_publish_to_all_acked_ms": r["after_idle_publish_to_all_acked_ms"]}
+        if ref is not None and ref["publish_to_all_acked_ms"]["p50"] > 0:
+            row["slowdown_p50_x"] = round(p50 / ref["publish_to_all_acked_ms"]["p50"], 2)
+            row["added_p50_ms"] = round(p50 - ref["publish_to_all_acked_ms"]["p50"], 2)
+        out.append(row)
+    return out
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
@@ -205,13 +232,18 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=6.0)
     parser.add_argument("--no-strace", dest="strace", action="store_false")
     parser.add_argument("--run-dir", type=Path, default=None, help="where to put run dirs (default: a temp dir)")
+    parser.add_argument("--slow-fs-ms", type=float, nargs="+", default=[0.0],
+                        help="delay every file operation by this many ms (one run per value and N)")
     args = parser.parse_args()
     base = args.run_dir or Path(tempfile.mkdtemp(prefix="bench-control-"))
-    results = [run_one(n, args, base) for n in args.ranks]
-    print(json.dumps({"benchmark": "control_plane", "host": socket.gethostname(), "cpus": os.cpu_count(),
-                      "run_dir": str(base), "poll_interval_s": EpochWatcher(RunPaths(base)).poll_interval_s,
-                      "idle_poll_interval_s": EpochWatcher(RunPaths(base)).idle_poll_interval_s,
-                      "results": results}, indent=2))
+    results = [run_one(n, args, base, ms) for n in args.ranks for ms in args.slow_fs_ms]
+    doc: dict[str, Any] = {"benchmark": "control_plane", "host": socket.gethostname(), "cpus": os.cpu_count(),
+                           "run_dir": str(base), "poll_interval_s": EpochWatcher(RunPaths(base)).poll_interval_s,
+                           "idle_poll_interval_s": EpochWatcher(RunPaths(base)).idle_poll_interval_s,
+                           "results": results}
+    if any(args.slow_fs_ms):
+        doc["slow_fs"] = slow_fs_summary(results)
+    print(json.dumps(doc, indent=2))
     if args.run_dir is None:
         shutil.rmtree(base, ignore_errors=True)
 

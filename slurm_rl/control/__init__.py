@@ -7,6 +7,10 @@ epoch, backing off by x1.3 per empty poll to 100 ms when idle (~10 lookups/s); a
 second is 4 syscalls (create temp, write, close, rename). A new epoch is seen within the current
 poll interval (<= 100 ms after long idle). The coordinator's ``AckWaiter`` opens one path per poll
 (the first rank still missing) every 5 ms. No hot loop lists a directory.
+
+Every file goes through :mod:`slurm_rl.fsio` (``RunPaths.fs``): a failed write raises
+``StorageError`` naming the path and publishes nothing; every document read is checked field by
+field (``TornFileError`` naming the file and the field).
 """
 
 from slurm_rl.control.acks import AckWaiter, read_ack, write_ack

@@ -11,10 +11,12 @@ from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.errors import AckTimeout, DeadRankError, TornFileError
 from slurm_rl.control.heartbeats import read_heartbeat, stale_ranks
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.validate import check_equal, check_fields
 
 DEFAULT_ACK_POLL_INTERVAL_S = 0.005
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 DEFAULT_HEARTBEAT_CHECK_INTERVAL_S = 1.0
+ACK_FIELDS = {"host": "str", "seen_at": "number", "applied_at": "number", "figures": "object", "time": "number"}
 
 
 def write_ack(paths: RunPaths, epoch: int, rank: int, host: str, seen_at: float, applied_at: float,
@@ -29,10 +31,10 @@ def write_ack(paths: RunPaths, epoch: int, rank: int, host: str, seen_at: float,
            "applied_at": applied_at, "figures": dict(figures or {}), "time": time.time()}
     path = paths.ack(epoch, rank)
     try:
-        atomic_write_json(path, doc, durable=durable)
+        atomic_write_json(path, doc, durable=durable, fs=paths.fs)
     except FileNotFoundError:  # the coordinator normally creates the directory on publish
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, doc, durable=durable)
+        atomic_write_json(path, doc, durable=durable, fs=paths.fs)
 
 
 def write_reshard(paths: RunPaths, epoch: int, rank: int, host: str, figures: Mapping[str, Any]) -> None:
@@ -42,7 +44,7 @@ def write_reshard(paths: RunPaths, epoch: int, rank: int, host: str, figures: Ma
     doc = {"epoch": epoch, "rank": rank, "host": host, "figures": dict(figures), "time": time.time()}
     path = paths.acks_dir(epoch) / f"reshard-{rank:04d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, doc, durable=False)
+    atomic_write_json(path, doc, durable=False, fs=paths.fs)
 
 
 def read_reshards(paths: RunPaths, epoch: int) -> list[dict[str, Any]]:
@@ -50,19 +52,23 @@ def read_reshards(paths: RunPaths, epoch: int) -> list[dict[str, Any]]:
     directory = paths.acks_dir(epoch)
     if not directory.is_dir():
         return []
-    return [read_json(p) for p in sorted(directory.glob("reshard-*.json"))]
+    out = []
+    for p in sorted(directory.glob("reshard-*.json")):
+        doc = read_json(p, fs=paths.fs)
+        check_equal(doc, p, epoch=epoch, rank=int(p.name[8:12]))
+        out.append(dict(check_fields(doc, p, {"host": "str", "figures": "object", "time": "number"})))
+    return out
 
 
 def read_ack(paths: RunPaths, epoch: int, rank: int) -> dict[str, Any] | None:
     """The rank's ack of ``epoch``, or None if not written yet. Checks that it names that epoch and rank."""
     path = paths.ack(epoch, rank)
     try:
-        doc = read_json(path)
+        doc = read_json(path, fs=paths.fs)
     except FileNotFoundError:
         return None
-    if doc.get("epoch") != epoch or doc.get("rank") != rank:
-        raise TornFileError(f"{path}: ack names epoch {doc.get('epoch')!r} rank {doc.get('rank')!r}, "
-                            f"expected epoch {epoch} rank {rank}")
+    check_equal(doc, path, epoch=epoch, rank=rank)
+    check_fields(doc, path, ACK_FIELDS)
     return doc
 
 

@@ -107,7 +107,7 @@ class Epoch:
 def read_epoch_file(paths: RunPaths, n: int) -> Epoch:
     """Read and validate epoch ``n``; ``FileNotFoundError`` if it is not published."""
     path = paths.epoch(n)
-    epoch = Epoch.from_json(read_json(path), str(path))
+    epoch = Epoch.from_json(read_json(path, fs=paths.fs), str(path))
     if epoch.epoch != n:
         raise TornFileError(f"{path}: file holds epoch {epoch.epoch}, expected {n}")
     return epoch
@@ -116,12 +116,12 @@ def read_epoch_file(paths: RunPaths, n: int) -> Epoch:
 def lease_generation(paths: RunPaths) -> int:
     """The current coordinator generation from ``control/lease`` (0 if no coordinator ever ran)."""
     try:
-        doc = read_json(paths.lease)
+        doc = read_json(paths.lease, fs=paths.fs)
     except FileNotFoundError:
         return 0
     generation = doc.get("generation")
-    if not _is_int(generation):
-        raise TornFileError(f"{paths.lease}: 'generation' must be an int, got {generation!r}")
+    if not _is_int(generation) or generation < 0:
+        raise TornFileError(f"{paths.lease}: field 'generation' must be a non-negative int, got {generation!r}")
     return generation
 
 
@@ -161,7 +161,7 @@ class EpochStore:
         self.paths.acks_dir(epoch.epoch).mkdir(parents=True, exist_ok=True)
         fault_point("epoch_write", epoch=epoch.epoch, generation=generation)
         try:
-            write_json_exclusive(path, epoch.to_json())
+            write_json_exclusive(path, epoch.to_json(), fs=self.paths.fs)
         except FileExistsError:
             raise EpochOrderError(f"epoch {epoch.epoch} is already published at {path}") from None
 
@@ -239,7 +239,7 @@ class EpochWatcher:
         self.polls += 1
         self._last_poll = time.monotonic()
         try:
-            data = read_bytes_once(path)
+            data = read_bytes_once(path, fs=self.paths.fs)
         except FileNotFoundError:
             self.interval = min(self.poll_interval_s * self.backoff ** self._misses, self.idle_poll_interval_s)
             self._misses = min(self._misses + 1, 64)

@@ -7,11 +7,10 @@ record cut short by a crash (no trailing newline) is skipped by :func:`read_even
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
-from slurm_rl.control.atomic import encode_json
+from slurm_rl.fsio import append_bytes, encode_json, read_bytes_once
 from slurm_rl.control.paths import RunPaths
 
 
@@ -19,19 +18,13 @@ def append_event(paths: RunPaths, kind: str, doc: dict[str, Any]) -> None:
     """Append one record ``{"kind", "time", **doc}`` to the decision log."""
     data = encode_json({**doc, "kind": kind, "time": doc.get("time", time.time())})
     paths.events_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(paths.decisions, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        written = os.write(fd, data)
-        if written != len(data):
-            raise OSError(f"{paths.decisions}: short append ({written} of {len(data)} bytes)")
-    finally:
-        os.close(fd)
+    append_bytes(paths.decisions, data, fs=paths.fs)
 
 
 def read_events(paths: RunPaths, kind: str | None = None) -> list[dict[str, Any]]:
     """All complete records (optionally only those of ``kind``), oldest first."""
     try:
-        data = paths.decisions.read_bytes()
+        data = read_bytes_once(paths.decisions, fs=paths.fs)
     except FileNotFoundError:
         return []
     out = []

@@ -25,6 +25,7 @@ from slurm_rl.control.atomic import atomic_write_json, parse_json, read_bytes_on
 from slurm_rl.control.epochs import lease_generation
 from slurm_rl.control.errors import EpochOrderError, FencedEpochError, TornFileError
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.validate import check_equal, check_fields
 
 JOB_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-")
 
@@ -86,6 +87,12 @@ class Grant:
         for key in ("grant", "generation"):
             if not isinstance(doc.get(key), int) or isinstance(doc.get(key), bool) or doc[key] < 0:
                 raise bad(key, doc.get(key), "a non-negative int")
+        created_at = doc.get("created_at", 0.0)
+        if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
+            raise bad("created_at", created_at, "a number")
+        events = doc.get("events", [])
+        if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+            raise bad("events", events, "a list of strings")
         pools = doc.get("pools")
         if not isinstance(pools, dict):
             raise bad("pools", pools, "a mapping")
@@ -96,19 +103,20 @@ class Grant:
                 if not str(slot).isdigit():
                     raise bad(f"pools.{pool}.slots", slot, "digit-only slot keys")
                 if holder is not None and not (isinstance(holder, dict) and isinstance(holder.get("job"), str)
-                                               and isinstance(holder.get("iteration"), int)):
+                                               and isinstance(holder.get("iteration"), int)
+                                               and not isinstance(holder.get("iteration"), bool)):
                     raise bad(f"pools.{pool}.slots.{slot}", holder, "null or {job, iteration, revoked}")
         done = doc.get("done")
         if not isinstance(done, dict):
             raise bad("done", done, "a mapping job -> pool -> iteration")
-        return cls(grant=doc["grant"], generation=doc["generation"], created_at=float(doc.get("created_at", 0.0)),
-                   pools=pools, done=done, events=tuple(str(e) for e in doc.get("events", ())))
+        return cls(grant=doc["grant"], generation=doc["generation"], created_at=float(created_at),
+                   pools=pools, done=done, events=tuple(events))
 
 
 def read_grant(paths: GroupPaths, n: int) -> Grant:
     """Grant ``n`` (``FileNotFoundError`` when not published)."""
     path = paths.grant(n)
-    grant = Grant.from_json(read_json(path), str(path))
+    grant = Grant.from_json(read_json(path, fs=paths.fs), str(path))
     if grant.grant != n:
         raise TornFileError(f"{path}: file holds grant {grant.grant}, expected {n}")
     return grant
@@ -141,7 +149,7 @@ def publish_grant(paths: GroupPaths, grant: Grant, generation: int) -> None:
                                    f"{prev.grant} already has generation {prev.generation}")
     paths.grants_dir.mkdir(parents=True, exist_ok=True)
     try:
-        write_json_exclusive(path, grant.to_json())
+        write_json_exclusive(path, grant.to_json(), fs=paths.fs)
     except FileExistsError:
         raise EpochOrderError(f"grant {grant.grant} is already published at {path}") from None
 
@@ -164,7 +172,7 @@ class GrantWatcher:
             n = 0 if self.latest is None else self.latest.grant + 1
             path = self.paths.grant(n)
             try:
-                data = read_bytes_once(path)
+                data = read_bytes_once(path, fs=self.paths.fs)
             except FileNotFoundError:
                 return self.latest
             grant = Grant.from_json(parse_json(data, path), str(path))
@@ -178,23 +186,28 @@ class GrantWatcher:
 def write_member(paths: GroupPaths, job: str, rank: int, doc: dict[str, Any]) -> None:
     """Rewrite rank ``rank`` of ``job``'s state (atomic, not fsynced: it is rewritten often)."""
     paths.members_dir(job).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(paths.member(job, rank), {**doc, "job": job, "rank": rank, "time": time.time()}, durable=False)
+    atomic_write_json(paths.member(job, rank), {**doc, "job": job, "rank": rank, "time": time.time()}, durable=False,
+                      fs=paths.fs)
 
 
 def read_members(paths: GroupPaths, job: str) -> dict[int, dict[str, Any]]:
-    """Every rank state of ``job`` (torn or half-written files are skipped: they are rewritten)."""
+    """Every rank state of ``job``. Files are replaced atomically, so one that is not a complete
+    document of that job and rank is corrupt: ``TornFileError`` naming it and the field."""
     out: dict[int, dict[str, Any]] = {}
     try:
         names = os.listdir(paths.members_dir(job))
     except FileNotFoundError:
         return out
     for name in names:
-        if name.startswith("rank-") and name.endswith(".json"):
+        if name.startswith("rank-") and name.endswith(".json") and name[5:-5].isdigit():
+            path = paths.members_dir(job) / name
             try:
-                doc = read_json(paths.members_dir(job) / name)
-            except (FileNotFoundError, TornFileError):
+                doc = read_json(path, fs=paths.fs)
+            except FileNotFoundError:
                 continue
-            out[int(name[5:9])] = doc
+            check_equal(doc, path, job=job, rank=int(name[5:-5]))
+            check_fields(doc, path, {"time": "number"})
+            out[int(name[5:-5])] = doc
     return out
 
 
@@ -202,7 +215,7 @@ def write_release(paths: GroupPaths, job: str, pool: str, iteration: int, slot: 
     """Record that ``job``'s rank on ``slot`` parked after its ``pool`` phase of ``iteration``."""
     paths.releases_dir(job, pool, iteration).mkdir(parents=True, exist_ok=True)
     write_json_exclusive(paths.release(job, pool, iteration, slot),
-                         {**doc, "job": job, "pool": pool, "iteration": iteration, "slot": slot})
+                         {**doc, "job": job, "pool": pool, "iteration": iteration, "slot": slot}, fs=paths.fs)
 
 
 def read_releases(paths: GroupPaths, job: str, pool: str, iteration: int) -> dict[int, dict[str, Any]]:
@@ -214,6 +227,8 @@ def read_releases(paths: GroupPaths, job: str, pool: str, iteration: int) -> dic
         return {}
     out = {}
     for name in names:
-        if name.startswith("slot-") and name.endswith(".json"):
-            out[int(name[5:9])] = read_json(d / name)
+        if name.startswith("slot-") and name.endswith(".json") and name[5:-5].isdigit():
+            doc = read_json(d / name, fs=paths.fs)
+            check_equal(doc, d / name, job=job, pool=pool, iteration=iteration, slot=int(name[5:-5]))
+            out[int(name[5:-5])] = doc
     return out

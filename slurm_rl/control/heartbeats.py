@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from slurm_rl.control.atomic import atomic_write_json, read_json
-from slurm_rl.control.errors import TornFileError
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.validate import check_equal, check_fields
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
@@ -43,7 +43,7 @@ class HeartbeatWriter:
         """Write one heartbeat now."""
         doc: dict[str, Any] = {"rank": self.rank, "host": self.host, "pid": os.getpid(),
                                "time": time.time(), "epoch": self.epoch}
-        atomic_write_json(self.paths.heartbeat(self.rank), doc, durable=False)
+        atomic_write_json(self.paths.heartbeat(self.rank), doc, durable=False, fs=self.paths.fs)
         self.beats += 1
 
     def _run(self) -> None:
@@ -78,11 +78,17 @@ class HeartbeatWriter:
 
 
 def read_heartbeat(paths: RunPaths, rank: int) -> dict[str, Any] | None:
-    """The rank's last heartbeat document, or None if it never wrote one."""
+    """The rank's last heartbeat document, or None if it never wrote one.
+
+    ``TornFileError`` naming the file and field if it is not a heartbeat of that rank."""
+    path = paths.heartbeat(rank)
     try:
-        return read_json(paths.heartbeat(rank))
+        doc = read_json(path, fs=paths.fs)
     except FileNotFoundError:
         return None
+    check_equal(doc, path, rank=rank)
+    check_fields(doc, path, {"time": "number"}, {"host": "str", "pid": "int", "epoch": "int?"})
+    return doc
 
 
 def stale_ranks(paths: RunPaths, ranks: Iterable[int], timeout_s: float, now: float | None = None) -> dict[int, float | None]:
@@ -98,10 +104,7 @@ def stale_ranks(paths: RunPaths, ranks: Iterable[int], timeout_s: float, now: fl
         if doc is None:
             stale[rank] = None
             continue
-        beat_time = doc.get("time")
-        if not isinstance(beat_time, (int, float)):
-            raise TornFileError(f"{paths.heartbeat(rank)}: 'time' must be a number, got {beat_time!r}")
-        age = now - beat_time
+        age = now - doc["time"]
         if age > timeout_s:
             stale[rank] = age
     return stale

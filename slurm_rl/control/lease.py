@@ -18,14 +18,17 @@ from slurm_rl.control.atomic import atomic_write_json, read_json, write_json_exc
 from slurm_rl.control.epochs import lease_generation
 from slurm_rl.control.errors import LeaseHeldError, TornFileError
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.validate import check_fields
 
 
 def read_lease(paths: RunPaths) -> dict[str, Any] | None:
     """The lease document, or None if no coordinator ever started."""
     try:
-        return read_json(paths.lease)
+        doc = read_json(paths.lease, fs=paths.fs)
     except FileNotFoundError:
         return None
+    check_fields(doc, paths.lease, {"generation": "count", "holder": "object?"})
+    return doc
 
 
 def _holder_text(paths: RunPaths) -> str:
@@ -55,10 +58,10 @@ def _claim_generation(paths: RunPaths, generation: int, holder: dict[str, Any]) 
     paths.generations_dir.mkdir(parents=True, exist_ok=True)
     claim = paths.generation_claim(generation)
     try:
-        write_json_exclusive(claim, {"generation": generation, "holder": holder})
+        write_json_exclusive(claim, {"generation": generation, "holder": holder}, fs=paths.fs)
     except FileExistsError:
         try:
-            other = read_json(claim).get("holder") or {}
+            other = read_json(claim, fs=paths.fs).get("holder") or {}
         except (OSError, TornFileError):
             other = {}
         raise LeaseHeldError(f"coordinator generation {generation} was claimed concurrently by host "
@@ -93,7 +96,7 @@ class CoordinatorLease:
             holder = {"host": self.host, "pid": os.getpid(), "started_at": time.time()}
             generation = max(lease_generation(self.paths), _highest_claim(self.paths)) + 1
             _claim_generation(self.paths, generation, holder)
-            atomic_write_json(self.paths.lease, {"generation": generation, "holder": holder})
+            atomic_write_json(self.paths.lease, {"generation": generation, "holder": holder}, fs=self.paths.fs)
         except BaseException:
             self._lock.release()
             raise
@@ -106,7 +109,7 @@ class CoordinatorLease:
             return
         try:
             atomic_write_json(self.paths.lease, {"generation": self.generation, "holder": None,
-                                                 "released_at": time.time()})
+                                                 "released_at": time.time()}, fs=self.paths.fs)
         finally:
             self.generation = None
             self._lock.release()

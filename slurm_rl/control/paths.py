@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from slurm_rl.control.errors import UnsafePathError
+from slurm_rl.fsio import DEFAULT_FS, FileSystem
 
 RUN_DIR_MODE = 0o700
 
@@ -42,12 +43,18 @@ def safe_join(root: str | os.PathLike[str], rel: str) -> Path:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Every control-plane path of one run. Numbers are zero-padded: epochs 6 digits, ranks 4."""
+    """Every control-plane path of one run. Numbers are zero-padded: epochs 6 digits, ranks 4.
+
+    ``fs`` is the file system every control file of the run is read and written through
+    (default: :data:`slurm_rl.fsio.DEFAULT_FS`, set by ``SLURM_RL_FS_FAULTS`` at process start).
+    """
 
     run_dir: Path
+    fs: FileSystem = field(default=DEFAULT_FS, compare=False, repr=False)
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], fs: FileSystem | None = None) -> None:
         object.__setattr__(self, "run_dir", Path(run_dir))
+        object.__setattr__(self, "fs", DEFAULT_FS if fs is None else fs)
 
     @property
     def control(self) -> Path:

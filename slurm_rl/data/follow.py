@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from slurm_rl.control.atomic import read_json
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.manifest import ProducerManifest
+from slurm_rl.data.reader import read_expected
 from slurm_rl.data.shardio import open_shard
+from slurm_rl.fsio import FileSystem, stat
 
 
-def stat_key(path: Path) -> tuple[int, int] | None:
+def stat_key(path: Path, fs: FileSystem | None = None) -> tuple[int, int] | None:
     """A cheap change marker of a file (mtime, size + inode), or None when it does not exist."""
     try:
-        s = os.stat(path)
+        s = stat(path, fs=fs)
     except FileNotFoundError:
         return None
     return (s.st_mtime_ns, s.st_size + s.st_ino)
@@ -30,8 +30,9 @@ class StageFollower:
     ``stat`` per unfinished producer per poll, no directory listing.
     """
 
-    def __init__(self, run_dir: Path, iteration: int, stage: str, producers: list[int] | None = None) -> None:
-        self.run_dir, self.iteration, self.stage = run_dir, iteration, stage
+    def __init__(self, run_dir: Path, iteration: int, stage: str, producers: list[int] | None = None,
+                 fs: FileSystem | None = None) -> None:
+        self.run_dir, self.iteration, self.stage, self.fs = run_dir, iteration, stage, fs
         self.dir = stage_dir(run_dir, iteration, stage)
         self._expected = expected_path(run_dir, iteration, stage)
         self._expected_key: tuple[int, int] | None = None
@@ -46,25 +47,26 @@ class StageFollower:
     def poll(self) -> list[tuple[int, int, pa.Table]]:
         """Shards published since the last poll as (producer, seq, table)."""
         if self._expected_key is None or not self._final:
-            key = stat_key(self._expected)
+            key = stat_key(self._expected, self.fs)
             if key is not None and key != self._expected_key:
-                doc = read_json(self._expected)
-                for r in doc.get("producer_ranks", []):
-                    self._add(int(r))
-                self._final = bool(doc.get("final", True))
+                doc = read_expected(self._expected, self.iteration, self.stage, fs=self.fs)
+                for r in doc["producer_ranks"]:
+                    self._add(r)
+                self._final = doc["final"]
                 self._expected_key = key
         out = []
         for rank, st in sorted(self._producers.items()):
             if st["complete"] and st["next"] >= len(st["shards"]):
                 continue
             path = manifest_path(self.run_dir, self.iteration, self.stage, rank)
-            key = stat_key(path)
+            key = stat_key(path, self.fs)
             if key is not None and key != st["key"]:
-                m = ProducerManifest.load(path, iteration=self.iteration, stage=self.stage, producer_rank=rank)
+                m = ProducerManifest.load(path, iteration=self.iteration, stage=self.stage, producer_rank=rank,
+                                          fs=self.fs)
                 st["shards"], st["complete"], st["key"] = m.shards, m.complete, key
             while st["next"] < len(st["shards"]):
                 info = st["shards"][st["next"]]
-                table = open_shard(self.dir / info.name, nbytes=info.bytes, digest=info.xxh3_64)
+                table = open_shard(self.dir / info.name, nbytes=info.bytes, digest=info.xxh3_64, fs=self.fs)
                 out.append((rank, st["next"], table))
                 st["next"] += 1
         return out

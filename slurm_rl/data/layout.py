@@ -72,7 +72,7 @@ def shard_name(producer_rank: int, seq: int) -> str:
     return f"shard-{_check_int('producer_rank', producer_rank):04d}-{_check_int('seq', seq):06d}.arrow"
 
 
-def validate_shard_name(name: object, producer_rank: int, where: Path) -> str:
+def validate_shard_name(name: object, producer_rank: int, where: str | Path) -> str:
     """Check a shard name read from a manifest: a bare ``shard-RRRR-SSSSSS.arrow`` of this producer."""
     if not isinstance(name, str) or "/" in name or "\\" in name or ".." in name or name.startswith("."):
         raise InvalidManifestError(f"{where}: refusing shard name {name!r} (path components not allowed)")
@@ -84,7 +84,7 @@ def validate_shard_name(name: object, producer_rank: int, where: Path) -> str:
     return name
 
 
-def validate_pending_name(name: object, where: Path) -> str:
+def validate_pending_name(name: object, where: str | Path) -> str:
     """Check a pending-request file name read from a ticket."""
     if not isinstance(name, str) or "/" in name or "\\" in name or ".." in name or not PENDING_ARROW_RE.match(name):
         raise InvalidManifestError(f"{where}: refusing pending file name {name!r}")

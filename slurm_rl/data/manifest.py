@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from slurm_rl.data.errors import InvalidManifestError
 from slurm_rl.data.layout import manifest_path, validate_shard_name
+from slurm_rl.fsio import FileSystem, read_bytes_once
 
 MANIFEST_FORMAT = "slurm_rl.data.manifest/1"
 
@@ -38,23 +39,31 @@ class ShardInfo:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: Any, producer_rank: int, where: Path) -> "ShardInfo":
-        """Parse and validate one manifest entry (name, types, ranges)."""
+    def from_json(cls, obj: Any, producer_rank: int, where: Path, field: str = "shards[?]") -> "ShardInfo":
+        """Parse and validate one manifest entry (name, types, ranges); errors name ``field``."""
         if not isinstance(obj, dict):
-            raise InvalidManifestError(f"{where}: shard entry is not an object: {obj!r}")
+            raise InvalidManifestError(f"{where}: field '{field}' is not an object: {obj!r}")
         try:
-            name = validate_shard_name(obj["name"], producer_rank, where)
+            name = validate_shard_name(obj["name"], producer_rank, f"{where}: field '{field}.name'")
             ints = {k: obj[k] for k in ("rows", "bytes", "tokens", "sample_count")}
             for k, v in ints.items():
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise InvalidManifestError(f"{where}: shard {name}: {k}={v!r} is not a non-negative int")
+                    raise InvalidManifestError(f"{where}: field '{field}.{k}' (shard {name}) must be a non-negative "
+                                               f"int, got {v!r}")
             digest = obj["xxh3_64"]
             if not isinstance(digest, str) or len(digest) != 16 or any(c not in "0123456789abcdef" for c in digest):
-                raise InvalidManifestError(f"{where}: shard {name}: bad xxh3_64 {digest!r}")
-            lo, hi = obj["sample_id_min"], obj["sample_id_max"]
-            for v in (lo, hi):
+                raise InvalidManifestError(f"{where}: field '{field}.xxh3_64' (shard {name}) must be 16 lower-case "
+                                           f"hex digits, got {digest!r}")
+            for k in ("sample_id_min", "sample_id_max"):
+                v = obj[k]
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                    raise InvalidManifestError(f"{where}: shard {name}: bad sample id bound {v!r}")
+                    raise InvalidManifestError(f"{where}: field '{field}.{k}' (shard {name}) must be an int or null, "
+                                               f"got {v!r}")
+            lo, hi = obj["sample_id_min"], obj["sample_id_max"]
+            created = obj["created_at"]
+            if isinstance(created, bool) or not isinstance(created, (int, float)):
+                raise InvalidManifestError(f"{where}: field '{field}.created_at' (shard {name}) must be a number, "
+                                           f"got {created!r}")
             return cls(
                 name=name,
                 rows=ints["rows"],
@@ -64,10 +73,10 @@ class ShardInfo:
                 sample_id_min=lo,
                 sample_id_max=hi,
                 sample_count=ints["sample_count"],
-                created_at=float(obj["created_at"]),
+                created_at=float(created),
             )
         except KeyError as e:
-            raise InvalidManifestError(f"{where}: shard entry lacks key {e}") from None
+            raise InvalidManifestError(f"{where}: field '{field}' lacks key {e}") from None
 
 
 @dataclass
@@ -103,42 +112,56 @@ class ProducerManifest:
         try:
             obj = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InvalidManifestError(f"{where}: not valid JSON: {e}") from e
+            raise InvalidManifestError(f"{where}: not valid JSON ({len(raw)} bytes; truncated?): {e}") from e
         if not isinstance(obj, dict) or obj.get("format") != MANIFEST_FORMAT:
-            raise InvalidManifestError(f"{where}: not a {MANIFEST_FORMAT} manifest")
+            got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+            raise InvalidManifestError(f"{where}: field 'format' must be {MANIFEST_FORMAT!r}, got {got!r}")
         for key, want in (("iteration", iteration), ("stage", stage), ("producer_rank", producer_rank)):
             if obj.get(key) != want:
-                raise InvalidManifestError(f"{where}: {key}={obj.get(key)!r}, expected {want!r}")
+                raise InvalidManifestError(f"{where}: field '{key}' is {obj.get(key)!r}, expected {want!r}")
         shards_raw = obj.get("shards")
-        if not isinstance(shards_raw, list) or not isinstance(obj.get("complete"), bool):
-            raise InvalidManifestError(f"{where}: 'shards' must be a list and 'complete' a bool")
-        shards = [ShardInfo.from_json(s, producer_rank, where) for s in shards_raw]
+        if not isinstance(shards_raw, list):
+            raise InvalidManifestError(f"{where}: field 'shards' must be a list, got {shards_raw!r}")
+        if not isinstance(obj.get("complete"), bool):
+            raise InvalidManifestError(f"{where}: field 'complete' must be a bool, got {obj.get('complete')!r}")
+        for key in ("schema_version",):
+            v = obj.get(key, -1)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidManifestError(f"{where}: field '{key}' must be an int, got {v!r}")
+        updated = obj.get("updated_at", 0.0)
+        if isinstance(updated, bool) or not isinstance(updated, (int, float)):
+            raise InvalidManifestError(f"{where}: field 'updated_at' must be a number, got {updated!r}")
+        shards = [ShardInfo.from_json(s, producer_rank, where, f"shards[{i}]") for i, s in enumerate(shards_raw)]
         names = [s.name for s in shards]
         if len(set(names)) != len(names):
-            raise InvalidManifestError(f"{where}: duplicate shard names")
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise InvalidManifestError(f"{where}: field 'shards' lists {dup} more than once")
         return cls(
             iteration=iteration,
             stage=stage,
             producer_rank=producer_rank,
-            schema_version=int(obj.get("schema_version", -1)),
+            schema_version=obj.get("schema_version", -1),
             shards=shards,
             complete=obj["complete"],
-            updated_at=float(obj.get("updated_at", 0.0)),
+            updated_at=float(updated),
         )
 
     @classmethod
-    def load(cls, path: Path, *, iteration: int, stage: str, producer_rank: int) -> "ProducerManifest":
+    def load(cls, path: Path, *, iteration: int, stage: str, producer_rank: int,
+             fs: FileSystem | None = None) -> "ProducerManifest":
         """Read and validate a manifest file."""
-        return cls.parse(path.read_bytes(), path, iteration=iteration, stage=stage, producer_rank=producer_rank)
+        return cls.parse(read_bytes_once(path, fs=fs), path, iteration=iteration, stage=stage,
+                         producer_rank=producer_rank)
 
 
-def produced_rows(run_dir: str | Path, iteration: int, stage: str, producer_ranks: Sequence[int]) -> int:
+def produced_rows(run_dir: str | Path, iteration: int, stage: str, producer_ranks: Sequence[int],
+                  fs: FileSystem | None = None) -> int:
     """Rows the given producers have published for ``stage`` so far (reads one manifest each)."""
     total = 0
     for rank in producer_ranks:
         path = manifest_path(run_dir, iteration, stage, rank)
         try:
-            m = ProducerManifest.load(path, iteration=iteration, stage=stage, producer_rank=rank)
+            m = ProducerManifest.load(path, iteration=iteration, stage=stage, producer_rank=rank, fs=fs)
         except FileNotFoundError:
             continue
         total += sum(s.rows for s in m.shards)

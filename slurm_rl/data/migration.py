@@ -9,7 +9,7 @@ atomic, so exactly one claimer wins each ticket and no request is taken twice or
 
 from __future__ import annotations
 
-import os
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from slurm_rl.data._fsio import exclusive_write_json, fsync_dir, makedirs_private, read_json
 from slurm_rl.data.errors import DataPlaneError, InvalidManifestError
 from slurm_rl.data.layout import PENDING_STAGE, iteration_dir, validate_pending_name
 from slurm_rl.data.schemas import PENDING, conform
 from slurm_rl.data.shardio import open_shard, write_shard
+from slurm_rl.fsio import FileSystem, fsync_dir, makedirs_private, read_bytes_once, rename, write_json_exclusive
 
 TICKET_FORMAT = "slurm_rl.data.pending/1"
 
@@ -58,6 +58,7 @@ def write_pending(
     tag: int = 0,
     num_chunks: int = 1,
     fsync: bool = True,
+    fs: FileSystem | None = None,
 ) -> list[PendingTicket]:
     """Publish ``requests`` (PENDING schema) of released rank ``from_rank`` as claimable work.
 
@@ -75,7 +76,7 @@ def write_pending(
     if n == 0:
         return []
     d = pending_dir(run_dir, iteration)
-    makedirs_private(d)
+    makedirs_private(d, fs=fs)
     chunks = max(1, min(num_chunks, n))
     bounds = np.linspace(0, n, chunks + 1).astype(int)
     out = []
@@ -85,11 +86,11 @@ def write_pending(
         arrow, ticket = f"{stem}.arrow", f"{stem}.json"
         if (d / ticket).exists() or any(d.glob(f"claimed-*--{ticket}")):
             raise DataPlaneError(f"{d / ticket}: pending ticket already exists (rank {from_rank}, tag {tag})")
-        nbytes, digest = write_shard(d / arrow, part, fsync=fsync)
+        nbytes, digest = write_shard(d / arrow, part, fsync=fsync, fs=fs)
         sample_ids = [int(x) for x in part.column("sample_id").to_numpy()]
         info = PendingTicket(ticket, arrow, from_rank, part.num_rows, nbytes, digest, sample_ids)
         try:
-            exclusive_write_json(
+            write_json_exclusive(
                 d / ticket,
                 {
                     "format": TICKET_FORMAT,
@@ -102,6 +103,7 @@ def write_pending(
                     "sample_ids": sample_ids,
                     "written_at": time.time(),
                 },
+                fs=fs,
             )
         except FileExistsError:
             raise DataPlaneError(f"{d / ticket}: pending ticket already exists (rank {from_rank}, tag {tag})") from None
@@ -109,18 +111,33 @@ def write_pending(
     return out
 
 
-def _parse_ticket(path: Path, ticket: str) -> PendingTicket:
-    obj = read_json(path)
-    if not isinstance(obj, dict) or obj.get("format") != TICKET_FORMAT:
-        raise InvalidManifestError(f"{path}: not a {TICKET_FORMAT} ticket")
+def _parse_ticket(path: Path, ticket: str, fs: FileSystem | None = None) -> PendingTicket:
+    """Read and validate a ticket; ``InvalidManifestError`` naming the file and the field."""
+    raw = read_bytes_once(path, fs=fs)
     try:
-        arrow = validate_pending_name(obj["arrow"], path)
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidManifestError(f"{path}: not valid JSON ({len(raw)} bytes; truncated?): {e}") from None
+    if not isinstance(obj, dict) or obj.get("format") != TICKET_FORMAT:
+        got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+        raise InvalidManifestError(f"{path}: field 'format' must be {TICKET_FORMAT!r}, got {got!r}")
+    try:
+        arrow = validate_pending_name(obj["arrow"], f"{path}: field 'arrow'")
         ids = obj["sample_ids"]
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            raise InvalidManifestError(f"{path}: sample_ids must be a list of ints")
-        return PendingTicket(ticket, arrow, int(obj["from_rank"]), int(obj["rows"]), int(obj["bytes"]), str(obj["xxh3_64"]), ids)
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise InvalidManifestError(f"{path}: field 'sample_ids' must be a list of ints")
+        for key in ("from_rank", "rows", "bytes"):
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidManifestError(f"{path}: field '{key}' must be a non-negative int, got {v!r}")
+        digest = obj["xxh3_64"]
+        if not isinstance(digest, str) or len(digest) != 16:
+            raise InvalidManifestError(f"{path}: field 'xxh3_64' must be 16 hex digits, got {digest!r}")
+        if obj["rows"] != len(ids):
+            raise InvalidManifestError(f"{path}: field 'rows' is {obj['rows']}, but 'sample_ids' lists {len(ids)}")
+        return PendingTicket(ticket, arrow, obj["from_rank"], obj["rows"], obj["bytes"], digest, ids)
     except KeyError as e:
-        raise InvalidManifestError(f"{path}: ticket lacks key {e}") from None
+        raise InvalidManifestError(f"{path}: ticket lacks field {e}") from None
 
 
 def list_pending(run_dir: str | Path, iteration: int) -> list[str]:
@@ -131,14 +148,17 @@ def list_pending(run_dir: str | Path, iteration: int) -> list[str]:
     return sorted(p.name for p in d.glob("pending-*.json"))
 
 
-def _load_claimed(d: Path, ticket_file: str) -> tuple[PendingTicket, pa.Table]:
-    ticket = ticket_file.split("--", 1)[1]
-    info = _parse_ticket(d / ticket_file, ticket)
-    table = open_shard(d / info.arrow, nbytes=info.bytes, digest=info.xxh3_64, schema=PENDING)
+def _load_ticket(d: Path, ticket_file: str, ticket: str, fs: FileSystem | None) -> tuple[PendingTicket, pa.Table]:
+    info = _parse_ticket(d / ticket_file, ticket, fs)
+    table = open_shard(d / info.arrow, nbytes=info.bytes, digest=info.xxh3_64, schema=PENDING, fs=fs)
     got = table.column("sample_id").to_pylist()
     if got != info.sample_ids:
         raise DataPlaneError(f"{d / info.arrow}: sample ids differ from ticket {d / ticket_file}")
     return info, table
+
+
+def _load_claimed(d: Path, ticket_file: str, fs: FileSystem | None = None) -> tuple[PendingTicket, pa.Table]:
+    return _load_ticket(d, ticket_file, ticket_file.split("--", 1)[1], fs)
 
 
 def claim_pending(
@@ -148,12 +168,16 @@ def claim_pending(
     *,
     max_rows: int | None = None,
     from_ranks: Sequence[int] | None = None,
+    fs: FileSystem | None = None,
 ) -> pa.Table:
     """Claim unclaimed pending tickets for ``rank`` and return their requests (PENDING schema).
 
     Claims whole tickets until at least ``max_rows`` rows are claimed (all if None), optionally
     only those written by ``from_ranks``. Each ticket goes to exactly one caller, across
     processes and hosts sharing RUN_DIR. Returns an empty table when nothing is left.
+
+    A ticket is validated (and its Arrow file checksummed) before it is claimed: a corrupt one
+    raises ``InvalidManifestError``/``CorruptShardError`` naming the file and stays unclaimed.
     """
     d = pending_dir(run_dir, iteration)
     names = list_pending(run_dir, iteration)
@@ -170,22 +194,28 @@ def claim_pending(
             break
         target = _claimed_name(rank, name)
         try:
-            os.rename(d / name, d / target)
+            _, table = _load_ticket(d, name, name, fs)  # tickets are write-once: check before claiming
         except FileNotFoundError:
             if not (d / target).exists():  # someone else won this ticket
                 continue
-        fsync_dir(d)
-        _, table = _load_claimed(d, target)
+            _, table = _load_claimed(d, target, fs)
+        else:
+            try:
+                rename(d / name, d / target, fs=fs)
+            except FileNotFoundError:
+                if not (d / target).exists():  # someone else won this ticket
+                    continue
+        fsync_dir(d, fs)
         tables.append(table)
         claimed_rows += table.num_rows
     return pa.concat_tables(tables) if tables else PENDING.empty_table()
 
 
-def load_claimed(run_dir: str | Path, iteration: int, rank: int) -> pa.Table:
+def load_claimed(run_dir: str | Path, iteration: int, rank: int, fs: FileSystem | None = None) -> pa.Table:
     """All requests ``rank`` has claimed in ``iteration`` (e.g. after a restart of that rank)."""
     d = pending_dir(run_dir, iteration)
     if not d.is_dir():
         return PENDING.empty_table()
     files = sorted(p.name for p in d.glob(f"claimed-{rank:04d}--pending-*.json"))
-    tables = [_load_claimed(d, f)[1] for f in files]
+    tables = [_load_claimed(d, f, fs)[1] for f in files]
     return pa.concat_tables(tables) if tables else PENDING.empty_table()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -10,11 +10,31 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from slurm_rl.data._fsio import read_json
 from slurm_rl.data.errors import DataPlaneError, InvalidManifestError, ManifestTimeout
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir, validate_stage
 from slurm_rl.data.manifest import ProducerManifest, ShardInfo
 from slurm_rl.data.shardio import open_shard
+from slurm_rl.fsio import FileSystem, read_bytes_once, stat
+
+
+def read_expected(path: Path, iteration: int, stage: str, *, fs: FileSystem | None = None) -> dict:
+    """Read and validate a stage's ``expected.json``; ``InvalidManifestError`` naming the file and field."""
+    raw = read_bytes_once(path, fs=fs)
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidManifestError(f"{path}: not valid JSON ({len(raw)} bytes; truncated?): {e}") from None
+    if not isinstance(obj, dict):
+        raise InvalidManifestError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    for key, want in (("iteration", iteration), ("stage", stage)):
+        if obj.get(key) != want:
+            raise InvalidManifestError(f"{path}: field '{key}' is {obj.get(key)!r}, expected {want!r}")
+    ranks = obj.get("producer_ranks")
+    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+        raise InvalidManifestError(f"{path}: field 'producer_ranks' must be a list of non-negative ints, got {ranks!r}")
+    if not isinstance(obj.get("final", True), bool):
+        raise InvalidManifestError(f"{path}: field 'final' must be a bool, got {obj.get('final')!r}")
+    return {"producer_ranks": ranks, "final": obj.get("final", True)}
 
 
 @dataclass(frozen=True)
@@ -68,8 +88,10 @@ class StageReader:
         verify: bool = True,
         on_poll: Callable[[], None] | None = None,
         who: str | None = None,
+        fs: FileSystem | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.fs = fs
         self.who = who
         self.iteration = iteration
         self.stage = validate_stage(stage)
@@ -103,16 +125,14 @@ class StageReader:
     def _refresh_expected(self) -> bool:
         """Re-read expected.json if it changed; True if it added ranks or became final."""
         try:
-            s = os.stat(self._expected_path)
+            s = stat(self._expected_path, fs=self.fs)
         except FileNotFoundError:
             return False
         key = (s.st_ino, s.st_mtime_ns, s.st_size)
         if key == self._expected_key:
             return False
-        obj = read_json(self._expected_path)
-        ranks = obj.get("producer_ranks") if isinstance(obj, dict) else None
-        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
-            raise InvalidManifestError(f"{self._expected_path}: 'producer_ranks' must be a list of non-negative ints")
+        obj = read_expected(self._expected_path, self.iteration, self.stage, fs=self.fs)
+        ranks = obj["producer_ranks"]
         dropped = sorted(set(self._states) - set(ranks))
         if dropped:
             raise InvalidManifestError(
@@ -121,20 +141,20 @@ class StageReader:
             )
         before = (len(self._states), self._expected_final)
         self.add_producers(ranks)
-        self._expected_final = bool(obj.get("final", True))
+        self._expected_final = obj["final"]
         self._expected_key = key
         return (len(self._states), self._expected_final) != before
 
     def _refresh(self, st: _ProducerState) -> None:
         try:
-            s = os.stat(st.path)
+            s = stat(st.path, fs=self.fs)
         except FileNotFoundError:
             return
         key = (s.st_ino, s.st_mtime_ns, s.st_size)
         if key == st.stat_key:
             return
         try:
-            raw = st.path.read_bytes()
+            raw = read_bytes_once(st.path, fs=self.fs)
         except FileNotFoundError:
             return
         m = ProducerManifest.parse(raw, st.path, iteration=self.iteration, stage=self.stage, producer_rank=st.rank)
@@ -192,7 +212,8 @@ class StageReader:
                     info = st.listed[st.next_seq]
                     path = self.dir / info.name
                     table = open_shard(
-                        path, nbytes=info.bytes, digest=info.xxh3_64 if self.verify else None, schema=self.schema
+                        path, nbytes=info.bytes, digest=info.xxh3_64 if self.verify else None, schema=self.schema,
+                        fs=self.fs,
                     )
                     if table.num_rows != info.rows:
                         raise DataPlaneError(f"{path}: {table.num_rows} rows, manifest says {info.rows}")

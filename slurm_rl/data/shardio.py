@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from slurm_rl.data._fsio import fsync_dir, tmp_name
+from slurm_rl.fsio import FileSystem, StorageError, atomic_file, open_read
 from slurm_rl.data.errors import CorruptShardError
 from slurm_rl.data.schemas import check_schema, token_columns
 
@@ -19,13 +20,14 @@ from slurm_rl.data.schemas import check_schema, token_columns
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 
 
-def map_file(path: Path, *, populate: bool) -> pa.Buffer:
+def map_file(path: Path, *, populate: bool, fs: FileSystem | None = None) -> pa.Buffer:
     """Read-only memory map of a whole file as a zero-copy ``pa.Buffer``.
 
     ``populate`` pre-faults the pages with one ``madvise`` (much cheaper than one page fault per
-    4 KiB when the whole file is about to be hashed anyway). Raises FileNotFoundError.
+    4 KiB when the whole file is about to be hashed anyway). Refuses a symbolic link (a shard
+    is never one). Raises FileNotFoundError; other errors are ``StorageError`` naming the path.
     """
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_read(path, nofollow=True, fs=fs)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -46,9 +48,9 @@ def digest_buffer(buf: pa.Buffer | memoryview | bytes) -> str:
     return xxhash.xxh3_64_hexdigest(buf)
 
 
-def file_digest(path: Path) -> tuple[int, str]:
+def file_digest(path: Path, fs: FileSystem | None = None) -> tuple[int, str]:
     """``(size, xxh3_64 hex)`` of a file, hashed over a memory map."""
-    buf = map_file(path, populate=True)
+    buf = map_file(path, populate=True, fs=fs)
     return buf.size, digest_buffer(buf)
 
 
@@ -74,31 +76,23 @@ def count_tokens(table: pa.Table, columns: list[str] | None = None) -> int:
     return n
 
 
-def write_shard(final: Path, table: pa.Table, *, fsync: bool = True) -> tuple[int, str]:
-    """Write ``table`` to ``final`` via a temp name + fsync + rename + dir fsync.
+def write_shard(final: Path, table: pa.Table, *, fsync: bool = True, fs: FileSystem | None = None) -> tuple[int, str]:
+    """Write ``table`` to ``final`` through :func:`slurm_rl.fsio.atomic_file` (temp name, fsync,
+    rename, dir fsync). Returns ``(bytes, xxh3_64 hex)`` of the published file.
 
-    Returns ``(bytes, xxh3_64 hex)`` of the published file. A crash leaves only a hidden
-    ``.tmp-*`` file, never a partial file under the final name.
+    A crash or a write error (``StorageError`` naming ``final``: ENOSPC, EIO) leaves no file
+    under the final name; only a crash can leave a hidden ``.shard-*.tmp`` file.
     """
-    tmp = tmp_name(final)
-    try:
-        with pa.OSFile(str(tmp), "wb") as sink:
+    with atomic_file(final, durable=fsync, fs=fs) as sink:
+        try:
             with pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
-        os.chmod(tmp, 0o600)
-        size, digest = file_digest(tmp)
-        if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if fsync:
-        fsync_dir(final.parent)
+        except pa.ArrowException as exc:  # an OSError raised by the sink, re-raised by Arrow
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, OSError):
+                raise cause from exc
+            raise StorageError(errno.EIO, f"writing Arrow IPC failed: {exc}", str(final)) from exc
+        size, digest = file_digest(sink.path, fs=fs)
     return size, digest
 
 
@@ -108,6 +102,7 @@ def open_shard(
     nbytes: int,
     digest: str | None,
     schema: pa.Schema | None = None,
+    fs: FileSystem | None = None,
 ) -> pa.Table:
     """Memory-map ``path``, check size and checksum, and return a zero-copy table.
 
@@ -115,9 +110,13 @@ def open_shard(
     the path) for a missing, truncated or modified shard; DataPlaneError for a schema mismatch.
     """
     try:
-        buf = map_file(path, populate=digest is not None)
+        buf = map_file(path, populate=digest is not None, fs=fs)
     except FileNotFoundError:
         raise CorruptShardError(str(path), "listed in the manifest but missing") from None
+    except StorageError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptShardError(str(path), "is a symbolic link (a shard never is one)") from None
+        raise
     if buf.size != nbytes:
         raise CorruptShardError(str(path), f"size {buf.size} bytes, manifest says {nbytes} (truncated or overwritten)")
     if digest is not None:

@@ -9,7 +9,7 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slurm_rl.data._fsio import atomic_write_json, makedirs_private
+from slurm_rl.fsio import FileSystem, atomic_write_json, makedirs_private, remove_stale_temp_files
 from slurm_rl.data.errors import DataPlaneError
 from slurm_rl.data.layout import expected_path, manifest_path, shard_name, stage_dir, validate_stage
 from slurm_rl.data.manifest import ProducerManifest, ShardInfo
@@ -37,8 +37,10 @@ class StageWriter:
         schema: pa.Schema,
         *,
         fsync: bool = True,
+        fs: FileSystem | None = None,
     ) -> None:
         check_schema(schema, None, f"schema for stage {stage!r}")
+        self.fs = fs
         self.run_dir = Path(run_dir)
         self.iteration = iteration
         self.stage = validate_stage(stage)
@@ -47,10 +49,11 @@ class StageWriter:
         self.fsync = fsync
         self.dir = stage_dir(run_dir, iteration, stage)
         self.manifest_path = manifest_path(run_dir, iteration, stage, producer_rank)
-        makedirs_private(self.dir)
+        makedirs_private(self.dir, fs=fs)
         self._closed = False
         if self.manifest_path.exists():
-            m = ProducerManifest.load(self.manifest_path, iteration=iteration, stage=stage, producer_rank=producer_rank)
+            m = ProducerManifest.load(self.manifest_path, iteration=iteration, stage=stage, producer_rank=producer_rank,
+                                      fs=fs)
             if m.complete:
                 raise DataPlaneError(
                     f"{self.manifest_path}: producer rank {producer_rank} already completed stage {stage!r} "
@@ -66,13 +69,12 @@ class StageWriter:
 
     def _remove_stale_temp_files(self) -> None:
         # Leftovers of a killed process of this rank (never listed, so never read); done once at start.
-        for pattern in (f".tmp-shard-{self.producer_rank:04d}-*", f".tmp-manifest-{self.producer_rank:04d}.json-*"):
-            for p in self.dir.glob(pattern):
-                p.unlink(missing_ok=True)
+        for prefix in (f"shard-{self.producer_rank:04d}-", f"manifest-{self.producer_rank:04d}.json"):
+            remove_stale_temp_files(self.dir, older_than_s=-1.0, prefix=prefix, fs=self.fs)
 
     def _publish(self) -> None:
         self._manifest.updated_at = time.time()
-        atomic_write_json(self.manifest_path, self._manifest.to_json())
+        atomic_write_json(self.manifest_path, self._manifest.to_json(), durable=self.fsync, fs=self.fs)
 
     @property
     def shards(self) -> list[ShardInfo]:
@@ -86,7 +88,7 @@ class StageWriter:
         table = conform(data, self.schema)
         seq = len(self._manifest.shards)
         name = shard_name(self.producer_rank, seq)
-        nbytes, digest = write_shard(self.dir / name, table, fsync=self.fsync)
+        nbytes, digest = write_shard(self.dir / name, table, fsync=self.fsync, fs=self.fs)
         lo = hi = None
         if "sample_id" in table.column_names and table.num_rows:
             mm = pc.min_max(table.column("sample_id"))
@@ -125,7 +127,8 @@ class StageWriter:
 
 
 def write_expected(
-    run_dir: str | Path, iteration: int, stage: str, producer_ranks: list[int], *, final: bool = True
+    run_dir: str | Path, iteration: int, stage: str, producer_ranks: list[int], *, final: bool = True,
+    fs: FileSystem | None = None,
 ) -> Path:
     """Publish the producer ranks a consumer of ``stage`` must wait for (atomic replace).
 
@@ -134,9 +137,10 @@ def write_expected(
     """
     ranks = sorted({int(r) for r in producer_ranks})
     path = expected_path(run_dir, iteration, stage)
-    makedirs_private(path.parent)
+    makedirs_private(path.parent, fs=fs)
     atomic_write_json(
         path,
         {"iteration": iteration, "stage": stage, "producer_ranks": ranks, "final": final, "written_at": time.time()},
+        fs=fs,
     )
     return path

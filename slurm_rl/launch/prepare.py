@@ -1,36 +1,64 @@
 """Prepare a run directory before anything is launched: validate, create RUN_DIR 0700, write config.
 
 Every launch path (local, sbatch, submitit) calls this once, on the submitting side, so a bad
-config fails with exit code 2 before any rank or GPU is touched.
+config or an unsafe RUN_DIR fails with exit code 2 before any rank or GPU is touched.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from slurm_rl.config import Config, load_config
+from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.fsio import atomic_write_bytes, remove_stale_temp_files
+
+RUN_DIR_KEY = "runtime.run_dir"
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a RUN_DIR (or its ``control/``) that exists and is not a directory, is owned by
+    another user, or is writable by everyone: ``ConfigError`` naming ``runtime.run_dir``, the path
+    and what is wrong. Nothing is read from such a directory and nothing is created in it."""
+    issues = []
+    for path in (run_dir, run_dir / "control"):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            issues.append(ConfigIssue(RUN_DIR_KEY, str(path), "a directory (this path exists and is not one)"))
+            break
+        if st.st_uid != os.geteuid():
+            issues.append(ConfigIssue(RUN_DIR_KEY, str(path), f"a directory owned by this user (uid {os.geteuid()}); "
+                                                              f"it is owned by uid {st.st_uid}"))
+        if st.st_mode & stat.S_IWOTH:
+            issues.append(ConfigIssue(RUN_DIR_KEY, str(path), f"a directory not writable by everyone; its mode is "
+                                                              f"{stat.S_IMODE(st.st_mode):04o} (chmod o-w, or pick "
+                                                              f"another runtime.run_dir)"))
+    if issues:
+        raise ConfigError(issues)
 
 
 def prepare_run(
     config_path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> tuple[Config, Path]:
-    """Load and validate the config, create the run dir, write ``RUN_DIR/config.yaml`` (resolved).
+    """Load and validate the config, check and create the run dir, write ``RUN_DIR/config.yaml``.
 
-    Raises ``ConfigError`` (nothing created) on a bad config.
+    Raises ``ConfigError`` (nothing created) on a bad config or an unsafe RUN_DIR (owned by
+    someone else, world-writable), ``FileExistsError`` if RUN_DIR already holds a run.
     """
     cfg = load_config(config_path, overrides, env=env)
     run_dir = Path(cfg.runtime.run_dir).absolute()
+    check_run_dir(run_dir)
     if (run_dir / "control" / "epochs").is_dir() and any((run_dir / "control" / "epochs").iterdir()):
         raise FileExistsError(f"run dir {run_dir} already holds a run (control/epochs is not empty); pick another runtime.run_dir")
     paths = RunPaths(run_dir).ensure()
     (run_dir / "logs").mkdir(mode=0o700, exist_ok=True)
-    text = cfg.to_yaml()
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, run_dir / "config.yaml")
+    remove_stale_temp_files(run_dir, older_than_s=-1.0, prefix="config.yaml")
+    atomic_write_bytes(run_dir / "config.yaml", cfg.to_yaml().encode())
     _point_latest(run_dir)
     return cfg, paths.run_dir
 
