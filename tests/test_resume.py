@@ -185,3 +185,26 @@ def test_resume_refuses_a_run_whose_coordinator_holds_the_lease(tmp_path: Path) 
     with filelock.FileLock(str(RunPaths(run_dir).lease_lock)):
         proc = cli("run", "--resume", str(run_dir))
     assert proc.returncode == 2 and "is held" in proc.stderr
+
+
+@pytest.mark.parametrize("status, policy, srun_exit, requeue, exclude", [
+    ({"state": "finished"}, "checkpoint_and_requeue", 143, False, []),  # finished: a late signal changes nothing
+    ({"state": "stopped", "stopped_at_iteration": 2, "stop": {"reason": "USR1"}}, "fail", 0, True, []),
+    ({"state": "failed", "requeue": True, "exclude": ["n2"], "error": "DeadRankError"}, "checkpoint_and_requeue", 1,
+     True, ["n2"]),
+    ({"state": "failed", "requeue": False, "error": "ValueError: a bug"}, "checkpoint_and_requeue", 1, False, []),
+    ({"state": "running"}, "fail", 137, False, []),  # a rank SIGKILLed, srun ended the step: fail by default
+    ({"state": "running"}, "checkpoint_and_requeue", 137, True, []),
+])
+def test_requeue_decision(tmp_path: Path, status: dict, policy: str, srun_exit: int, requeue: bool,
+                          exclude: list[str]) -> None:
+    from slurm_rl.control.status import write_coordinator_status
+    from slurm_rl.launch.requeue import decide
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config("emulated", run_dir, on_rank_failure=policy)))
+    assert cli("prepare", str(config)).returncode == 0
+    write_coordinator_status(RunPaths(run_dir), {"generation": 1, **status})
+    decision = decide(run_dir, srun_exit)
+    assert (decision.requeue, decision.exclude) == (requeue, exclude), decision

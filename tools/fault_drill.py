@@ -48,7 +48,6 @@ from slurm_rl.control.atomic import read_json  # noqa: E402
 from slurm_rl.control.lease import read_lease  # noqa: E402
 from slurm_rl.control.paths import RunPaths  # noqa: E402
 from slurm_rl.control.progress import read_all_progress  # noqa: E402
-from slurm_rl.control.status import read_coordinator_status  # noqa: E402
 from slurm_rl.faults import FAULT_ENV, FAULT_ONCE_ENV  # noqa: E402
 from slurm_rl.launch.local import LaunchError, LocalJob  # noqa: E402
 from slurm_rl.launch.prepare import prepare_run  # noqa: E402
@@ -160,19 +159,21 @@ def launch(run_dir: Path, env: dict[str, str], timeout: float, external: tuple[s
         os.environ.clear()
         os.environ.update(saved)
     started = time.monotonic()
-    kill_at = None if external is None else started + external[1]
+    kill_at: float | None = None  # external kills: counted from the first rank at work
     mark_at_fault = None
     try:
         while True:
+            if external is not None and kill_at is None and "fault_at" not in record and _working(run_dir):
+                kill_at = time.monotonic() + external[1]
             if kill_at is not None and time.monotonic() >= kill_at:
-                kill_at = None
-                victim = _victim(run_dir, external[0], job, rng)
+                kill_at, target, external = None, external[0], None
+                victim = _victim(run_dir, target, job, rng)
                 if victim is not None:
                     mark_at_fault = _progress_mark(run_dir)
                     os.kill(victim, signal.SIGKILL)
                     record["fault_at"] = time.time()
-            if mark_at_fault is not None and "progress_after_s" not in record and _progress_mark(run_dir) > mark_at_fault \
-                    and _progress_mark(run_dir)[1] > mark_at_fault[1]:
+            if mark_at_fault is not None and "progress_after_s" not in record and \
+                    _progress_mark(run_dir)[1] > mark_at_fault[1]:
                 record["progress_after_s"] = time.time() - record["fault_at"]  # a new coordinator took over
             try:
                 if job.poll() is not None:
@@ -184,6 +185,10 @@ def launch(run_dir: Path, env: dict[str, str], timeout: float, external: tuple[s
             time.sleep(0.05)
     finally:
         job.kill()
+
+
+def _working(run_dir: Path) -> bool:
+    return any(d.get("state") == "working" for d in read_all_progress(RunPaths(run_dir), range(WORLD)).values())
 
 
 def _victim(run_dir: Path, target: str, job: LocalJob, rng: random.Random) -> int | None:
@@ -220,7 +225,7 @@ def drill_one(kind: str, backend: str, base: Path, ref: Path, rng: random.Random
     env = dict(os.environ)
     external = None
     if kind in ("rank", "coordinator"):
-        external = (kind, rng.uniform(0.2, 0.9) * expected_s)
+        external = (kind, rng.uniform(0.05, 0.9) * expected_s)
         record["spec"] = f"SIGKILL {kind} after {external[1]:.1f}s"
     else:
         env.update({FAULT_ENV: internal_fault(kind, rng), FAULT_ONCE_ENV: str(once)})
@@ -250,9 +255,10 @@ def drill_one(kind: str, backend: str, base: Path, ref: Path, rng: random.Random
     record["identical"] = record["finished"] and same_outcome(run_dir, ref)
     record["torn_files"] = torn_files(run_dir)
     record["samples_lost"], record["samples_doubled"] = sample_errors(run_dir, samples) if record["finished"] else (0, 0)
-    if kind in ("coordinator", "epoch_write", "checkpoint_write") and "progress_after_s" not in record and record["finished"]:
-        gen = (read_lease(RunPaths(run_dir)) or {}).get("generation")
-        record["note"] = f"coordinator generation {gen} at the end"
+    if kind in ("epoch_write", "checkpoint_write") and "fault_at" in record:
+        # the next coordinator generation claimed the lease: the run goes on (rank 0 restarted it)
+        claim = RunPaths(run_dir).generation_claim(2)
+        record["progress_after_s"] = claim.stat().st_mtime - record["fault_at"] if claim.exists() else None
     return record
 
 
@@ -284,11 +290,11 @@ def main() -> int:
     config = base / "reference.yaml"
     config.write_text(yaml.safe_dump(drill_config(args.backend, ref)))
     prepare_run(config)
-    t0 = time.monotonic()
     if launch(ref, dict(os.environ), LAUNCH_TIMEOUT_S[args.backend], None, rng, {}) != "finished":
         print(json.dumps({"error": f"the reference run did not finish ({ref})"}))
         return 1
-    expected_s = time.monotonic() - t0
+    rows = read_metrics(ref)
+    expected_s = rows[-1]["time"] - rows[0]["time"] + rows[0]["seconds"]  # the iterations' span, without startup
     samples = read_metrics(ref)[0]["samples"]
     records = [drill_one(kind, args.backend, base, ref, rng, samples, expected_s) for kind in kinds for _ in range(args.runs)]
 

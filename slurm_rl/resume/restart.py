@@ -29,6 +29,7 @@ import filelock
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.atomic import atomic_write_bytes, atomic_write_json, read_json
 from slurm_rl.control.epochs import EpochStore
+from slurm_rl.control.errors import TornFileError
 from slurm_rl.control.events import append_event
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
@@ -139,7 +140,10 @@ def prepare_resume(run_dir: str | Path, overrides: Sequence[str] = (),
     checkpoint: RunCheckpoint | None = latest_valid(root, log=log)
     k = checkpoint.iteration if checkpoint is not None else 0
     previous = read_resume_point(root)
-    status = read_coordinator_status(paths) or {}
+    try:
+        status = read_coordinator_status(paths) or {}
+    except TornFileError:  # a coordinator killed mid-write of a non-atomic copy: nothing to keep from it
+        status = {}
     latest = EpochStore(paths).latest()
     # Nothing of iterations >= k survives: they are re-run from their start.
     for it in list_iterations(root):
@@ -159,7 +163,7 @@ def prepare_resume(run_dir: str | Path, overrides: Sequence[str] = (),
     atomic_write_json(resume_path(root), {**point.__dict__, "resumed_at": time.time(),
                                           "previous_state": status.get("state"), "overrides": list(overrides)})
     write_coordinator_status(paths, {"state": "resuming", "released_iteration": k - 1, "released_epoch": None,
-                                     "generation": status.get("generation"), "time": time.time()})
+                                     "generation": int(status.get("generation") or 0), "time": time.time()})
     append_event(paths, "resumed", {"iteration": k, "checkpoint": point.checkpoint, "incarnation": point.incarnation,
                                     "previous_state": status.get("state"), "metrics_rows": rows,
                                     "overrides": list(overrides)})
