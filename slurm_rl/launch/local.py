@@ -94,10 +94,10 @@ class LocalJob:
         return dict(self.codes) if len(self.codes) == len(self.procs) else None
 
     def kill(self) -> None:
-        """Stop every rank still running and close the logs."""
+        """Stop every rank still running, and what its process group still holds (rank 0's
+        coordinator outlives a rank 0 that died), and close the logs."""
         for p in self.procs.values():
-            if p.poll() is None:
-                _kill(p)
+            _kill(p)
         for log in self._logs:
             log.close()
         self._logs = []

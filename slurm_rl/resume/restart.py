@@ -96,13 +96,16 @@ def _frozen_changes(old: Config, new: Config) -> list[ConfigIssue]:
     return issues
 
 
+LEASE_GRACE_S = 10.0  # a coordinator killed with its ranks lets go of the lease within this
+
+
 def _check_not_running(paths: RunPaths) -> None:
-    lock = filelock.FileLock(str(paths.lease_lock), timeout=0)
+    lock = filelock.FileLock(str(paths.lease_lock), timeout=LEASE_GRACE_S)
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=LEASE_GRACE_S)
     except filelock.Timeout:
         raise ConfigError([ConfigIssue("--resume", str(paths.run_dir), "a run dir whose coordinator is not running "
-                                       f"(the lease {paths.lease_lock} is held)")]) from None
+                                       f"(the lease {paths.lease_lock} is still held after {LEASE_GRACE_S:.0f}s)")]) from None
     lock.release()
 
 
