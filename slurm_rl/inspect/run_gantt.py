@@ -1,0 +1,231 @@
+"""The placement timeline of one run as a Gantt chart: PNG (matplotlib) and compact text.
+
+Rows are ranks, the x axis is seconds since epoch 0 was published. A rank's bar has the colour of
+the role it held (pale where it held the role but did nothing: the bubble; full where an activity
+span says it worked), black hatching where the actor's state was resharded. Dotted lines mark
+epochs, solid lines the iteration gates; arrows name the requests migrated off a released
+rollout rank. The text version collapses ranks whose rows are identical, so it stays short at 64.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from slurm_rl.inspect.run_timeline import BUSY_KINDS, COMPONENTS, RunTimeline, union_length
+
+TEXT_COLUMNS = 72
+LETTERS = {"actor": "A", "rollout": "R", "inference": "I"}
+COLOURS = {"actor": "#1f77b4", "rollout": "#2ca02c", "inference": "#ff7f0e", "idle": "#bbbbbb"}
+MIXED_COLOUR = "#9467bd"
+
+
+def _letter(label: str) -> str:
+    if label == "idle":
+        return "."
+    parts = label.split("+")
+    return LETTERS.get(parts[0], "?") if len(parts) == 1 else "C"
+
+
+def text_gantt(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> list[str]:
+    """One row per group of identical ranks: upper case = working, lower case = holding the role
+    idle (bubble), ``.`` = no role, ``#`` = actor reshard, blank = not started / finished."""
+    if tl.t0 is None or tl.end is None or tl.end <= tl.t0 or not tl.bars:
+        return ["  (no epoch acknowledged yet: nothing to draw)"]
+    t0, width = tl.t0, (tl.end - tl.t0) / columns
+    rows: list[tuple[int, str]] = []
+    for rank in tl.world:
+        bars = [b for b in tl.bars if b.rank == rank]
+        spans = tl.spans.get(rank, [])
+        busy = [(s["start"], s["end"]) for s in spans if s.get("kind") in BUSY_KINDS]
+        reshard = [(s["start"], s["end"]) for s in spans if s.get("kind") == "reshard"]
+        cells = []
+        for c in range(columns):
+            a, b = t0 + c * width, t0 + (c + 1) * width
+            cover: dict[str, float] = {}
+            for bar in bars:
+                overlap = min(bar.end, b) - max(bar.start, a)
+                if overlap > 0:
+                    cover[bar.label] = cover.get(bar.label, 0.0) + overlap
+            if not cover:
+                cells.append(" ")
+                continue
+            label = max(cover.items(), key=lambda kv: kv[1])[0]
+            mark = _letter(label)
+            if union_length(reshard, a, b) >= width / 2:
+                mark = "#"
+            elif mark not in ".?" and busy and union_length(busy, a, b) < width / 2:
+                mark = mark.lower()
+            cells.append(mark)
+        rows.append((rank, "".join(cells)))
+    out: list[str] = []
+    i = 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1][1] == rows[i][1] and rows[j + 1][0] == rows[j][0] + 1:
+            j += 1
+        name = f"rank {rows[i][0]}" if i == j else f"ranks {rows[i][0]}-{rows[j][0]}"
+        out.append(f"  {name:>12} |{rows[i][1]}|")
+        i = j + 1
+    marks = [" "] * columns
+    for e in tl.epochs:
+        c = int((e["published_at"] - t0) / width)
+        if 0 <= c < columns and marks[c] == " ":
+            marks[c] = "'"
+    for k, t in tl.gates:
+        c = int((t - t0) / width)
+        if 0 <= c < columns:
+            marks[c] = str(k % 10)
+    out.insert(0, f"  {'gates/epochs':>12} |{''.join(marks)}|")
+    labels = [" "] * (columns + 8)
+    for c in range(0, columns + 1, 18):
+        for n, ch in enumerate(f"^{c * width:.0f}s"):
+            if c + n < len(labels):
+                labels[c + n] = ch
+    out.append(f"  {'':>12}  {''.join(labels).rstrip()}")
+    return out
+
+
+def gantt_legend_text(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> str:
+    width = (tl.end - tl.t0) / columns if tl.t0 is not None and tl.end is not None else 0.0
+    return (f"  placement timeline, 1 column = {width:.2f}s: A actor, R rollout, I inference, C collocated, "
+            f". no role; lower case = holding the role idle (bubble), # = actor reshard; "
+            f"digits = iteration gates, ' = epochs")
+
+
+def write_run_gantt(tl: RunTimeline, path: str | os.PathLike[str] | None = None, title: str | None = None) -> Path:
+    """Draw ``tl`` as a Gantt PNG (default ``RUN_DIR/timeline.png``); needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    out = Path(path) if path is not None else Path(tl.run_dir) / "timeline.png"
+    n = max(1, len(tl.world))
+    fig, ax = plt.subplots(figsize=(14, 2.2 + min(0.34 * n, 0.16 * n + 2.5)))
+    if tl.t0 is None or tl.end is None or not tl.bars:
+        ax.text(0.5, 0.5, "no epoch acknowledged yet: nothing to draw", ha="center", va="center",
+                transform=ax.transAxes)
+        _save(fig, out)
+        return out
+    t0, span = tl.t0, max(tl.end - tl.t0, 1e-9)
+    height = 0.8 if n <= 16 else 0.9
+    has_spans = any(tl.spans.values())
+    for bar in tl.bars:
+        colour = COLOURS.get(bar.label, MIXED_COLOUR)
+        a, b = bar.start - t0, bar.end - t0
+        if b <= a:
+            continue
+        ax.barh(bar.rank, b - a, left=a, height=height, color=colour, alpha=0.28 if has_spans else 0.85,
+                linewidth=0)
+        if bar.open:
+            ax.barh(bar.rank, b - a, left=a, height=height, fill=False, edgecolor="black", linestyle="--",
+                    linewidth=0.6)
+        if not has_spans:
+            continue
+        for s in tl.spans.get(bar.rank, []):
+            if s.get("kind") not in BUSY_KINDS:
+                continue
+            x0, x1 = max(s["start"], bar.start) - t0, min(s["end"], bar.end) - t0
+            if x1 > x0:
+                ax.barh(bar.rank, x1 - x0, left=x0, height=height, color=colour, linewidth=0)
+    for rank, spans in tl.spans.items():
+        for s in spans:
+            if s.get("kind") == "reshard" and s["end"] > s["start"]:
+                ax.barh(rank, s["end"] - s["start"], left=s["start"] - t0, height=height, color="none",
+                        hatch="xxxx", edgecolor="black", linewidth=0)
+    for e in tl.epochs[1:]:
+        ax.axvline(e["published_at"] - t0, color="grey", linestyle=":", linewidth=0.8, zorder=0)
+    for k, t in tl.gates:
+        ax.axvline(t - t0, color="black", linewidth=1.3, zorder=4)
+        label = f"it {k}" if tl.iterations is None or k < tl.iterations else "end"
+        ax.text(t - t0, 1.0, f" {label}", transform=ax.get_xaxis_transform(), ha="left", va="bottom", fontsize=8,
+                fontweight="bold")
+    _annotate_reshards(ax, tl, t0, span, n)
+    _annotate_migrations(ax, tl, t0, n)
+    step = 1 if n <= 16 else (4 if n <= 64 else 8)
+    ax.set_yticks(list(range(0, n, step)), [f"rank {r}" for r in range(0, n, step)], fontsize=8)
+    ax.set_ylim(n - 0.5, -0.5 - header_rows(n))
+    ax.set_xlim(-0.01 * span, span * 1.01)
+    ax.set_xlabel("seconds since epoch 0 was published")
+    ax.grid(axis="x", alpha=0.25)
+    ax.set_axisbelow(True)
+    present = sorted({b.label for b in tl.bars}, key=lambda x: (x == "idle", "+" in x,
+                                                                COMPONENTS.index(x) if x in COMPONENTS else 9))
+    handles: list[Any] = [Patch(color=COLOURS.get(lb, MIXED_COLOUR), label=lb) for lb in present]
+    if has_spans:
+        handles.append(Patch(facecolor="#1f77b4", alpha=0.28, label="role held, idle (bubble)"))
+    handles.append(Patch(facecolor="white", hatch="xxxx", edgecolor="black", label="actor reshard"))
+    handles.append(Line2D([], [], color="black", linewidth=1.3, label="iteration gate"))
+    handles.append(Line2D([], [], color="grey", linestyle=":", label="epoch published"))
+    if tl.migrations:
+        handles.append(Line2D([], [], marker="<", color="crimson", linestyle="", label="requests migrated off"))
+    if any(b.open for b in tl.bars):
+        handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label="still running"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    ax.set_title(title or f"placement timeline of {Path(tl.run_dir).name} ({len(tl.epochs)} epochs, "
+                          f"{len(tl.world)} ranks, state {tl.state})", fontsize=10, pad=16)
+    _save(fig, out)
+    return out
+
+
+def header_rows(n: int) -> float:
+    """Height (in rank rows) of the band above rank 0 that holds the reshard labels."""
+    return 2.0 if n <= 16 else 0.075 * n
+
+
+def _annotate_reshards(ax: Any, tl: RunTimeline, t0: float, span: float, n: int) -> None:
+    """Name each reshard (actor ranks old -> new, bytes, seconds) in the band above the ranks, in two
+    staggered lanes; a label that would overlap both lanes is left out (the hatching still shows it)."""
+    from slurm_rl.inspect.epoch_log import _human_bytes
+
+    band = header_rows(n)
+    lanes = [-1e9, -1e9]
+    for r in tl.reshards:
+        x = r["start"] - t0
+        lane = next((i for i, last in enumerate(lanes) if x - last >= 0.075 * span), None)
+        if lane is None:
+            continue
+        lanes[lane] = x
+        y = -0.5 - band + (0.05 + 0.5 * lane) * band
+        moved = f"{_human_bytes(r['bytes'])}, {r['seconds']:.2f}s" if r["bytes"] else "no transfer"
+        text = f"actor {len(r.get('old') or [])}→{len(r.get('new') or [])} ranks\n{moved}"
+        ax.plot([x, x], [y, -0.5], color="black", linewidth=0.6, zorder=5)
+        right = x > 0.88 * span  # near the right edge the label runs leftwards (the legend is there)
+        ax.text(x, y, (text + " ") if right else (" " + text), fontsize=7, ha="right" if right else "left", va="top",
+                zorder=6, multialignment="left",
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
+
+
+def _annotate_migrations(ax: Any, tl: RunTimeline, t0: float, n: int) -> None:
+    """A marker where a rollout rank handed back requests; the count beside it (totals per epoch at 64)."""
+    if not tl.migrations:
+        return
+    ax.scatter([m["at"] - t0 for m in tl.migrations], [m["rank"] for m in tl.migrations], marker="<", s=18 if n > 16 else 30,
+               color="crimson", zorder=6)
+    if n <= 16:
+        for m in tl.migrations:
+            ax.annotate(f"{m['requests']} req", (m["at"] - t0, m["rank"]), xytext=(5, 0), textcoords="offset points",
+                        fontsize=7, color="crimson", va="center", ha="left", zorder=6,
+                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+        return
+    per_epoch: dict[int, list[dict[str, Any]]] = {}
+    for m in tl.migrations:
+        per_epoch.setdefault(m["epoch"], []).append(m)
+    for ms in per_epoch.values():
+        at = min(m["at"] for m in ms) - t0
+        y = min(m["rank"] for m in ms)
+        ax.text(at, y - 0.8, f" {sum(m['requests'] for m in ms)} req migrated", fontsize=7, color="crimson",
+                ha="left", va="bottom", zorder=6)
+
+
+def _save(fig: Any, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
