@@ -16,6 +16,7 @@ the release of iteration 0 to the release of the final gate (or the last thing o
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -244,19 +245,37 @@ def _add_reshards(tl: RunTimeline, paths: RunPaths, epochs: list[Epoch]) -> None
                             "bytes": int(docs[0].get("bytes_moved") or 0), "iteration": docs[0].get("iteration")})
 
 
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as ``intervals``."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted((a, b) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def overlap(merged: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Time of the disjoint sorted ``merged`` intervals inside ``[lo, hi]``."""
+    i = max(0, bisect.bisect_right(merged, (lo, math.inf)) - 1)
+    total = 0.0
+    while i < len(merged) and merged[i][0] < hi:
+        a, b = merged[i]
+        total += max(0.0, min(b, hi) - max(a, lo))
+        i += 1
+    return total
+
+
 def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Length of the union of ``intervals`` clipped to ``[lo, hi]``."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
-    total, cur_a, cur_b = 0.0, -math.inf, -math.inf
-    for a, b in clipped:
-        if a > cur_b:
-            total += max(0.0, cur_b - cur_a) if cur_b > -math.inf else 0.0
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    if cur_b > -math.inf:
-        total += cur_b - cur_a
-    return total
+    return overlap(merge_intervals(intervals), lo, hi)
+
+
+def rank_intervals(tl: "RunTimeline", rank: int, kinds: Iterable[str]) -> list[tuple[float, float]]:
+    """The rank's activity spans of ``kinds``, merged (sorted, disjoint)."""
+    wanted = set(kinds)
+    return merge_intervals((s["start"], s["end"]) for s in tl.spans.get(rank, []) if s.get("kind") in wanted)
 
 
 def component_seconds(tl: RunTimeline) -> dict[str, dict[str, float | None]]:
@@ -268,13 +287,14 @@ def component_seconds(tl: RunTimeline) -> dict[str, dict[str, float | None]]:
     out: dict[str, dict[str, float]] = {}
     if lo is None or hi is None or hi <= lo:
         return out
+    busy_of = {r: rank_intervals(tl, r, BUSY_KINDS) for r in tl.world}
+    reshard_of = {r: rank_intervals(tl, r, ("reshard",)) for r in tl.world}
     for bar in tl.bars:
         a, b = max(bar.start, lo), min(bar.end, hi)
         if b <= a:
             continue
-        spans = tl.spans.get(bar.rank, [])
-        busy = union_length(((s["start"], s["end"]) for s in spans if s.get("kind") in BUSY_KINDS), a, b)
-        switch = union_length(((s["start"], s["end"]) for s in spans if s.get("kind") == "reshard"), a, b)
+        busy = overlap(busy_of.get(bar.rank, []), a, b)
+        switch = overlap(reshard_of.get(bar.rank, []), a, b)
         row = out.setdefault(bar.label, {"held_s": 0.0, "busy_s": 0.0, "switch_s": 0.0, "bubble_s": 0.0})
         row["held_s"] += b - a
         row["busy_s"] += busy

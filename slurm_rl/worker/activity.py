@@ -63,8 +63,9 @@ class RecordingDecoder:
 class RecordingCompute:
     """Forward to ``inner``; record spans of work for inspection (see the module docstring)."""
 
-    def __init__(self, inner: Compute, paths: RunPaths, rank: int, host: str) -> None:
+    def __init__(self, inner: Compute, paths: RunPaths, rank: int, host: str, builds_engines: bool = True) -> None:
         self.inner, self.paths, self.rank, self.host = inner, paths, rank, host
+        self.builds_engines = builds_engines  # the cost model builds nothing: its phase says so
         self._first_roles = True
 
     def span(self, kind: str, start: float, end: float, **extra: Any) -> None:
@@ -77,7 +78,8 @@ class RecordingCompute:
         if self._first_roles:
             self._first_roles = False
             roles = ", ".join(new.role_of(self.rank)) or "no role"
-            announce_phase(self.paths, self.rank, self.host, f"building engines for epoch {new.epoch} ({roles})")
+            what = "building engines" if self.builds_engines else "taking its first roles"
+            announce_phase(self.paths, self.rank, self.host, f"{what} ({roles})")
         return self.inner.on_roles(old, new)
 
     def decoder(self, k: int) -> Decoder:

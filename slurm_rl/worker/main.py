@@ -30,7 +30,8 @@ def make_roles(cfg: Config, info: RankInfo, paths: RunPaths) -> Roles:
     if cfg.runtime.device != "emulated":
         announce_phase(paths, info.rank, info.host, f"importing torch, joining the process group, building the "
                                                     f"actor model ({cfg.runtime.device})")
-    compute = RecordingCompute(make_compute(cfg, info, paths), paths, info.rank, info.host)
+    compute = RecordingCompute(make_compute(cfg, info, paths), paths, info.rank, info.host,
+                               builds_engines=cfg.runtime.device != "emulated")
     return IterationProtocol(cfg, info, paths, compute)
 
 
