@@ -133,10 +133,12 @@ def compare_runs(run_a: Path, run_b: Path, as_json: bool = False, png: Path | No
 
 def next_steps(run_dir: Path, ok: bool) -> str:
     """What to do after a run: where its files are and the commands that show them."""
+    pngs = (f"{run_dir / 'timeline.png'}, {run_dir / 'reward_curve.png'}"
+            if (run_dir / "timeline.png").exists() else "written by slurm-rl inspect into the run dir")
     lines = [f"run dir: {run_dir}",
              f"  summary:      slurm-rl inspect {run_dir}      (--all: every epoch, --json: everything)",
-             f"  timeline PNG: {run_dir / 'timeline.png'}   reward curve: {run_dir / 'reward_curve.png'}",
-             f"  TensorBoard:  tensorboard --logdir {run_dir / 'tensorboard'}",
+             f"  PNGs:         {pngs}",
+             f"  TensorBoard:  tensorboard --logdir {run_dir / 'tensorboard'}   (pip install tensorboard to view)",
              f"  compare:      slurm-rl inspect --compare OTHER_RUN_DIR {run_dir}"]
     if not ok:
         lines.insert(1, f"  rank logs:    {run_dir / 'logs'}/rank-NNNN.log, coordinator.log")

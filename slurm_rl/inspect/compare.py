@@ -73,6 +73,7 @@ def write_compare_png(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(path)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -83,6 +84,7 @@ def write_compare_png(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path
         pts = [(i, r) for i, r in enumerate(doc[k]["reward"]) if r is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color=colours[k], label=names[k])
     ax.set_title("mean reward per iteration", fontsize=10)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -91,6 +93,7 @@ def write_compare_png(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path
         pts = [(i, s) for i, s in enumerate(doc[k]["seconds_per_iteration"]) if s is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color=colours[k], label=names[k])
     ax.set_title("seconds per iteration", fontsize=10)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

@@ -186,18 +186,21 @@ def _annotate_reshards(ax: Any, tl: RunTimeline, t0: float, span: float, n: int)
     from slurm_rl.inspect.epoch_log import _human_bytes
 
     band = header_rows(n)
-    lanes = [-1e9, -1e9]
+    width = 0.085 * span  # about the width of a label at this font size
+    lanes: list[list[tuple[float, float]]] = [[], []]  # extents taken in each lane
     for r in tl.reshards:
         x = r["start"] - t0
-        lane = next((i for i, last in enumerate(lanes) if x - last >= 0.075 * span), None)
+        right = x > span - width  # near the right edge the label runs leftwards (the legend is there)
+        extent = (x - width, x) if right else (x, x + width)
+        lane = next((i for i, taken in enumerate(lanes)
+                     if all(extent[1] <= a or extent[0] >= b for a, b in taken)), None)
         if lane is None:
-            continue
-        lanes[lane] = x
+            continue  # no room: the hatching still shows the reshard
+        lanes[lane].append(extent)
         y = -0.5 - band + (0.05 + 0.5 * lane) * band
         moved = f"{_human_bytes(r['bytes'])}, {r['seconds']:.2f}s" if r["bytes"] else "no transfer"
         text = f"actor {len(r.get('old') or [])}→{len(r.get('new') or [])} ranks\n{moved}"
         ax.plot([x, x], [y, -0.5], color="black", linewidth=0.6, zorder=5)
-        right = x > 0.88 * span  # near the right edge the label runs leftwards (the legend is there)
         ax.text(x, y, (text + " ") if right else (" " + text), fontsize=7, ha="right" if right else "left", va="top",
                 zorder=6, multialignment="left",
                 bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "alpha": 0.85, "linewidth": 0})

@@ -6,6 +6,10 @@ span per unit of work (``control/activity/rank-NNNN.jsonl``): a rollout engine's
 scoring, a trained mini-batch, a reshard, a weight sync. The cost model returns the time at which
 its result is ready (possibly in the future); that time ends the span. The first role change also
 names the engines being built in the rank's progress file (the live view shows it).
+
+With the cost model a follower may pick a mini-batch up after its stamped end (``ready_at``): the
+work happened in virtual time, so the span is ``[ready_at - predicted seconds, ready_at]`` and the
+reshard it paid for (recorded by the cost model without waiting) is placed just before it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pyarrow as pa
 from slurm_rl.control.activity import announce_phase, append_span
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.data.schemas import count_tokens
 from slurm_rl.worker.compute import Compute, Decoder
 
 
@@ -67,6 +72,7 @@ class RecordingCompute:
         self.inner, self.paths, self.rank, self.host = inner, paths, rank, host
         self.builds_engines = builds_engines  # the cost model builds nothing: its phase says so
         self._first_roles = True
+        self._pending_reshard: tuple[int, float, float] | None = None  # (epoch, seconds, called at)
 
     def span(self, kind: str, start: float, end: float, **extra: Any) -> None:
         append_span(self.paths, self.rank, kind, start, end, **extra)
@@ -94,18 +100,45 @@ class RecordingCompute:
               ) -> tuple[float, dict[str, Any]]:
         start = time.time()
         ready, stats = self.inner.train(k, index, batch, ranks, ready_at)
-        self.span("actor", start, max(ready, time.time()), iteration=k, minibatch=index)
+        seconds = None
+        if ready_at is not None:  # the cost model: the mini-batch ran (virtually) until its stamp
+            tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
+            seconds = self.inner.predict_train_seconds(tokens, ranks, ranks)
+        if seconds is not None and ready_at is not None:
+            begin, end = ready_at - seconds, ready_at
+        else:
+            begin, end = start, max(ready, time.time())
+        if self._pending_reshard is not None and seconds is not None:  # the reshard it paid for, just before it
+            epoch, reshard_s, _ = self._pending_reshard
+            self._pending_reshard = None
+            self.span("reshard", begin - reshard_s, begin, epoch=epoch)
+        self._flush_reshard()
+        self.span("actor", begin, end, iteration=k, minibatch=index)
         return ready, stats
 
     def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
+        self._flush_reshard()
         start = time.time()
         figures = self.inner.reshard(old, new, epoch)
-        # the cost model reports the seconds a reshard takes (paid by the next mini-batch) without waiting
-        self.span("reshard", start, max(time.time(), start + float(figures.get("seconds") or 0.0)), epoch=epoch)
+        seconds = float(figures.get("seconds") or 0.0)
+        if time.time() - start >= 0.5 * seconds:  # it took the time: record it as it happened
+            self.span("reshard", start, time.time(), epoch=epoch)
+        else:  # the cost model: paid by the next mini-batch, recorded with it (train)
+            self._pending_reshard = (epoch, seconds, start)
         return figures
+
+    def _flush_reshard(self) -> None:
+        if self._pending_reshard is not None:
+            epoch, seconds, called = self._pending_reshard
+            self._pending_reshard = None
+            self.span("reshard", called, called + seconds, epoch=epoch)
 
     def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
         start = time.time()
         figures = self.inner.sync_weights(k, src, ranks)
         self.span("sync", start, time.time(), iteration=k)
         return figures
+
+    def close(self) -> None:
+        self._flush_reshard()
+        self.inner.close()
