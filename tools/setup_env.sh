@@ -17,6 +17,7 @@ step() {  # step "what it does" command...: one line, the command's output to th
   fi
 }
 if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv ($PY -m venv)"
   "$PY" -m venv .venv || { echo "setup: FAILED: $PY -m venv .venv (install python3-venv)" >&2; exit 1; }
 fi
 stamp=".venv/.installed-$profile-$(sha1sum pyproject.toml tools/setup_env.sh | sha1sum | cut -c1-12)"

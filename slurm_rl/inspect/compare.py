@@ -53,7 +53,8 @@ def format_compare(doc: dict[str, Any]) -> str:
                                        if x in ("actor", "rollout", "inference") else 9)):
         ca, cb = a["components"].get(label, {}), b["components"].get(label, {})
         row(f"{label} GPU-s held", ca.get("held_s"), cb.get("held_s"))
-        row(f"{label} GPU-s busy", ca.get("busy_s"), cb.get("busy_s"))
+        if label != "idle":  # a rank without a role does no work
+            row(f"{label} GPU-s busy", ca.get("busy_s"), cb.get("busy_s"))
         row(f"{label} bubble GPU-s", ca.get("bubble_s"), cb.get("bubble_s"))
     row("bubble GPU-s, all", a["bubble_s"], b["bubble_s"])
     row("switch latency p50 s", a["switch"]["latency_s"]["p50"], b["switch"]["latency_s"]["p50"], "{:.3f}")

@@ -67,19 +67,17 @@ def _signature(records: list[EpochRecord]) -> tuple[Any, ...]:
     return tuple((r.boundary, tuple((c, tuple(r.placement.get(c, []))) for c in COMPONENT_ORDER)) for r in records)
 
 
-def collapse_epochs(records: list[EpochRecord]) -> list[tuple[int, int, list[EpochRecord]]]:
-    """Group the epochs by iteration; consecutive iterations with the same placements and boundaries
-    fold into one entry ``(first iteration, last iteration, epochs of the first)``."""
+def collapse_epochs(records: list[EpochRecord]) -> list[tuple[list[int], list[EpochRecord]]]:
+    """Group the iterations by their pattern of epochs (boundaries and placements, in order):
+    ``(iterations with that pattern, the epochs of the first of them)``, by first occurrence."""
     by_it: dict[int, list[EpochRecord]] = {}
     for r in records:
         by_it.setdefault(r.iteration, []).append(r)
-    out: list[tuple[int, int, list[EpochRecord]]] = []
+    patterns: dict[tuple[Any, ...], tuple[list[int], list[EpochRecord]]] = {}
     for k in sorted(by_it):
-        if out and out[-1][1] == k - 1 and _signature(out[-1][2]) == _signature(by_it[k]) and k > 0:
-            out[-1] = (out[-1][0], k, out[-1][2])
-        else:
-            out.append((k, k, by_it[k]))
-    return out
+        its, _ = patterns.setdefault(_signature(by_it[k]), ([], by_it[k]))
+        its.append(k)
+    return list(patterns.values())
 
 
 def run_report_json(run_dir: str | Path, now: float | None = None) -> dict[str, Any]:
@@ -154,7 +152,7 @@ def format_summary(run_dir: str | Path, all_epochs: bool = False, columns: int =
     return "\n".join(out)
 
 
-def _epoch_lines(r: dict[str, Any], all_epochs: bool) -> list[str]:
+def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> list[str]:
     records = [EpochRecord(**e) for e in r["epochs"]]
     if not records:
         return ["  placement epochs: none published"]
@@ -173,11 +171,19 @@ def _epoch_lines(r: dict[str, Any], all_epochs: bool) -> list[str]:
 
     if all_epochs:
         return lines + [row(e) for e in records]
-    for first, last, group in collapse_epochs(records):
+    shown = 0
+    groups = collapse_epochs(records)
+    for n, (its, group) in enumerate(groups):
+        if shown + len(group) > max_rows and n > 0:
+            rest = [k for its_, _ in groups[n:] for k in its_]
+            lines.append(f"  {'':>5} {'':>4} ... {len(groups) - n} other pattern(s) in iterations "
+                         f"{compress_ranks(rest)} (--all for every epoch)")
+            break
         lines.extend(row(e) for e in group)
-        if last > first:
-            which = f"iteration {last} repeats" if last == first + 1 else f"iterations {first + 1}-{last} repeat"
-            lines.append(f"  {'':>5} {'':>4} ... {which} iteration {first}'s {len(group)} epoch(s)")
+        shown += len(group)
+        if len(its) > 1:
+            lines.append(f"  {'':>5} {'':>4} ... the same {len(group)} epoch(s) in iterations "
+                         f"{compress_ranks(its[1:])} ({len(its) - 1} more)")
     return lines
 
 
