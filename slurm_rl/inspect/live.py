@@ -34,9 +34,11 @@ _READ_ERRORS = (OSError, ValueError, ControlError, KeyError, TypeError)
 class RunMonitor:
     """Poll a run's files and say what changed since the last poll (see the module docstring)."""
 
-    def __init__(self, run_dir: str | Path, world_size: int, iterations: int, quiet_s: float = QUIET_S) -> None:
+    def __init__(self, run_dir: str | Path, world_size: int, iterations: int, quiet_s: float = QUIET_S,
+                 every: int = 1) -> None:
         self.run_dir, self.paths = Path(run_dir), RunPaths(run_dir)
         self.world_size, self.iterations, self.quiet_s = world_size, iterations, quiet_s
+        self.every = every  # an iteration line every this many iterations (and the first and last)
         self.started = time.time()
         self.last_said = time.monotonic()
         self.phases: dict[str, list[int]] = {}  # phase -> ranks when last named
@@ -107,12 +109,13 @@ class RunMonitor:
         now = time.monotonic()
         for phase, ranks in phases.items():
             said = self.phase_said.get(phase)
-            # a phase is named when first seen; later changes of its ranks at most every PHASE_EVERY_S
-            if self.phases.get(phase) != ranks and (said is None or now - said >= PHASE_EVERY_S):
+            # a phase is named when first seen; ranks joining it later at most every PHASE_EVERY_S
+            # (ranks leaving it are named by the phase they move on to)
+            if not set(ranks) <= set(self.phases.get(phase, [])) and (said is None or now - said >= PHASE_EVERY_S):
                 who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)}"
                 lines.append(f"{who}: {phase}…")
                 self.phase_said[phase] = now
-                self.phases[phase] = ranks
+                self.phases[phase] = sorted(set(ranks) | set(self.phases.get(phase, [])))
         return lines
 
     def _epochs(self) -> list[str]:
@@ -148,7 +151,8 @@ class RunMonitor:
                      f"reward {reward:.3f}" if isinstance(reward, (int, float)) else "reward -",
                      f"{seconds:.1f}s" if isinstance(seconds, (int, float)) else "-",
                      f"{changes} placement change{'s' if changes != 1 else ''}", eta]
-            lines.append(" · ".join(parts))
+            if self.every <= 1 or self.rows_seen in (1, self.iterations) or self.rows_seen % self.every == 0:
+                lines.append(" · ".join(parts))
         return lines
 
     def _seconds_per_iteration(self, row: dict[str, Any]) -> float | None:
@@ -160,6 +164,13 @@ class RunMonitor:
 
     def _still(self, progress: dict[int, dict[str, Any]]) -> str:
         """What the run is doing now, for a line when nothing else happened for a while."""
+        starting: dict[str, list[int]] = {}
+        for rank, doc in sorted(progress.items()):
+            if doc.get("state") == "starting":
+                starting.setdefault(str(doc.get("phase", "starting")), []).append(rank)
+        if starting:
+            return "still starting: " + "; ".join(f"ranks {compress_ranks(r)} {p}" for p, r in starting.items()) \
+                + f" ({time.time() - self.started:.0f}s)"
         if self.next_epoch == 0:
             started = len(progress)
             return (f"waiting for the ranks: {started}/{self.world_size} wrote progress, no epoch yet "
@@ -203,10 +214,11 @@ def print_progress(monitor: RunMonitor, stop: threading.Event, interval_s: float
                 emit(f"stopped following {monitor.run_dir} after {timeout_s:.0f}s: the run did not end")
                 return
             stop.wait(interval_s)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=False) as bar_view:
+                  TextColumn("ETA"), TimeRemainingColumn(), transient=False) as bar_view:
         task = bar_view.add_task("starting", total=monitor.iterations)
         while True:
             for line in monitor.poll():
@@ -225,7 +237,9 @@ class ProgressPrinter:
     """:func:`print_progress` in a background thread for the duration of a ``with`` block."""
 
     def __init__(self, run_dir: str | Path, world_size: int, iterations: int, interval_s: float = 1.0) -> None:
-        self.monitor = RunMonitor(run_dir, world_size, iterations)
+        # on a terminal the bar shows every iteration: about 20 lines for the whole run
+        every = max(1, iterations // 20) if sys.stdout.isatty() else 1
+        self.monitor = RunMonitor(run_dir, world_size, iterations, every=every)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=print_progress, args=(self.monitor, self.stop, interval_s),
                                        name="progress", daemon=True)
