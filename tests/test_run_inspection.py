@@ -117,7 +117,7 @@ def test_summary_collapses_repeated_iterations_and_json_keeps_everything(tmp_pat
     short = _cli("inspect", str(run_dir))
     full = _cli("inspect", str(run_dir), "--all")
     assert short.returncode == full.returncode == 0, short.stderr + full.stderr
-    assert "the same 3 epoch(s) in iterations" in short.stdout and "the same" not in full.stdout
+    assert "the same 3 epoch(s) in 2 more iteration(s): 2-3" in short.stdout and "the same" not in full.stdout
     assert len(short.stdout.splitlines()) < 60  # one screen
     doc = json.loads(_cli("inspect", str(run_dir), "--json").stdout)
     assert len(doc["epochs"]) == len(records) and len(doc["metrics"]) == 4

@@ -135,6 +135,8 @@ class RunMonitor:
     def _iterations(self) -> list[str]:
         rows = read_metrics(self.run_dir)
         lines = []
+        if len(rows) > self.rows_seen:  # progress, printed or not (the bar shows it): not a quiet spell
+            self.last_said = time.monotonic()
         for row in rows[self.rows_seen:]:
             k = int(row.get("iteration", self.rows_seen))
             self.rows_seen += 1

@@ -9,6 +9,8 @@ rollout rank. The text version collapses ranks whose rows are identical, so it s
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,9 @@ TEXT_COLUMNS = 72
 LETTERS = {"actor": "A", "rollout": "R", "inference": "I"}
 COLOURS = {"actor": "#1f77b4", "rollout": "#2ca02c", "inference": "#ff7f0e", "idle": "#bbbbbb"}
 MIXED_COLOUR = "#9467bd"
+MAX_EPOCH_LINES = 120  # more epoch lines than this would grey the whole chart
+MAX_MIGRATION_LABELS = 40
+MAX_RESHARD_LABELS = 16
 
 
 def _letter(label: str) -> str:
@@ -80,8 +85,8 @@ def text_gantt(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> list[str]:
             marks[c] = "'"
     for k, t in tl.gates:
         c = min(columns - 1, int((t - t0) / width))
-        if 0 <= c:
-            marks[c] = str(k % 10)
+        if 0 <= c:  # digits while they can be read, | when gates crowd the columns
+            marks[c] = str(k % 10) if len(tl.gates) <= columns // 3 else "|"
     out.insert(0, f"  {'gates/epochs':>12} |{''.join(marks)}|")
     labels = [" "] * (columns + 8)
     for c in range(0, columns + 1, 18):
@@ -95,7 +100,7 @@ def text_gantt(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> list[str]:
 def gantt_legend_text(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> str:
     width = (tl.end - tl.t0) / columns if tl.t0 is not None and tl.end is not None else 0.0
     return (f"  placement timeline, 1 column = {width:.2f}s: A actor, R rollout, I inference, C collocated, . no role\n"
-            f"  (lower case = holding the role idle: bubble; # = actor reshard; digits = iteration gates, ' = epochs)")
+            f"  (lower case = holding the role idle: bubble; # = actor reshard; digit or | = iteration gate, ' = epoch)")
 
 
 def write_run_gantt(tl: RunTimeline, path: str | os.PathLike[str] | None = None, title: str | None = None) -> Path:
@@ -119,34 +124,48 @@ def write_run_gantt(tl: RunTimeline, path: str | os.PathLike[str] | None = None,
     height = 0.8 if n <= 16 else 0.9
     has_spans = any(tl.spans.values())
     busy_of = {r: rank_intervals(tl, r, BUSY_KINDS) for r in tl.world}
+    # One collection per (rank, role): fast with thousands of epochs or spans.
+    held: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    worked: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for bar in tl.bars:
-        colour = COLOURS.get(bar.label, MIXED_COLOUR)
-        a, b = bar.start - t0, bar.end - t0
-        if b <= a:
+        if bar.end <= bar.start:
             continue
-        ax.barh(bar.rank, b - a, left=a, height=height, color=colour, alpha=0.28 if has_spans else 0.85,
-                linewidth=0)
+        held.setdefault((bar.rank, bar.label), []).append((bar.start - t0, bar.end - bar.start))
         if bar.open:
-            ax.barh(bar.rank, b - a, left=a, height=height, fill=False, edgecolor="black", linestyle="--",
-                    linewidth=0.6)
-        if not has_spans:
-            continue
-        worked = [(max(x, bar.start) - t0, min(y, bar.end) - max(x, bar.start)) for x, y in busy_of[bar.rank]
-                  if min(y, bar.end) > max(x, bar.start)]
-        if worked:  # one collection per bar: fast at 64 ranks with thousands of spans
-            ax.broken_barh(worked, (bar.rank - height / 2, height), facecolors=colour, linewidth=0)
+            ax.barh(bar.rank, bar.end - bar.start, left=bar.start - t0, height=height, fill=False, edgecolor="black",
+                    linestyle="--", linewidth=0.6)
+        i = max(0, bisect.bisect_right(busy_of[bar.rank], (bar.start, math.inf)) - 1)
+        spans = busy_of[bar.rank]
+        while i < len(spans) and spans[i][0] < bar.end:
+            x, y = max(spans[i][0], bar.start), min(spans[i][1], bar.end)
+            if y > x:
+                worked.setdefault((bar.rank, bar.label), []).append((x - t0, y - x))
+            i += 1
+    for (rank, label), segments in held.items():
+        ax.broken_barh(segments, (rank - height / 2, height), facecolors=COLOURS.get(label, MIXED_COLOUR),
+                       alpha=0.28 if has_spans else 0.85, linewidth=0)
+    for (rank, label), segments in worked.items():
+        ax.broken_barh(segments, (rank - height / 2, height), facecolors=COLOURS.get(label, MIXED_COLOUR),
+                       linewidth=0)
     for rank in tl.world:
         moved = [(x - t0, y - x) for x, y in rank_intervals(tl, rank, ("reshard",))]
         if moved:
             ax.broken_barh(moved, (rank - height / 2, height), facecolors="none", hatch="xxxx",
                            edgecolor="black", linewidth=0)
-    for e in tl.epochs[1:]:
-        ax.axvline(e["published_at"] - t0, color="grey", linestyle=":", linewidth=0.8, zorder=0)
-    for k, t in tl.gates:
-        ax.axvline(t - t0, color="black", linewidth=1.3, zorder=4)
-        label = f"it {k}" if tl.iterations is None or k < tl.iterations else "end"
-        ax.text(t - t0, 1.0, f" {label}", transform=ax.get_xaxis_transform(), ha="left", va="bottom", fontsize=8,
-                fontweight="bold")
+    many_epochs = len(tl.epochs) > MAX_EPOCH_LINES
+    if not many_epochs and len(tl.epochs) > 1:
+        ax.vlines([e["published_at"] - t0 for e in tl.epochs[1:]], 0, 1, transform=ax.get_xaxis_transform(),
+                  colors="grey", linestyles=":", linewidth=0.8, zorder=0)
+    if tl.gates:
+        ax.vlines([t - t0 for _, t in tl.gates], 0, 1, transform=ax.get_xaxis_transform(), colors="black",
+                  linewidth=1.3 if len(tl.gates) <= 40 else 0.4, zorder=4)
+    every = max(1, math.ceil(len(tl.gates) / 16))  # at most ~16 gate labels
+    for i, (k, t) in enumerate(tl.gates):
+        last = tl.iterations is not None and k >= tl.iterations
+        if i % every and not last:
+            continue
+        ax.text(t - t0, 1.0, f" {'end' if last else f'it {k}'}", transform=ax.get_xaxis_transform(), ha="left",
+                va="bottom", fontsize=8, fontweight="bold")
     _annotate_reshards(ax, tl, t0, span, n)
     _annotate_migrations(ax, tl, t0, n)
     step = 1 if n <= 16 else (4 if n <= 64 else 8)
@@ -163,14 +182,17 @@ def write_run_gantt(tl: RunTimeline, path: str | os.PathLike[str] | None = None,
         handles.append(Patch(facecolor="#1f77b4", alpha=0.28, label="role held, idle (bubble)"))
     handles.append(Patch(facecolor="white", hatch="xxxx", edgecolor="black", label="actor reshard"))
     handles.append(Line2D([], [], color="black", linewidth=1.3, label="iteration gate"))
-    handles.append(Line2D([], [], color="grey", linestyle=":", label="epoch published"))
+    if not many_epochs:
+        handles.append(Line2D([], [], color="grey", linestyle=":", label="epoch published"))
     if tl.migrations:
         handles.append(Line2D([], [], marker="<", color="crimson", linestyle="", label="requests migrated off"))
     if any(b.open for b in tl.bars):
         handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label="still running"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    hidden = f"; {len(tl.epochs)} epochs: their lines left out" if many_epochs else ""
     ax.set_title(title or f"placement timeline of {Path(tl.run_dir).name} ({len(tl.epochs)} epochs, "
-                          f"{len(tl.world)} ranks, state {tl.state})", fontsize=10, pad=16)
+                          f"{len(tl.gates)} gates, {len(tl.world)} ranks, state {tl.state}{hidden})", fontsize=10,
+                 pad=16)
     _save(fig, out)
     return out
 
@@ -186,6 +208,14 @@ def _annotate_reshards(ax: Any, tl: RunTimeline, t0: float, span: float, n: int)
     from slurm_rl.inspect.epoch_log import _human_bytes
 
     band = header_rows(n)
+    if len(tl.reshards) > MAX_RESHARD_LABELS:  # one line for all of them: labels would only crowd
+        total = sum(r["bytes"] for r in tl.reshards)
+        seconds = sorted(r["seconds"] for r in tl.reshards)
+        ax.text(0.0, -0.5 - 0.5 * band, f" {len(tl.reshards)} actor reshards (hatched): median "
+                f"{seconds[len(seconds) // 2]:.3f}s, max {seconds[-1]:.3f}s, {_human_bytes(total)} moved in all",
+                fontsize=8, ha="left", va="center", zorder=6,
+                bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "alpha": 0.9, "linewidth": 0})
+        return
     width = 0.085 * span  # about the width of a label at this font size
     lanes: list[list[tuple[float, float]]] = [[], []]  # extents taken in each lane
     for r in tl.reshards:
@@ -212,8 +242,14 @@ def _annotate_migrations(ax: Any, tl: RunTimeline, t0: float, n: int) -> None:
         return
     ax.scatter([m["at"] - t0 for m in tl.migrations], [m["rank"] for m in tl.migrations], marker="<", s=18 if n > 16 else 30,
                color="crimson", zorder=6)
+    if len(tl.migrations) > MAX_MIGRATION_LABELS:
+        return  # markers only: that many labels would cover the bars
     if n <= 16:
-        for m in tl.migrations:
+        last: dict[int, float] = {}
+        for m in sorted(tl.migrations, key=lambda m: m["at"]):
+            if m["at"] - last.get(m["rank"], -math.inf) < 0.06 * (tl.end - tl.t0 if tl.end and tl.t0 else 1.0):
+                continue  # the previous label on this rank is still there
+            last[m["rank"]] = m["at"]
             ax.annotate(f"{m['requests']} req", (m["at"] - t0, m["rank"]), xytext=(5, 0), textcoords="offset points",
                         fontsize=7, color="crimson", va="center", ha="left", zorder=6,
                     bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0})

@@ -176,14 +176,20 @@ def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> lis
     for n, (its, group) in enumerate(groups):
         if shown + len(group) > max_rows and n > 0:
             rest = [k for its_, _ in groups[n:] for k in its_]
-            lines.append(f"  {'':>5} {'':>4} ... {len(groups) - n} other pattern(s) in iterations "
-                         f"{compress_ranks(rest)} (--all for every epoch)")
+            listed = compress_ranks(rest)
+            if len(listed) > 40:
+                listed = listed[:40].rsplit(",", 1)[0] + ",…"
+            lines.append(f"  {'':>5} {'':>4} ... {len(groups) - n} other pattern(s) in {len(rest)} iteration(s): "
+                         f"{listed} (--all for every epoch)")
             break
         lines.extend(row(e) for e in group)
         shown += len(group)
         if len(its) > 1:
-            lines.append(f"  {'':>5} {'':>4} ... the same {len(group)} epoch(s) in iterations "
-                         f"{compress_ranks(its[1:])} ({len(its) - 1} more)")
+            listed = compress_ranks(its[1:])
+            if len(listed) > 40:
+                listed = listed[:40].rsplit(",", 1)[0] + ",…"
+            lines.append(f"  {'':>5} {'':>4} ... the same {len(group)} epoch(s) in {len(its) - 1} more "
+                         f"iteration(s): {listed}")
     return lines
 
 
