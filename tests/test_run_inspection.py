@@ -106,18 +106,24 @@ def test_gantt_bars_match_epochs_and_acks(scripted_run: tuple[Path, str]) -> Non
 
 
 def test_summary_collapses_repeated_iterations_and_json_keeps_everything(tmp_path: Path) -> None:
-    """``auto`` grows the actor the same way in every iteration: the summary folds those iterations."""
-    run_dir = tmp_path / "auto"
-    proc = _cli("run", str(REPO / "configs/examples/auto_8.yaml"), f"runtime.run_dir={run_dir}",
-                "train.num_iterations=4", "--no-inspect")
+    """The same two placements in every iteration: the summary shows them once."""
+    run_dir = tmp_path / "repeat"
+    cfg = emulated_config(run_dir, iterations=4)
+    start = {"actor": "0-1", "rollout": "2-5", "inference": "6-7"}
+    cfg["scheduler"] = {"policy": "scripted", "script": [
+        step for k in range(4) for step in (
+            {"at_iteration": k, "placement": start},
+            {"at_iteration": k, "at_phase": "rollout", "at_rollout_fraction": 0.5,
+             "placement": {"actor": "0-1", "rollout": "2-3", "inference": "6-7"}})]}
+    proc = _cli("run", str(write_config(tmp_path / "r.yaml", cfg)), "--no-inspect")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = epoch_records(run_dir)
     groups = collapse_epochs(records)
-    assert len(records) > len(groups)  # iterations with the same pattern were folded
+    assert len(records) == 2 * 4 and [its for its, _ in groups] == [[0, 1, 2, 3]]  # two epochs per iteration
     short = _cli("inspect", str(run_dir))
     full = _cli("inspect", str(run_dir), "--all")
     assert short.returncode == full.returncode == 0, short.stderr + full.stderr
-    assert "the same 3 epoch(s) in 2 more iteration(s): 2-3" in short.stdout and "the same" not in full.stdout
+    assert "the same 2 epoch(s) in 3 more iteration(s): 1-3" in short.stdout and "the same" not in full.stdout
     assert len(short.stdout.splitlines()) < 60  # one screen
     doc = json.loads(_cli("inspect", str(run_dir), "--json").stdout)
     assert len(doc["epochs"]) == len(records) and len(doc["metrics"]) == 4
