@@ -88,7 +88,7 @@ class RunTimeline:
         return doc
 
 
-def _config_facts(run_dir: Path, missing: list[str]) -> tuple[list[int], int | None, dict[str, Any]]:
+def config_facts(run_dir: Path, missing: list[str]) -> tuple[list[int], int | None, dict[str, Any]]:
     """(world ranks, iterations, facts) from ``config.yaml`` (empty when it cannot be read)."""
     try:
         from slurm_rl.config import load_config
@@ -139,7 +139,7 @@ def build_timeline(run_dir: str | Path, now: float | None = None) -> RunTimeline
     root = Path(run_dir)
     paths = RunPaths(root)
     missing: list[str] = []
-    world, iterations, _ = _config_facts(root, missing)
+    world, iterations, _ = config_facts(root, missing)
     epochs = read_epochs(paths, missing) if paths.epochs_dir.is_dir() else []
     if not epochs:
         missing.append(f"{paths.epochs_dir}: no epoch published (the coordinator did not start)")
@@ -147,7 +147,8 @@ def build_timeline(run_dir: str | Path, now: float | None = None) -> RunTimeline
     try:
         events = read_events(paths)
     except _READ_ERRORS as exc:
-        events, _ = [], missing.append(f"{paths.decisions}: unreadable ({exc})")
+        events = []
+        missing.append(f"{paths.decisions}: unreadable ({exc})")
     decisions = {int(d["epoch"]): d for d in events if d.get("kind") == "decision" and isinstance(d.get("epoch"), int)}
     gates = sorted((int(e["iteration"]), float(e["released_at"])) for e in events
                    if e.get("kind") == "release" and isinstance(e.get("released_at"), (int, float)))

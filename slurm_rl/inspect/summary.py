@@ -110,9 +110,9 @@ def run_report_json(run_dir: str | Path, now: float | None = None) -> dict[str, 
 
 
 def _facts(root: Path, tl: RunTimeline, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    from slurm_rl.inspect.run_timeline import _config_facts
+    from slurm_rl.inspect.run_timeline import config_facts
 
-    _, _, facts = _config_facts(root, [])
+    _, _, facts = config_facts(root, [])
     lo, hi = tl.window
     seconds = [float(r["seconds"]) for r in rows if isinstance(r.get("seconds"), (int, float))]
     return {**facts, "state": tl.state, "iterations_done": len(rows), "epochs": len(tl.epochs),
