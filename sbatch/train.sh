@@ -56,6 +56,10 @@ export SLURM_HOSTFILE="$RUN_DIR/logs/hosts-$SLURM_JOB_ID"
 "$PY" -m slurm_rl.launch.hostfile "$RUN_DIR" $(scontrol show hostnames "$SLURM_JOB_NODELIST") > "$SLURM_HOSTFILE"
 NTASKS=$(wc -l < "$SLURM_HOSTFILE")
 
+# Live progress in this job log (startup phases, one line per iteration, ETA), read from RUN_DIR's files.
+"$PY" -m slurm_rl.inspect.live "$RUN_DIR" --interval 5 &
+progress_pid=$!
+
 env -u SLURM_NTASKS_PER_NODE srun --kill-on-bad-exit=1 --distribution=arbitrary --ntasks="$NTASKS" \
   --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" "$PY" -m slurm_rl.worker "$RUN_DIR" &
 srun_pid=$!
@@ -67,7 +71,12 @@ while true; do
   if [ $rc -gt 128 ] && kill -0 "$srun_pid" 2>/dev/null; then continue; fi
   break
 done
-echo "slurm_rl: ranks finished with exit code $rc; inspect with: slurm-rl inspect $RUN_DIR"
+# the follower ends by itself once the coordinator says finished or failed; give it a moment
+for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$progress_pid" 2>/dev/null || break; sleep 1; done
+kill "$progress_pid" 2>/dev/null || true
+echo "slurm_rl: ranks finished with exit code $rc; run dir $RUN_DIR"
+echo "slurm_rl: summary and placement timeline: slurm-rl inspect $RUN_DIR  (writes $RUN_DIR/timeline.png)"
+echo "slurm_rl: while a run goes on: slurm-rl inspect --follow $RUN_DIR"
 # A run stopped at a gate (or whose ranks failed, with runtime.on_rank_failure:
 # checkpoint_and_requeue) goes on in this job, requeued; scontrol requeue ends this script.
 "$PY" -m slurm_rl.launch.requeue "$RUN_DIR" --srun-exit "$rc"

@@ -59,9 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("inspect", help="print a run's epoch log")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("inspect", help="a run on one screen, its placement timeline; --follow, --compare")
+    p.add_argument("run_dir", type=Path, nargs="+", help="RUN_DIR (or GROUP_DIR); with --compare: RUN_A RUN_B")
+    p.add_argument("--json", action="store_true", help="print the full data as JSON")
+    p.add_argument("--all", action="store_true", help="every epoch row (default: repeated iterations collapsed)")
+    p.add_argument("--follow", action="store_true", help="refresh the view from the files until the run ends")
+    p.add_argument("--interval", type=float, default=2.0, help="--follow: seconds between refreshes")
+    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="--follow: give up after this many seconds")
+    p.add_argument("--compare", action="store_true", help="two runs side by side (e.g. static vs auto)")
+    p.add_argument("--png", type=Path, default=None, help="--compare: where to write the plot")
 
     p = sub.add_parser("simulate", help="run the scheduling policies on a discrete-event model")
     _config_args(p)
@@ -127,10 +133,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg, run_dir = prepare_run(args.config, args.overrides)
     print(f"run dir: {run_dir}", flush=True)
     print(f"starting {cfg.placement.world_size} ranks locally (device {cfg.runtime.device})", flush=True)
+    from slurm_rl.inspect.commands import next_steps
+    from slurm_rl.inspect.live import ProgressPrinter
+
     try:
-        result = run_local(run_dir, cfg.placement.world_size, timeout_s=cfg.runtime.run_timeout_s)
+        with ProgressPrinter(run_dir, cfg.placement.world_size, cfg.train.num_iterations):
+            result = run_local(run_dir, cfg.placement.world_size, timeout_s=cfg.runtime.run_timeout_s)
     except LaunchError as exc:
         print(f"run failed: {exc}", file=sys.stderr)
+        print(next_steps(run_dir, ok=False), flush=True)
         print(f"resume from the last checkpoint with: slurm-rl run --resume {run_dir}", file=sys.stderr)
         return EXIT_FAILED
     from slurm_rl.control.paths import RunPaths
@@ -144,7 +155,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_STOPPED
     print(f"run finished in {result.seconds:.1f}s", flush=True)
     if not args.no_inspect:
-        return cmd_inspect(argparse.Namespace(run_dir=run_dir, json=False))
+        cmd_inspect(argparse.Namespace(run_dir=run_dir, json=False))
+        print("")
+    print(next_steps(run_dir, ok=True), flush=True)
     return EXIT_OK
 
 
@@ -206,8 +219,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from slurm_rl.inspect.report import print_report, report_json
+    from slurm_rl.inspect import commands
 
+    dirs = args.run_dir if isinstance(args.run_dir, list) else [args.run_dir]
+    if getattr(args, "compare", False):
+        if len(dirs) != 2:
+            return _bad(f"inspect --compare: got {len(dirs)} run dirs; allowed: exactly two (RUN_A RUN_B)")
+        for d in dirs:
+            if not (d / "control").is_dir():
+                return _bad(f"run_dir: got {str(d)!r}; allowed: a run directory holding control/epochs")
+        return commands.compare_runs(dirs[0], dirs[1], as_json=args.json, png=args.png)
+    if len(dirs) != 1:
+        return _bad(f"inspect: got {len(dirs)} run dirs; allowed: one (two with --compare)")
+    args.run_dir = dirs[0]
     if (args.run_dir / "group.json").is_file():  # a co-execution group: its timeline
         from slurm_rl.inspect.group_timeline import format_group_report, group_report_json, write_group_gantt
 
@@ -219,11 +243,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not (args.run_dir / "control").is_dir():
         return _bad(f"run_dir: got {str(args.run_dir)!r}; allowed: a run directory holding control/epochs")
-    if args.json:
-        print(json.dumps(report_json(args.run_dir)["epochs"], indent=1))
-    else:
-        print_report(args.run_dir)
-    return EXIT_OK
+    if getattr(args, "follow", False):
+        if args.interval <= 0 or args.timeout <= 0:
+            return _bad(f"inspect --follow: got --interval {args.interval} --timeout {args.timeout}; allowed: > 0")
+        return commands.follow(args.run_dir, interval_s=args.interval, timeout_s=args.timeout)
+    return commands.inspect_run(args.run_dir, as_json=args.json, all_epochs=getattr(args, "all", False))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

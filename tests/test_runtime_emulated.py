@@ -55,7 +55,7 @@ def test_local_run_8_ranks_three_epochs(tmp_path: Path) -> None:
 
     inspected = _cli("inspect", str(run_dir), "--json")
     assert inspected.returncode == 0, inspected.stderr
-    rows = json.loads(inspected.stdout)
+    rows = json.loads(inspected.stdout)["epochs"]
     assert {"epoch", "published_at", "reason", "placement", "switch_latency_s"} <= set(rows[0])
     assert len(rows) == 3
 

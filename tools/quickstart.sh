@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up .venv (pinned deps) and run the quickstart locally (no Slurm), then print its inspection.
+# Set up .venv (pinned deps) and run the quickstart locally (no Slurm): live progress while it
+# trains, then the run's summary, its placement timeline (PNG) and where everything is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup_env.sh core
+echo "quickstart: training configs/quickstart.yaml on CPU (4 ranks; a few minutes)"
 exec .venv/bin/slurm-rl run configs/quickstart.yaml "$@"

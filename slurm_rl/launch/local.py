@@ -110,6 +110,7 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float, log_dir: Path | 
     Each rank's output goes to ``run_dir/logs/rank-NNNN.log``.
     """
     previous = signal.signal(signal.SIGTERM, _raise_terminated)  # so the finally below stops the ranks
+    previous_hup = signal.signal(signal.SIGHUP, _raise_terminated)  # the terminal closed: stop them too
     job: LocalJob | None = None
     try:
         job = LocalJob(run_dir, world_size, log_dir)
@@ -121,6 +122,7 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float, log_dir: Path | 
             time.sleep(0.05)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
         if job is not None:
             job.kill()
     return LocalRunResult(run_dir=run_dir, seconds=time.monotonic() - job.started, exit_codes=codes)

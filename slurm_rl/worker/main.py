@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 
 from slurm_rl.config import Config, load_config
+from slurm_rl.control.activity import announce_phase
 from slurm_rl.control.heartbeats import HeartbeatWriter
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
@@ -27,7 +28,14 @@ def make_roles(cfg: Config, info: RankInfo, paths: RunPaths) -> Roles:
     from slurm_rl.worker.compute import make_compute
     from slurm_rl.worker.protocol import IterationProtocol
 
-    return IterationProtocol(cfg, info, paths, make_compute(cfg, info, paths))
+    from slurm_rl.worker.activity import RecordingCompute
+
+    if cfg.runtime.device != "emulated":
+        announce_phase(paths, info.rank, info.host, f"importing torch, joining the process group, building the "
+                                                    f"actor model ({cfg.runtime.device})")
+    compute = RecordingCompute(make_compute(cfg, info, paths), paths, info.rank, info.host,
+                               builds_engines=cfg.runtime.device != "emulated")
+    return IterationProtocol(cfg, info, paths, compute)
 
 
 def start_coordinator(run_dir: Path, log_dir: Path) -> subprocess.Popen:
@@ -110,6 +118,7 @@ def run_worker(run_dir: Path) -> int:
     point = read_resume_point(run_dir)
     heartbeat = HeartbeatWriter(paths, info.rank, info.host, cfg.runtime.heartbeat_interval_s)
     heartbeat.start()
+    announce_phase(paths, info.rank, info.host, "started")
     coordinator = (CoordinatorSupervisor(run_dir, log_dir, cfg.runtime.coordinator_restarts)
                    if info.rank == COORDINATOR_RANK else None)
     roles = make_roles(cfg, info, paths)
