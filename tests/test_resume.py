@@ -184,7 +184,7 @@ def test_resume_refuses_a_run_whose_coordinator_holds_the_lease(tmp_path: Path) 
     assert cli("prepare", str(config)).returncode == 0
     with filelock.FileLock(str(RunPaths(run_dir).lease_lock)):
         proc = cli("run", "--resume", str(run_dir))
-    assert proc.returncode == 2 and "is held" in proc.stderr
+    assert proc.returncode == 2 and "is still held" in proc.stderr
 
 
 @pytest.mark.parametrize("status, policy, srun_exit, requeue, exclude", [

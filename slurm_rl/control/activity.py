@@ -19,7 +19,7 @@ from typing import Any
 from slurm_rl.control.paths import RUN_DIR_MODE, RunPaths
 from slurm_rl.control.progress import write_progress
 
-SPAN_KINDS = ("rollout", "inference", "actor", "reshard", "sync")
+SPAN_KINDS = ("rollout", "inference", "actor", "reshard", "sync", "checkpoint")
 
 
 def activity_dir(paths: RunPaths) -> Path:
