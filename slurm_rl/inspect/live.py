@@ -25,6 +25,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.inspect.epoch_log import COMPONENT_ORDER, compress_ranks
 from slurm_rl.metrics import read_metrics
+from slurm_rl.resume.restart import read_resume_point
 
 QUIET_S = 10.0
 PHASE_EVERY_S = 5.0
@@ -49,11 +50,21 @@ class RunMonitor:
         self.first_iteration_at: float | None = None
         self.state: str | None = None
         self.last_reward: float | None = None
+        self.pending: list[str] = []  # lines for the next poll
+        try:
+            point = read_resume_point(self.run_dir)
+        except _READ_ERRORS:
+            point = None
+        if point is not None:  # a resumed run: say so, and leave out what earlier incarnations did
+            self.next_epoch = point.after_epoch + 1
+            self.rows_seen = sum(1 for r in read_metrics(self.run_dir) if int(r.get("iteration", -1)) < point.iteration)
+            self.pending.append(f"resumed at iteration {point.iteration + 1}/{iterations} "
+                                + (f"from {point.checkpoint}" if point.checkpoint else "from the start (no checkpoint)"))
 
     @property
     def done(self) -> bool:
-        """The coordinator says the run finished or failed."""
-        return self.state in ("finished", "failed")
+        """The coordinator says the run finished, failed or stopped."""
+        return self.state in ("finished", "failed", "stopped")
 
     @property
     def iterations_done(self) -> int:
@@ -61,7 +72,7 @@ class RunMonitor:
 
     def poll(self) -> list[str]:
         """New lines since the last call (empty when nothing worth saying happened)."""
-        lines: list[str] = []
+        lines, self.pending = self.pending, []
         progress = self._progress()
         lines += self._epochs()
         lines += self._startup(progress)
@@ -77,6 +88,13 @@ class RunMonitor:
                              f"{time.time() - self.started:.0f}s")
             elif state == "failed":
                 lines.append(f"run failed: the coordinator says {status.get('error')}")
+            elif state == "checkpointing":
+                gate = (status.get("checkpoint") or {}).get("iteration")
+                lines.append(f"checkpoint before iteration {gate + 1 if isinstance(gate, int) else '?'}/{self.iterations}")
+            elif state == "stopped":
+                gate = status.get("stopped_at_iteration")
+                lines.append(f"run stopped before iteration {gate + 1 if isinstance(gate, int) else '?'}/{self.iterations} "
+                             f"with a checkpoint ({(status.get('stop') or {}).get('reason')}); it resumes from there")
             self.state = state
         failed = {r: d for r, d in progress.items() if d.get("state") == "failed"}
         if failed and not self.done:
