@@ -203,8 +203,9 @@ def internal_fault(kind: str, rng: random.Random) -> str:
     """The SLURM_RL_FAULT spec of an internal kill point, at a random place."""
     if kind == "reshard":  # iteration 1: ranks 0 -> 0,1; iteration 2: back (epochs 1 and 2)
         return f"reshard@rank={rng.choice([0, 1])},iteration={rng.choice([1, 2])}"
-    if kind == "weight_sync":
-        return f"weight_sync@rank={rng.choice([0, 1, 2])},iteration={rng.randrange(ITERATIONS)}"
+    if kind == "weight_sync":  # the actor's first rank and the rollout ranks (rank 1 serves the actor in iteration 1)
+        k = rng.randrange(ITERATIONS)
+        return f"weight_sync@rank={rng.choice([0, 2] if k == 1 else [0, 1, 2])},iteration={k}"
     if kind == "epoch_write":
         return f"epoch_write@epoch={rng.choice([1, 2])}"
     if kind == "checkpoint_write":
