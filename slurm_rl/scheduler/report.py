@@ -40,6 +40,7 @@ class SimReport:
     use_wait_before_last_iter_policy: bool
     seed: int
     iterations: list[IterationReport] = field(default_factory=list)
+    decide_s: list[float] = field(default_factory=list, repr=False)  # wall seconds of each policy call
 
     @property
     def total_time_s(self) -> float:
@@ -52,12 +53,21 @@ class SimReport:
     def as_dict(self, with_decisions: bool = True) -> dict[str, Any]:
         """Plain-JSON dictionary."""
         out = asdict(self)
+        out.pop("decide_s")  # wall-clock figures vary run to run: see ``decide_ms``
         if not with_decisions:
             for it in out["iterations"]:
                 it.pop("decisions")
         out["total_time_s"] = round(self.total_time_s, 3)
         out["mean_iteration_s"] = round(self.mean_iteration_s, 3)
         return _rounded(out)
+
+    def decide_ms(self) -> dict[str, float]:
+        """Wall milliseconds per policy call: calls, median, 99th percentile, max."""
+        d = sorted(self.decide_s)
+        if not d:
+            return {"calls": 0}
+        return {"calls": len(d), "median": round(1e3 * d[len(d) // 2], 3),
+                "p99": round(1e3 * d[min(len(d) - 1, int(0.99 * len(d)))], 3), "max": round(1e3 * d[-1], 3)}
 
     def to_json(self, with_decisions: bool = True) -> str:
         """JSON text of ``as_dict``."""

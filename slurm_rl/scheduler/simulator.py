@@ -17,11 +17,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.placement_ops import (
     placement_problems,
@@ -116,6 +118,10 @@ class Simulation:
         self.pending_decision: Decision | None = None
         self.last_policy_t = -1e18
         self.tick_scheduled = False
+        self.recorder = HistoryRecorder()
+        self.seen_minibatch: tuple[int, float] | None = None
+        self.seen_switch: float | None = None
+        self.decide_s: list[float] = []
 
     # ---------------------------------------------------------------- iteration state
     def _start_iteration(self, it: int) -> None:
@@ -136,6 +142,11 @@ class Simulation:
         self.actor_busy = False
         self.actor_samples_done = 0
         self.mb_done = 0
+        self.actor_started_at = 0.0
+        self.actor_tokens = 0
+        self.inference_busy_gpu_s = 0.0
+        self.longest = 0
+        self.length_hist = [0] * NUM_BUCKETS
 
     def _new_report(self, it: int) -> None:
         self.report = IterationReport(iteration=it, time_s=0.0,
@@ -158,7 +169,25 @@ class Simulation:
             phase=derive_phase(rollout, actor), world_ranks=tuple(range(self.s.gpus)),
             initial=self.s.initial, current=self.placement, rollout=rollout,
             inference=InferenceProgress(self.inf_done, len(self.requests)), actor=actor,
-            batch=self.s.batch, cfg=self.s.policy_cfg)
+            batch=self.s.batch, cfg=self.s.policy_cfg, elapsed_s=self.t - self.t_start,
+            history=self.recorder.history)
+
+    def _observe(self) -> None:
+        """Feed the history what a live coordinator would see now (see ``history.Tick``)."""
+        decode = tuple((float(len(i.running)), 1.0 / self._rate(i)) for i in self.instances.values()
+                       if i.running and self.t >= i.ready_at)
+        tick = Tick(iteration=self.it, elapsed_s=self.t - self.t_start, samples=len(self.requests),
+                    finished=self.finished, inference_done=self.inf_done,
+                    groups_ready=self.inf_done + len(self.inf_queue) + len(self.inf_batch),
+                    inference_gpus=len(self.placement["inference"]),
+                    max_running=self.s.policy_cfg.max_running_requests,
+                    running=sum(len(i.running) for i in self.instances.values()),
+                    instances=len(self.instances),
+                    inference_busy_gpu_s=self.inference_busy_gpu_s, lengths=tuple(self.length_hist),
+                    decode=decode, minibatch=self.seen_minibatch, switch_s=self.seen_switch,
+                    longest=self.longest)
+        self.seen_minibatch = self.seen_switch = None
+        self.recorder.observe(tick)
 
     # ---------------------------------------------------------------- time and accounting
     def _push(self, t: float, kind: str, key: int = 0, version: int = 0) -> None:
@@ -276,6 +305,8 @@ class Simulation:
         req.instance = None
         req.generated = req.length
         self.finished += 1
+        self.length_hist[length_bucket(req.length)] += 1
+        self.longest = max(self.longest, req.length)
         self.group_left[req.group] -= 1
         if self.group_left[req.group] == 0:
             first = req.group * self.s.group_size
@@ -290,7 +321,9 @@ class Simulation:
             n = min(len(self.inf_queue), self.s.batch.global_batch_size)
             self.inf_batch = [self.inf_queue.popleft() for _ in range(n)]
             tokens = sum(self._tokens(r) for r in self.inf_batch)
-            self._push(self.t + self.s.cost.seconds("inference", tokens, len(inf)), "inf")
+            seconds = self.s.cost.seconds("inference", tokens, len(inf))
+            self.inference_busy_gpu_s += seconds * len(inf)
+            self._push(self.t + seconds, "inf")
         elif inf and self.inf_queue and self.t < self.ready_at["inference"]:
             self._wake(self.ready_at["inference"])
         actor = self.placement["actor"]
@@ -301,6 +334,8 @@ class Simulation:
                 return
             tokens = sum(self._tokens(self.actor_queue[i]) for i in range(gbs))
             self.actor_busy = True
+            self.actor_started_at = self.t
+            self.actor_tokens = tokens
             self._push(self.t + self.s.cost.seconds("actor", tokens, len(actor)), "actor")
 
     def _wake(self, t: float) -> None:
@@ -319,6 +354,8 @@ class Simulation:
         self.actor_samples_done += self.s.batch.global_batch_size
         self.mb_done += 1
         self.actor_busy = False
+        self.seen_minibatch = (len(self.placement["actor"]) // self.s.policy_cfg.actor_ranks_per_instance,
+                               self.t - self.actor_started_at, self.actor_tokens)
         if self.pending_decision is not None:
             decision, self.pending_decision = self.pending_decision, None
             self._apply(decision)
@@ -333,7 +370,11 @@ class Simulation:
                 self._push(self.last_policy_t + self.s.tick_s, "tick")
             return
         self.last_policy_t = self.t
-        decision = self.policy(self.state())
+        self._observe()
+        state = self.state()
+        t0 = time.perf_counter()
+        decision = self.policy(state)
+        self.decide_s.append(time.perf_counter() - t0)
         if decision is None:
             return
         if decision.placement["actor"] != self.placement["actor"] and self.actor_busy:
@@ -362,6 +403,7 @@ class Simulation:
             tp = self.s.policy_cfg.actor_ranks_per_instance
             reshard = self.s.cost.reshard_seconds(len(old["actor"]) // tp, len(new["actor"]) // tp)
             self.ready_at["actor"] = ready + reshard
+        self.seen_switch = max(self.ready_at["actor"] if new["actor"] != old["actor"] else ready, ready) - self.t
         self.placement = new
         self._rebuild_instances(ready)
         self.report.placement_changes += 1
@@ -375,7 +417,7 @@ class Simulation:
     def run(self) -> SimReport:
         """Simulate every iteration and return the report."""
         cfg = self.s.policy_cfg
-        out = SimReport(policy=self.policy_name, gpus=self.s.gpus,
+        out = SimReport(policy=self.policy_name, gpus=self.s.gpus, decide_s=self.decide_s,
                         use_pre_process_policy=cfg.use_pre_process_policy,
                         use_wait_before_last_iter_policy=cfg.use_wait_before_last_iter_policy,
                         seed=self.s.seed)
@@ -390,6 +432,7 @@ class Simulation:
             total = self.s.gpus * self.report.time_s
             self.report.bubble_gpu_s = total - sum(self.report.busy_gpu_s.values())
             out.iterations.append(self.report)
+            self.recorder.end_iteration(self.report.time_s)
             # The end-of-iteration decision (back to the initial placement) is paid by the next.
             self._new_report(it + 1)
             self._call_policy(force=True)
