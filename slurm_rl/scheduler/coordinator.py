@@ -18,6 +18,7 @@ logs its decision latency (state read -> published) and switch latency (publishe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -38,12 +39,15 @@ from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import write_coordinator_status
 from slurm_rl.control.errors import DeadRankError, WaitTimeout
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.history import History, HistoryRecorder
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
     build_policy,
     build_state,
     check_setup,
     initial_decision,
+    last_minibatch,
+    live_tick,
     placement_json,
     policy_config,
     restart_decision,
@@ -72,6 +76,11 @@ class CoordinatorLoop:
         self.checked_at = 0.0  # state-read time of the last policy call that answered a boundary
         self.tick_s = max(self.runtime.poll_interval_s, defaults.LIVE_TICK_S)
         self.current: Epoch | None = self.store.latest()  # not None when a coordinator restarts
+        # what the run measured about itself (the plan policy's forecast reads it)
+        self.recorder = HistoryRecorder()
+        self.released_at = time.time()
+        self.seen_minibatch = -1
+        self.seen_switch: float | None = None
 
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
@@ -122,6 +131,8 @@ class CoordinatorLoop:
             },
         )
         self.current = epoch
+        if state is not None and state.phase != "start":
+            self.seen_switch = max(0.0, last_ack - state_read_at)
         return epoch
 
     def status(self, state: str, **extra: Any) -> None:
@@ -157,7 +168,9 @@ class CoordinatorLoop:
         is logged once and not published (the placement in force stays: the fallback).
         """
         assert self.current is not None
-        state = build_state(self.cfg, self.current, progress, iteration, at_gate=False)
+        state = build_state(self.cfg, self.current, progress, iteration, at_gate=False,
+                            elapsed_s=max(0.0, read_at - self.released_at))
+        state = dataclasses.replace(state, history=self._observe(state, progress))
         decision = self.policy(state)
         if decision is None or decision.boundary == "iteration":
             return None
@@ -175,11 +188,23 @@ class CoordinatorLoop:
             return None
         return self.publish(decision, iteration=iteration, state_read_at=read_at, state=state)
 
+    def _observe(self, state: SchedState, progress: Mapping[int, dict]) -> History:
+        """Record what the ranks report into the run's history (``scheduler.history``)."""
+        mb = last_minibatch(progress, state.iteration)
+        seen = None
+        if mb is not None and int(mb["index"]) > self.seen_minibatch:
+            self.seen_minibatch = int(mb["index"])
+            if mb.get("seconds") and not mb.get("resharded"):  # a reshard's time is not training
+                seen = (int(mb["dp"]) // self.cfg.scheduler.actor_ranks_per_instance, float(mb["seconds"]),
+                        int(mb.get("tokens") or 0))
+        switch, self.seen_switch = self.seen_switch, None
+        return self.recorder.observe(live_tick(state, progress, seen, switch))
+
     def run(self) -> None:
         """Drive the run from epoch 0 to the release of the final gate."""
         num_iterations = self.cfg.train.num_iterations
         self.status("starting")
-        if self.cfg.scheduler.policy == "auto":
+        if self.cfg.scheduler.policy in ("auto", "plan"):
             check_setup(self.cfg)
         if self.current is None:
             self.publish(initial_decision(self.cfg), iteration=0, state_read_at=time.time())
@@ -196,12 +221,17 @@ class CoordinatorLoop:
             progress = read_all_progress(self.paths, self.world)
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
+                if self.released >= 0:
+                    self.recorder.end_iteration(read_at - self.released_at)
+                    self.seen_minibatch = -1
                 if gate < num_iterations:
-                    state = build_state(self.cfg, self.current, progress, gate, at_gate=True)
+                    state = build_state(self.cfg, self.current, progress, gate, at_gate=True,
+                                        history=self.recorder.history)
                     decision = self.policy(state)
                     if decision is not None:
                         self.publish(decision, iteration=gate, state_read_at=read_at, state=state)
                 self.released = gate
+                self.released_at = time.time()
                 self.released_epoch = self.current.epoch if self.current is not None else None
                 append_event(self.paths, "release", {"iteration": gate, "released_at": time.time()})
                 self.status("running")
