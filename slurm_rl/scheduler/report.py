@@ -28,6 +28,13 @@ class IterationReport:
     placement_changes: int = 0
     migrated_requests: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: when each phase ended (seconds into the iteration): ``rollout_end_s`` (last response),
+    #: ``inference_end_s`` (last sample scored), ``last_minibatch_start_s``
+    phases: dict[str, float] = field(default_factory=dict)
+    #: lower bounds of the iteration: ``tail_s`` (the longest response decoded alone from t=0,
+    #: then inference of its group and the last mini-batch on every GPU), ``work_s`` (every
+    #: busy GPU-second spread over all GPUs)
+    bounds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

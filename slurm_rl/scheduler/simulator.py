@@ -143,6 +143,7 @@ class Simulation:
         self.actor_samples_done = 0
         self.mb_done = 0
         self.actor_started_at = 0.0
+        self.phase_end: dict[str, float] = {}
         self.actor_tokens = 0
         self.inference_busy_gpu_s = 0.0
         self.longest = 0
@@ -306,6 +307,8 @@ class Simulation:
         req.generated = req.length
         self.finished += 1
         self.length_hist[length_bucket(req.length)] += 1
+        if self.finished == len(self.requests):
+            self.phase_end["rollout_end_s"] = self.t - self.t_start
         self.longest = max(self.longest, req.length)
         self.group_left[req.group] -= 1
         if self.group_left[req.group] == 0:
@@ -335,6 +338,7 @@ class Simulation:
             tokens = sum(self._tokens(self.actor_queue[i]) for i in range(gbs))
             self.actor_busy = True
             self.actor_started_at = self.t
+            self.phase_end["last_minibatch_start_s"] = self.t - self.t_start
             self.actor_tokens = tokens
             self._push(self.t + self.s.cost.seconds("actor", tokens, len(actor)), "actor")
 
@@ -345,6 +349,8 @@ class Simulation:
 
     def _finish_inference(self) -> None:
         self.inf_done += len(self.inf_batch)
+        if self.inf_done + len(self.inf_batch) >= len(self.requests):
+            self.phase_end["inference_end_s"] = self.t - self.t_start
         self.actor_queue.extend(self.inf_batch)
         self.inf_batch = []
 
@@ -431,12 +437,28 @@ class Simulation:
             self.report.time_s = self.t - self.t_start
             total = self.s.gpus * self.report.time_s
             self.report.bubble_gpu_s = total - sum(self.report.busy_gpu_s.values())
+            self.report.phases = dict(self.phase_end)
+            self.report.bounds = self._bounds()
             out.iterations.append(self.report)
             self.recorder.end_iteration(self.report.time_s)
             # The end-of-iteration decision (back to the initial placement) is paid by the next.
             self._new_report(it + 1)
             self._call_policy(force=True)
         return out
+
+    def _bounds(self) -> dict[str, float]:
+        """Lower bounds of the iteration just simulated (see ``IterationReport.bounds``)."""
+        cfg, cost, gbs = self.s.policy_cfg, self.s.cost, self.s.batch.global_batch_size
+        longest = max(self.requests, key=lambda r: r.length)
+        lone = longest.length / cost.decode_tokens_per_s(cfg.rollout_ranks_per_instance,
+                                                         cfg.max_running_requests, 1)
+        group = range(longest.group * self.s.group_size, (longest.group + 1) * self.s.group_size)
+        group_tokens = sum(self._tokens(r) for r in group)
+        mb_tokens = gbs * sum(self._tokens(r.rid) for r in self.requests) / len(self.requests)
+        tail = (lone + cost.seconds("inference", group_tokens, self.s.gpus)
+                + cost.seconds("actor", mb_tokens, self.s.gpus // cfg.actor_ranks_per_instance))
+        busy = sum(self.report.busy_gpu_s.values())
+        return {"tail_s": tail, "work_s": busy / self.s.gpus, "longest_response": float(longest.length)}
 
     def _run_iteration(self) -> None:
         total_mb = self.s.batch.minibatches_per_iteration
