@@ -106,9 +106,9 @@ def train_heavy(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
 
 def short_response(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
     """Short responses (lognormal sigma 0.6, mean 300 tokens, clipped at 2k), e.g. classification
-    or short-answer RL: four times math-RL's samples per GPU, the same per-token costs."""
+    or short-answer RL: twice math-RL's samples per GPU, the same per-token costs."""
     cfg = math_rl(gpus, num_iterations)
-    samples = 512 * gpus
+    samples = 256 * gpus
     cfg["train"].update(rollout_batch_size=samples // 16, global_batch_size=samples // 4)
     cfg["emulated"].update(response_len_mean=300, response_len_max=2048, response_len_sigma=0.6)
     return cfg

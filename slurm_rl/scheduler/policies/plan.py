@@ -242,7 +242,7 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
         score = min(finish(s1.instances, start, [s1, s2]) for s2 in ladder[i:])
         options.append((score, s1.released, -s1.dp, s1.placement))
     if held:  # wait (until its data is in, or one mini-batch's time): rollout keeps the GPUs
-        wait = max(fc.minibatch_s(ladder[0].dp), (ready[0] if ready else 0.0) - sw)
+        wait = max(2 * sw, (ready[0] if ready else 0.0) - sw)
         score = min(finish(all_instances, wait + sw, [s2, s3])
                      for j, s2 in enumerate(ladder) for s3 in ladder[j:])
         options.insert(0, (score, 0, 0, {"actor": (), "rollout": cur["rollout"] if out else (),
