@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 
 from slurm_rl.config import Config, load_config
 from slurm_rl.control.acks import AckWaiter
+from slurm_rl.control.atomic import atomic_write_json
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import append_event
 from slurm_rl.control.heartbeats import stale_ranks
@@ -222,7 +223,8 @@ class CoordinatorLoop:
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
                 if self.released >= 0:
-                    self.recorder.end_iteration(read_at - self.released_at)
+                    history = self.recorder.end_iteration(read_at - self.released_at)
+                    atomic_write_json(self.paths.history, history.to_json(), durable=False)
                     self.seen_minibatch = -1
                 if gate < num_iterations:
                     state = build_state(self.cfg, self.current, progress, gate, at_gate=True,
@@ -238,6 +240,11 @@ class CoordinatorLoop:
                 continue
             boundary = max((float(d.get("boundary_at") or 0.0) for d in progress.values()), default=0.0)
             asked = boundary > self.checked_at  # the actor waits at a mini-batch boundary for a decision
+            if not dynamic and 0 <= self.released < num_iterations and time.monotonic() - last_tick >= self.tick_s:
+                last_tick = time.monotonic()  # static: nothing to decide, the history is still recorded
+                assert self.current is not None
+                self._observe(build_state(self.cfg, self.current, progress, self.released, at_gate=False,
+                                          elapsed_s=max(0.0, read_at - self.released_at)), progress)
             if dynamic and 0 <= self.released < num_iterations and (asked or time.monotonic() - last_tick >= self.tick_s):
                 last_tick = time.monotonic()
                 published = self.decide_mid_iteration(self.released, progress, read_at)

@@ -19,7 +19,8 @@ each policy call into it. The two feed it the same kinds of numbers:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 #: Buckets per doubling of the response length (bucket ``i`` covers ``[2**(i/B), 2**((i+1)/B))``).
 BUCKETS_PER_DOUBLING = 4
@@ -99,6 +100,22 @@ class History:
     switches: tuple[float, ...] = ()       # seconds from a decision to the switch being applied
     longest: int = 0                       # longest response seen (earlier iterations)
     rollout_bias: float = 1.0              # actual / forecast remaining rollout time, last iteration
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (``control/history.json`` of a live run)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "History":
+        """Inverse of ``to_json``."""
+        fields = dict(doc)
+        fields["decode"] = DecodeFit(**fields.get("decode", {}))
+        for key in ("lengths", "current_lengths", "curve", "iteration_s", "switches"):
+            fields[key] = tuple(fields.get(key, ()))
+        for key in ("inference", "current_inference"):
+            fields[key] = tuple(fields.get(key, (0.0, 0.0)))
+        fields["minibatches"] = tuple(tuple(m) for m in fields.get("minibatches", ()))
+        return cls(**fields)
 
     @property
     def switch_s(self) -> float | None:

@@ -47,7 +47,7 @@ class SimReport:
     use_wait_before_last_iter_policy: bool
     seed: int
     iterations: list[IterationReport] = field(default_factory=list)
-    decide_s: list[float] = field(default_factory=list, repr=False)  # wall seconds of each policy call
+    decide_s: list[float] = field(default_factory=list, repr=False)  # CPU seconds of each policy call
 
     @property
     def total_time_s(self) -> float:
@@ -69,7 +69,7 @@ class SimReport:
         return _rounded(out)
 
     def decide_ms(self) -> dict[str, float]:
-        """Wall milliseconds per policy call: calls, median, 99th percentile, max."""
+        """CPU milliseconds per policy call: calls, median, 99th percentile, max."""
         d = sorted(self.decide_s)
         if not d:
             return {"calls": 0}

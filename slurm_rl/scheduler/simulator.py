@@ -63,6 +63,7 @@ class SimSetup:
     tick_s: float = defaults.TICK_S
     seed: int = defaults.SEED
     max_sim_s: float = 1e7
+    iteration_overhead_s: float = 0.0  # idle seconds at each iteration start (gate, weight sync)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
@@ -378,9 +379,9 @@ class Simulation:
         self.last_policy_t = self.t
         self._observe()
         state = self.state()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time: other processes on the machine do not inflate it
         decision = self.policy(state)
-        self.decide_s.append(time.perf_counter() - t0)
+        self.decide_s.append(time.thread_time() - t0)
         if decision is None:
             return
         if decision.placement["actor"] != self.placement["actor"] and self.actor_busy:
@@ -430,6 +431,8 @@ class Simulation:
         self._new_report(0)
         for it in range(self.s.num_iterations):
             self._start_iteration(it)
+            if self.s.iteration_overhead_s > 0:
+                self._advance(self.t + self.s.iteration_overhead_s)
             self._call_policy(force=True)
             self._dispatch()
             self._start_stages()

@@ -53,10 +53,8 @@ def decide_plan(state: SchedState) -> Decision | None:
     held = _held_back(state)
     starved = starved_components(_with_pre_process(state))
     if starved:
-        repair = dict(state.initial)
-        if held:
-            repair["rollout"] = tuple(sorted(set(state.current["rollout"]) - set(state.initial["actor"])))
-            repair["inference"] = state.current["inference"] or state.initial["inference"]
+        lend = dataclasses.replace(state.cfg, use_pre_process_policy=True)
+        repair = iteration_start_placement(state.initial, lend) if _held_back(state) else dict(state.initial)
         if repair != state.current:
             return Decision(repair, f"plan repair: {', '.join(starved)} hold no ranks but have work",
                             boundary="minibatch")
@@ -132,8 +130,9 @@ def _ladder(state: SchedState, held: bool) -> list[_Step]:
     if state.inference.finished:
         free.extend((r,) for r in cur["inference"])
     base = cur["actor"]
-    if held:  # the actor comes back on its own ranks (its state is there); their instances leave
-        own = set(state.initial["actor"])
+    own = set(state.initial["actor"])
+    if held and own <= set(cur["rollout"]) | {r for g in free for r in g}:
+        # the actor comes back on its own ranks (its state is there); their instances leave
         back = [i for i in instances if own & set(i)]
         instances = [i for i in instances if not own & set(i)]
         base = tuple(sorted(own))
