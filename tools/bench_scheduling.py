@@ -36,7 +36,6 @@ from typing import Any
 
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.profiles import PROFILES, math_rl, scaled_for_live
-from slurm_rl.scheduler.report import SimReport
 from slurm_rl.scheduler.simulate import simulate
 
 POLICIES = ("static", "auto", "auto+pre_process", "auto+wait_before_last_iter", "plan")

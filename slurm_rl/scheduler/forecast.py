@@ -5,13 +5,13 @@ here is a per-workload constant. Pure functions, a few hundred float operations 
 
 * Response lengths: the quantile function of the finished responses of earlier iterations
   (cold start: this iteration's finished responses, the unfinished upper part extrapolated
-  lognormally from the two highest quantiles seen).
+  lognormally through the median and the highest quantile seen).
 * Decode: ``step_s(b) = alpha + beta * b`` per request and step on an instance running ``b``
   requests; with one load seen so far ``beta = 0`` (no gain from spreading is assumed).
-* Rollout: the outstanding requests are taken as the longest ``O`` of the iteration (in classes
-  of 1, 1, 2, 4, ... requests from the longest), less the tokens the running ones decoded so far, decoded by ``k`` instances under processor sharing
-  (a fluid model: every request gets ``1 / step_s(min(m, n / k))`` tokens/s, times
-  ``k * m / n`` while more than ``k * m`` are outstanding).
+* Rollout (``RolloutView``): running requests are the survivors of those dispatched, pending ones a
+  random sample; the rollout ends after the bulk at full-load throughput, or with the longest
+  running / pending request (the latter starting when the queue drained), whichever is later,
+  times the bias learned from the last iteration (``rollout_bias``).
 * Actor: mini-batch seconds ``W / dp ** s`` (``s`` fitted once two DP sizes were seen, else 1);
   inference: GPU-seconds per sample (busy time over samples scored).
 """

@@ -12,14 +12,16 @@ reachable now the one with the earliest forecast end:
    speed); the rest decode too.
 2. Repair (as ``auto``): a component with work and no ranks gets its ranks back.
 3. The actor is inside a mini-batch: no change.
-4. Candidates: keep everything; or give the actor the next valid DP sizes, taking idle ranks,
-   finished inference ranks, then whole rollout instances (their requests migrate). A held-back
-   actor may start on its own ranks. Each candidate's end is forecast:
-   ``max(rollout_s(k instances), inference_s, switch + (left - 1) * minibatch_s(dp)) +
-   minibatch_s(all GPUs)``; a held-back actor that waits is charged one switch of delay.
-   A change is made only when it gains more than one switch latency (ties: fewer rollout
-   instances released, then the bigger actor; free GPUs are taken without a gain).
-   Finished rollout / inference give all their ranks up.
+4. Receding horizon: the placements reachable now form a ladder of actor DP sizes, each taking
+   idle ranks, finished inference ranks, then whole rollout instances (their requests migrate);
+   a held-back actor comes back on its own ranks. For every step (stage 1) and every bigger step
+   the actor could grow into after its next mini-batch (stage 2) the iteration's end is forecast
+   (rollout on the stages' instances, mini-batches no earlier than their data arrived last
+   iteration, a switch per DP change, the last mini-batch on every GPU once the data is in);
+   a held-back actor may also wait until its data is about in, or two switch latencies (its
+   latest start). Stage 1 of the best pair is applied, but only when it gains more than one
+   switch latency over no change, or takes no working GPUs (ties: fewer rollout instances
+   released, then the bigger actor). Finished rollout / inference give all their ranks up.
 5. Cold start (no mini-batch or decode speed measured yet, or under a tenth of the responses
    seen): RLinf's rules with pre-process (``auto+pre_process``), until the forecast can be fitted.
 """
@@ -27,8 +29,8 @@ reachable now the one with the earliest forecast end:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 from dataclasses import dataclass
+from typing import Callable
 
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.forecast import Forecast
@@ -54,7 +56,7 @@ def decide_plan(state: SchedState) -> Decision | None:
     starved = starved_components(_with_pre_process(state))
     if starved:
         lend = dataclasses.replace(state.cfg, use_pre_process_policy=True)
-        repair = iteration_start_placement(state.initial, lend) if _held_back(state) else dict(state.initial)
+        repair = iteration_start_placement(state.initial, lend) if held else dict(state.initial)
         if repair != state.current:
             return Decision(repair, f"plan repair: {', '.join(starved)} hold no ranks but have work",
                             boundary="minibatch")
@@ -160,13 +162,11 @@ def _ladder(state: SchedState, held: bool) -> list[_Step]:
         released = max(0, used - n_fixed)
         if out and released >= len(instances):
             break  # rollout keeps at least one instance while it has work
-        gone = {r for inst in instances[:released] for r in inst}
         placement: Placement = {
             "actor": tuple(sorted(base + tuple(taken[:need]))),
             "rollout": tuple(r for inst in instances[released:] for r in inst),
             "inference": keep_inf,
         }
-        del gone
         steps.append(_Step(dp, placement, len(instances) - released, released))
     return steps
 
