@@ -167,7 +167,7 @@ class Forecast:
             return None
         work, scaling = _fit_minibatches(h.minibatches)
         samples, busy = h.inference[0] + h.current_inference[0], h.inference[1] + h.current_inference[1]
-        inf = busy / samples if samples > 0 else None
+        inf = busy / samples if samples >= 1 and busy > 0 else None
         return cls(lengths=lengths, alpha=line[0], beta=line[1], max_running=max_running,
                    mb_work=work, mb_scaling=scaling, inf_gpu_s_per_sample=inf,
                    switch_s=h.switch_s if h.switch_s is not None else default_switch_s,
@@ -207,9 +207,11 @@ class Forecast:
         """With ``gpus`` inference GPUs, is inference done by the end of a rollout of
         ``rollout_s`` seconds (plus one switch), if samples arrive as in the last iteration
         (its completion ``curve``, stretched to ``rollout_s``)?"""
-        if self.inf_gpu_s_per_sample is None or len(self.curve) < CURVE_POINTS or rollout_s <= 0:
+        if not self.inf_gpu_s_per_sample or len(self.curve) < CURVE_POINTS or rollout_s <= 0 or gpus <= 0:
             return False
         rate = gpus / self.inf_gpu_s_per_sample
+        if not 0 < rate < math.inf:
+            return False
         scale = rollout_s / self.curve[-1] if self.curve[-1] > 0 else 1.0
         arrived = [0.0] + [t * scale for t in self.curve]
         finish = 0.0
