@@ -87,7 +87,10 @@ def plan_start_placement(state: SchedState) -> Placement:
     for keep in range(1, len(inf) + 1):
         lent = len(inf) - keep
         instances = (len(start["rollout"]) + lent) // rtp
-        if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, everything.seconds(instances)):
+        # the deadline: the shorter of the forecast and the last measured rollout (inference must
+        # never become the critical path because the forecast was pessimistic)
+        deadline = min(everything.seconds(instances), h.curve[-1])
+        if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, deadline):
             start["rollout"] = tuple(sorted(start["rollout"] + inf[:lent]))
             start["inference"] = inf[lent:]
             break
