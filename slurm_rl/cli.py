@@ -70,9 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--png", type=Path, default=None, help="--compare: where to write the plot")
 
     p = sub.add_parser("simulate", help="run the scheduling policies on a discrete-event model")
-    _config_args(p)
+    p.add_argument("config", nargs="?", help="YAML config file (not with --calibrate)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
     p.add_argument("--gpus", type=int, default=None, help="simulate this many GPUs instead of the config's")
-    p.add_argument("--policy", default=None, help="static | auto (default: from the config)")
+    p.add_argument("--policy", default=None, help="static | auto | plan, options joined by '+' (default: from the config)")
+    p.add_argument("--calibrate", type=Path, default=None, metavar="RUN_DIR",
+                   help="fit the cost model to a live run's files and compare the simulation with it")
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -254,6 +257,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from slurm_rl.config import load_config
     from slurm_rl.scheduler.cli_bridge import run_simulation
 
+    if args.calibrate is not None:
+        from slurm_rl.scheduler.calibrate import CalibrationError, calibrate
+
+        if args.config is not None:
+            return _bad("simulate --calibrate RUN_DIR takes no config (the run's own config.yaml is used)")
+        try:
+            print(json.dumps(calibrate(args.calibrate), indent=1))
+        except CalibrationError as exc:
+            return _bad(str(exc))
+        return EXIT_OK
+    if args.config is None:
+        return _bad("simulate: a config file, or --calibrate RUN_DIR")
     cfg = load_config(args.config, args.overrides)
     return run_simulation(cfg, gpus=args.gpus, policy=args.policy, as_json=args.json)
 

@@ -43,7 +43,7 @@ __all__ = [
 DEVICES = ("emulated", "cpu", "cuda")
 ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
-POLICIES = ("static", "scripted", "auto")
+POLICIES = ("static", "scripted", "auto", "plan")
 MINIBATCH_ORDERS = ("arrival", "index")
 PHASES = ("start", "rollout", "train", "end")  # as scheduler.state.PHASES: start applies at the gate, the others mid-iteration
 FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
@@ -117,7 +117,7 @@ class ScriptStep:
 class SchedulerConfig:
     """Which policy decides placement epochs, and its knobs."""
 
-    policy: str = "static"  # static | scripted | auto
+    policy: str = "static"  # static | scripted | auto | plan
     script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
     max_running_requests: int = 64  # per rollout instance (used by auto)
     pre_process_threshold: float = 0.5  # pre-process ends when outstanding requests fall to this fraction

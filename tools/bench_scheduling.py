@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
 """Scheduling benchmark: end-to-end time per iteration under each policy, printed as JSON.
 
-Simulated half (default): the math-RL profile (``slurm_rl.scheduler.profiles.math_rl``) at 8, 64
-and 256 GPUs under ``static``, ``auto``, ``auto+pre_process`` and ``auto+wait_before_last_iter``.
+Simulated half (default): every workload profile (``slurm_rl.scheduler.profiles``: math-RL,
+agentic, training-heavy, short-response) at 8, 64 and 256 GPUs under ``static``, ``auto``,
+``auto+pre_process``, ``auto+wait_before_last_iter`` and ``plan``, each over several seeds. Per
+policy: seconds per iteration, speed-up and reduction versus static, the bubble fraction (GPU
+time not computing) split by component (held but idle, or held by none), when each phase ended,
+the iteration's lower bounds (``tail_s``: the longest response decoded alone plus its inference
+and the last mini-batch on every GPU; ``work_s``: busy GPU-seconds over all GPUs), and the
+policy's decision time (wall milliseconds per call). Per profile and scale: ``plan`` against the
+best of ``auto`` / ``auto+pre_process`` in points of reduction, and the issue's targets.
 
 Live half (``--live``): the same profile as emulated live runs at 8 and 32 ranks (one local
 process per rank, real epochs, acks, Arrow hand-off, mid-iteration decisions), with every cost
@@ -11,7 +18,8 @@ scaled by ``--live-time-scale`` so an iteration takes seconds and token counts d
 prediction for the very same config (the calibration target is agreement within 10 %).
 Per-iteration live times are gate-to-gate (``release`` events of the coordinator).
 
-    python tools/bench_scheduling.py [--gpus 8,64,256] [--iterations 3] [--seeds 0,1,2] [--live]
+    python tools/bench_scheduling.py [--profiles math_rl,agentic] [--gpus 8,64,256]
+        [--iterations 3] [--seeds 0,1,2] [--jobs 2] [--live]
 """
 
 from __future__ import annotations
@@ -22,42 +30,124 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.scheduler.profiles import math_rl, scaled_for_live
+from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.profiles import PROFILES, math_rl, scaled_for_live
 from slurm_rl.scheduler.simulate import simulate
 
-POLICIES = ("static", "auto", "auto+pre_process", "auto+wait_before_last_iter")
+POLICIES = ("static", "auto", "auto+pre_process", "auto+wait_before_last_iter", "plan")
+RULES = ("auto", "auto+pre_process")  # the rules plan is measured against
 #: Publish-to-all-acked latency of a live epoch as measured on the emulated runs (about 0.1 s);
 #: the simulator is told the same, so the two model one system.
 LIVE_SWITCH_LATENCY_S = 0.1
+TARGET_SPEEDUP = 1.5  # plan over static, math-RL at 64 and 256 GPUs
+TARGET_POINTS = 0.05  # plan's reduction over the best rule's, every profile and scale
 
 
-def simulated(gpus: list[int], iterations: int, seeds: list[int]) -> dict[str, Any]:
-    """Mean end-to-end seconds per iteration, per GPU count and policy, over ``seeds``."""
+def _one(task: tuple[str, int, int, str, int]) -> tuple[tuple[str, int, str], dict[str, Any]]:
+    profile, gpus, iterations, policy, seed = task
+    t0 = time.perf_counter()
+    report = simulate(PROFILES[profile](gpus, num_iterations=iterations), policy=policy, seed=seed)
+    return (profile, gpus, policy), {"report": report.as_dict(with_decisions=False),
+                                     "decide_s": report.decide_s, "wall_s": time.perf_counter() - t0}
+
+
+def _mean(values: list[float]) -> float:
+    return round(statistics.mean(values), 3) if values else 0.0
+
+
+def _summary(gpus: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    its = [it for r in runs for it in r["report"]["iterations"]]
+    n_iter = len(runs[0]["report"]["iterations"])
+    comps = defaults.COMPONENTS
+    decide = sorted(x for r in runs for x in r["decide_s"])
+    row: dict[str, Any] = {
+        "iteration_s": [_mean([r["report"]["iterations"][i]["time_s"] for r in runs]) for i in range(n_iter)],
+        "mean_iteration_s": _mean([r["report"]["mean_iteration_s"] for r in runs]),
+        "placement_changes_per_iteration": _mean([it["placement_changes"] for it in its]),
+        "bubble_fraction": _mean([it["bubble_gpu_s"] / (gpus * it["time_s"]) for it in its]),
+        "bubble_by_component": {
+            **{c: _mean([it["idle_gpu_s"][c] / (gpus * it["time_s"]) for it in its]) for c in comps},
+            "unassigned": _mean([it["unassigned_gpu_s"] / (gpus * it["time_s"]) for it in its]),
+        },
+        "busy_fraction": {c: _mean([it["busy_gpu_s"][c] / (gpus * it["time_s"]) for it in its]) for c in comps},
+        "phases_s": {k: _mean([it["phases"].get(k, 0.0) for it in its])
+                     for k in ("rollout_end_s", "inference_end_s", "last_minibatch_start_s")},
+        "bounds_s": {k: _mean([it["bounds"][k] for it in its]) for k in ("tail_s", "work_s")},
+        "decide_ms": ({"calls": len(decide), "median": round(1e3 * decide[len(decide) // 2], 3),
+                       "p99": round(1e3 * decide[min(len(decide) - 1, int(0.99 * len(decide)))], 3),
+                       "max": round(1e3 * decide[-1], 3)} if decide else {"calls": 0}),
+        "sim_wall_s": round(sum(r["wall_s"] for r in runs), 2),
+    }
+    return row
+
+
+def _critical_path(row: dict[str, Any]) -> dict[str, Any]:
+    """Which phase ends the iteration and how far it is from its bound."""
+    ph, b, t = row["phases_s"], row["bounds_s"], row["mean_iteration_s"]
+    data_end = max(ph["rollout_end_s"], ph["inference_end_s"])
+    if ph["last_minibatch_start_s"] > data_end + 0.05 * t:
+        critical = "actor (its mini-batches before the last end after the data is in)"
+    elif ph["inference_end_s"] > ph["rollout_end_s"] + 0.02 * t:
+        critical = "inference (it finishes after the rollout)"
+    else:
+        critical = "rollout tail (the last responses)"
+    return {"critical": critical, "data_end_s": round(data_end, 2),
+            "after_data_s": round(t - data_end, 2),
+            "vs_tail_bound": round(t / b["tail_s"], 3) if b["tail_s"] else None,
+            "vs_work_bound": round(t / b["work_s"], 3) if b["work_s"] else None}
+
+
+def simulated(profiles: list[str], gpus: list[int], iterations: int, seeds: list[int],
+              jobs: int = 1) -> dict[str, Any]:
+    """Per profile, GPU count and policy: the summary over ``seeds`` (see the module docstring)."""
+    tasks = [(p, g, iterations, pol, s) for p in profiles for g in gpus for pol in POLICIES for s in seeds]
+    runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            done = list(pool.map(_one, tasks))
+    else:
+        done = [_one(t) for t in tasks]
+    for key, run in done:
+        runs.setdefault(key, []).append(run)
     out: dict[str, Any] = {}
-    for g in gpus:
-        cfg = math_rl(g, num_iterations=iterations)
-        row: dict[str, Any] = {}
-        for policy in POLICIES:
-            t0 = time.perf_counter()
-            reports = [simulate(cfg, policy=policy, seed=s) for s in seeds]
-            per_iter = [round(statistics.mean(r.iterations[i].time_s for r in reports), 2)
-                        for i in range(iterations)]
-            row[policy] = {
-                "iteration_s": per_iter,
-                "mean_iteration_s": round(statistics.mean(r.mean_iteration_s for r in reports), 2),
-                "placement_changes_per_iteration": round(statistics.mean(
-                    it.placement_changes for r in reports for it in r.iterations), 2),
-                "bubble_fraction": round(statistics.mean(
-                    it.bubble_gpu_s / (g * it.time_s) for r in reports for it in r.iterations), 3),
-                "sim_wall_s": round(time.perf_counter() - t0, 2),
+    for p in profiles:
+        out[p] = {}
+        for g in gpus:
+            row = {pol: _summary(g, runs[(p, g, pol)]) for pol in POLICIES}
+            base = row["static"]["mean_iteration_s"]
+            for pol in POLICIES:
+                row[pol]["speedup_vs_static"] = round(base / row[pol]["mean_iteration_s"], 3)
+                row[pol]["reduction_vs_static"] = round(1 - row[pol]["mean_iteration_s"] / base, 3)
+            best = min(RULES, key=lambda r: row[r]["mean_iteration_s"])
+            points = row["plan"]["reduction_vs_static"] - row[best]["reduction_vs_static"]
+            steady = [row["plan"]["iteration_s"][i] for i in range(1, iterations)] or row["plan"]["iteration_s"]
+            row["plan_vs_rules"] = {
+                "best_rule": best,
+                "points": round(points, 3),
+                "points_after_first_iteration": round(
+                    (row[best]["mean_iteration_s"] - statistics.mean(steady)) / base, 3),
+                "critical_path": {pol: _critical_path(row[pol]) for pol in ("plan", best)},
             }
-        base = row["static"]["mean_iteration_s"]
-        for policy in POLICIES:
-            row[policy]["reduction_vs_static"] = round(1 - row[policy]["mean_iteration_s"] / base, 3)
-        out[str(g)] = row
+            out[p][str(g)] = row
+    return out
+
+
+def targets(sim: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets, each with its figure and whether it is met."""
+    out: dict[str, Any] = {"speedup_math_rl": {}, "points_over_rules": {}}
+    for g, row in sim.get("math_rl", {}).items():
+        if int(g) >= 64:
+            x = row["plan"]["speedup_vs_static"]
+            out["speedup_math_rl"][g] = {"plan_speedup": x, "target": TARGET_SPEEDUP, "met": x >= TARGET_SPEEDUP}
+    for p, rows in sim.items():
+        for g, row in rows.items():
+            pts = row["plan_vs_rules"]["points"]
+            out["points_over_rules"][f"{p}@{g}"] = {"points": pts, "target": TARGET_POINTS,
+                                                    "met": pts >= TARGET_POINTS}
     return out
 
 
@@ -117,6 +207,7 @@ def live(ranks: list[int], iterations: int, time_scales: list[float], token_scal
                 "live_total_s": round(sum(times), 3),
                 "simulated_total_s": round(sum(sim_times), 3),
                 "live_vs_simulated": round(sum(times) / sum(sim_times) - 1, 3),
+                "within_10pct": abs(sum(times) / sum(sim_times) - 1) <= 0.10,
                 "live_wall_s": round(wall, 1),
                 "run_dir": str(run_dir),
             }
@@ -138,9 +229,11 @@ def _jsonable(obj: Any) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--gpus", default="8,64,256")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--jobs", type=int, default=1, help="simulations run in this many processes")
     ap.add_argument("--live", action="store_true", help="also run emulated live runs")
     ap.add_argument("--live-ranks", default="8,32")
     ap.add_argument("--live-time-scale", default="0.1,0.2",
@@ -149,18 +242,22 @@ def main(argv: list[str] | None = None) -> int:
                          "0.01 a switch weighs as much as 10 s of a full-scale iteration and auto loses "
                          "4 points of its gain; 0.1 (8 ranks) and 0.2 (32 ranks on 2 cores) keep it small")
     ap.add_argument("--live-token-scale", type=float, default=16.0)
-    ap.add_argument("--live-policies", default=",".join(POLICIES))
+    ap.add_argument("--live-policies", default="static,auto,plan")
     ap.add_argument("--live-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir(),
                     help="where the live run dirs go (tmpfs keeps fsync out of the figures)")
     ap.add_argument("--no-sim", action="store_true", help="skip the simulated half")
     args = ap.parse_args(argv)
-    result: dict[str, Any] = {
-        "profile": "math_rl",
-        "policies": list(POLICIES),
-    }
+    profiles = args.profiles.split(",")
+    unknown = sorted(set(profiles) - set(PROFILES))
+    if unknown:
+        print(f"error: --profiles: unknown {unknown}, allowed {sorted(PROFILES)}", file=sys.stderr)
+        return 2
+    result: dict[str, Any] = {"profiles": profiles, "policies": list(POLICIES),
+                              "seeds": [int(x) for x in args.seeds.split(",")], "iterations": args.iterations}
     if not args.no_sim:
-        result["simulated"] = simulated([int(g) for g in args.gpus.split(",")], args.iterations,
-                                        [int(s) for s in args.seeds.split(",")])
+        result["simulated"] = simulated(profiles, [int(g) for g in args.gpus.split(",")], args.iterations,
+                                        result["seeds"], args.jobs)
+        result["targets"] = targets(result["simulated"])
     if args.live:
         root = Path(args.live_dir) / "slurm_rl_bench"
         root.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -114,6 +114,11 @@ class RunPaths:
     def decisions(self) -> Path:
         return self.events_dir / "decisions.jsonl"
 
+    @property
+    def history(self) -> Path:
+        """What the coordinator measured about the run (scheduler.history), rewritten at each gate."""
+        return self.control / "history.json"
+
     def ensure(self) -> "RunPaths":
         """Create RUN_DIR (0700) and every control directory; idempotent. Returns self."""
         create_run_dir(self.run_dir)

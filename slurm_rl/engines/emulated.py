@@ -112,6 +112,10 @@ class DecodeBatch:
     def free_slots(self) -> int:
         return max(0, self.max_running - len(self.running))
 
+    def step_seconds(self) -> float | None:
+        """Seconds per decode step now (None while nothing runs)."""
+        return self._step_s() if self.running else None
+
     def _step_s(self) -> float:
         return self.cost.decode_step_seconds(self.instance_gpus, self.max_running, len(self.running))
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 
 from slurm_rl.config import Config, load_config
 from slurm_rl.control.acks import AckWaiter
+from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import append_event
 from slurm_rl.control.heartbeats import stale_ranks
@@ -38,18 +39,21 @@ from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
-from slurm_rl.control.errors import DeadRankError, WaitTimeout
+from slurm_rl.control.errors import ControlError, DeadRankError, WaitTimeout
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.resume.stop import install_stop_handlers, read_stop
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.history import History, HistoryRecorder
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
     build_policy,
     build_state,
     check_setup,
     initial_decision,
+    last_minibatch,
+    live_tick,
     placement_json,
     policy_config,
     restart_decision,
@@ -89,6 +93,18 @@ class CoordinatorLoop:
                 self.released = int(previous.get("released_iteration", self.released))
                 self.released_epoch = previous.get("released_epoch")
                 self.checked_at = float(previous.get("checked_at") or 0.0)
+        # what the run measured about itself (the plan policy's forecast reads it); a restarted or
+        # resumed coordinator goes on from the history its predecessor wrote
+        self.recorder = HistoryRecorder()
+        if self.paths.history.exists():
+            try:
+                self.recorder.history = History.from_json(read_json(self.paths.history))
+            except (ControlError, KeyError, TypeError, ValueError) as exc:
+                self.log(f"history {self.paths.history} not used ({exc}); the forecast starts afresh")
+        self.released_at = time.time()
+        self.measuring = self.fresh  # a restarted generation saw only part of the iteration in flight
+        self.seen_minibatch = -1
+        self.seen_switch: float | None = None
 
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
@@ -139,6 +155,8 @@ class CoordinatorLoop:
             },
         )
         self.current = epoch
+        if state is not None and state.phase != "start":
+            self.seen_switch = max(0.0, last_ack - state_read_at)
         return epoch
 
     def status(self, state: str, **extra: Any) -> None:
@@ -175,7 +193,9 @@ class CoordinatorLoop:
         is logged once and not published (the placement in force stays: the fallback).
         """
         assert self.current is not None
-        state = build_state(self.cfg, self.current, progress, iteration, at_gate=False)
+        state = build_state(self.cfg, self.current, progress, iteration, at_gate=False,
+                            elapsed_s=max(0.0, read_at - self.released_at))
+        state = dataclasses.replace(state, history=self._observe(state, progress))
         decision = self.policy(state)
         if decision is None or decision.boundary == "iteration":
             return None
@@ -193,11 +213,23 @@ class CoordinatorLoop:
             return None
         return self.publish(decision, iteration=iteration, state_read_at=read_at, state=state)
 
+    def _observe(self, state: SchedState, progress: Mapping[int, dict]) -> History:
+        """Record what the ranks report into the run's history (``scheduler.history``)."""
+        mb = last_minibatch(progress, state.iteration)
+        seen = None
+        if mb is not None and int(mb["index"]) > self.seen_minibatch:
+            self.seen_minibatch = int(mb["index"])
+            if mb.get("seconds") and not mb.get("resharded"):  # a reshard's time is not training
+                seen = (int(mb["dp"]) // self.cfg.scheduler.actor_ranks_per_instance, float(mb["seconds"]),
+                        int(mb.get("tokens") or 0))
+        switch, self.seen_switch = self.seen_switch, None
+        return self.recorder.observe(live_tick(state, progress, seen, switch))
+
     def run(self) -> None:
         """Drive the run from epoch 0 to the release of the final gate."""
         num_iterations = self.cfg.train.num_iterations
         self.status("starting")
-        if self.cfg.scheduler.policy == "auto":
+        if self.cfg.scheduler.policy in ("auto", "plan"):
             check_setup(self.cfg)
         checkpoints.remove_staging(self.paths.run_dir)  # left by a coordinator killed while checkpointing
         if self.fresh:
@@ -219,20 +251,32 @@ class CoordinatorLoop:
             progress = read_all_progress(self.paths, self.world)
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
+                if self.released >= self.first_iteration and self.measuring:
+                    history = self.recorder.end_iteration(read_at - self.released_at)
+                    atomic_write_json(self.paths.history, history.to_json(), durable=False)
+                    self.seen_minibatch = -1
                 if self.at_gate_checkpoint(gate, progress):
                     return  # stopped after the checkpoint (preemption, time limit, slurm-rl stop)
                 if gate < num_iterations:
-                    state = build_state(self.cfg, self.current, progress, gate, at_gate=True)
+                    state = build_state(self.cfg, self.current, progress, gate, at_gate=True,
+                                        history=self.recorder.history)
                     decision = self.policy(state)
                     if decision is not None:
                         self.publish(decision, iteration=gate, state_read_at=read_at, state=state)
                 self.released = gate
+                self.released_at = time.time()
+                self.measuring = True
                 self.released_epoch = self.current.epoch if self.current is not None else None
                 append_event(self.paths, "release", {"iteration": gate, "released_at": time.time()})
                 self.status("running")
                 continue
             boundary = max((float(d.get("boundary_at") or 0.0) for d in progress.values()), default=0.0)
             asked = boundary > self.checked_at  # the actor waits at a mini-batch boundary for a decision
+            if not dynamic and 0 <= self.released < num_iterations and time.monotonic() - last_tick >= self.tick_s:
+                last_tick = time.monotonic()  # static: nothing to decide, the history is still recorded
+                assert self.current is not None
+                self._observe(build_state(self.cfg, self.current, progress, self.released, at_gate=False,
+                                          elapsed_s=max(0.0, read_at - self.released_at)), progress)
             if dynamic and 0 <= self.released < num_iterations and (asked or time.monotonic() - last_tick >= self.tick_s):
                 last_tick = time.monotonic()
                 published = self.decide_mid_iteration(self.released, progress, read_at)

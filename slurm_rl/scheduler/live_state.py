@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping
 
 from slurm_rl.config import Config
 from slurm_rl.control.epochs import Epoch
-from slurm_rl.scheduler.placement_ops import setup_problems
+from slurm_rl.scheduler.history import NUM_BUCKETS, History, Tick
+from slurm_rl.scheduler.placement_ops import rollout_instances, setup_problems
 from slurm_rl.scheduler.policies import make_policy
 from slurm_rl.scheduler.state import (
     ActorProgress,
@@ -93,7 +94,8 @@ def _sum(docs: list[dict], key: str) -> int:
     return sum(int(doc.get(key, 0) or 0) for doc in docs)
 
 
-def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], iteration: int, at_gate: bool) -> SchedState:
+def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], iteration: int, at_gate: bool,
+                elapsed_s: float = 0.0, history: History | None = None) -> SchedState:
     """A ``SchedState`` of the live run: at an iteration gate phase ``start``; otherwise from
     the ranks' progress counters of ``iteration`` (rollout finished/running, inference done,
     actor mini-batches done and busy)."""
@@ -132,4 +134,46 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], itera
         actor=actor,
         batch=batch,
         cfg=policy_config(cfg),
+        elapsed_s=elapsed_s,
+        history=history,
     )
+
+
+def live_tick(state: SchedState, progress: Mapping[int, dict], minibatch: tuple[int, float, int] | None,
+              switch_s: float | None) -> Tick:
+    """The ``Tick`` the history records from a live state and the ranks' progress (see
+    ``scheduler.history``): length histograms, decode step times and inference busy time summed
+    over the ranks working on the state's iteration. Complete groups are not reported by the
+    ranks, so the samples ready for inference are taken as the finished ones."""
+    docs = _current(progress, state.iteration)
+    hist = [0] * NUM_BUCKETS
+    longest = 0
+    decode: list[tuple[float, float]] = []
+    for d in docs:
+        for b, n in (d.get("rollout_len_hist") or {}).items():
+            hist[min(NUM_BUCKETS - 1, int(b))] += int(n)
+        longest = max(longest, int(d.get("rollout_longest") or 0))
+        if d.get("rollout_step_s") and d.get("rollout_decoding"):
+            decode.append((float(d["rollout_decoding"]), float(d["rollout_step_s"])))
+    inf_gpus = len(state.current["inference"])
+    return Tick(iteration=state.iteration, elapsed_s=state.elapsed_s, samples=state.rollout.total,
+                finished=state.rollout.finished, inference_done=state.inference.done,
+                groups_ready=max(state.inference.done, state.rollout.finished if inf_gpus else 0),
+                inference_gpus=inf_gpus, max_running=state.cfg.max_running_requests,
+                running=state.rollout.running,
+                instances=len(rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)),
+                inference_busy_gpu_s=_sum_float(docs, "inference_busy_s"), lengths=tuple(hist),
+                decode=tuple(decode), minibatch=minibatch, switch_s=switch_s, longest=longest)
+
+
+def last_minibatch(progress: Mapping[int, dict], iteration: int) -> dict[str, Any] | None:
+    """The actor's most recently cut mini-batch of ``iteration`` (index, dp, seconds, tokens,
+    resharded), as its cutter reports it."""
+    for d in _current(progress, iteration):
+        if d.get("actor_last_minibatch"):
+            return dict(d["actor_last_minibatch"])
+    return None
+
+
+def _sum_float(docs: list[dict], key: str) -> float:
+    return sum(float(doc.get(key, 0.0) or 0.0) for doc in docs)

@@ -1,5 +1,8 @@
 """Workload profiles for the simulator, in the shape of the run config.
 
+Every profile keeps the disaggregated RLinf layout (actor : rollout : inference = 1 : 2 : 1) and
+the cost laws of ``cost_model``; they differ in what the workload asks of each phase.
+
 ``math_rl``: GRPO on math prompts with a 7B-class model. Long-tailed responses (lognormal,
 median about 1k tokens, clipped at 16k), group size 16, four optimizer steps per iteration, and the
 disaggregated RLinf layout (actor : rollout : inference = 1 : 2 : 1, in that rank order so the
@@ -77,4 +80,39 @@ def scaled_for_live(cfg: dict[str, Any], time_scale: float, token_scale: float) 
     return out
 
 
-PROFILES = {"math_rl": math_rl}
+def agentic(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
+    """Long-tailed agentic / multi-turn rollouts: trajectories of many turns (lognormal with
+    sigma 1.3, mean 6k tokens, clipped at 32k), group size 8, a quarter of math-RL's samples per
+    GPU; decode is slower per token (long contexts: 2k tokens/s per GPU at 64 requests, a step
+    half weight reads). Rollout takes 3-6x the actor's time."""
+    cfg = math_rl(gpus, num_iterations)
+    samples = 32 * gpus
+    cfg["train"].update(rollout_batch_size=samples // 8, group_size=8, global_batch_size=samples // 4)
+    cfg["emulated"].update(rollout_s_per_token=1.0 / 2000, response_len_mean=6000,
+                           response_len_max=32768, response_len_sigma=1.3,
+                           decode_fixed_fraction=0.5, prompt_len=1024)
+    return cfg
+
+
+def train_heavy(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
+    """Training-heavy: moderate responses (lognormal sigma 0.8, mean 1k tokens, clipped at 8k)
+    on a larger model whose training costs 4x math-RL's per token (a 30B-class actor, reshard
+    moving 4x the state), so rollout takes about as long as training."""
+    cfg = math_rl(gpus, num_iterations)
+    cfg["emulated"].update(response_len_mean=1000, response_len_max=8192, response_len_sigma=0.8,
+                           actor_s_per_token=8e-4, model_params=30_000_000_000)
+    return cfg
+
+
+def short_response(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
+    """Short responses (lognormal sigma 0.6, mean 300 tokens, clipped at 2k), e.g. classification
+    or short-answer RL: twice math-RL's samples per GPU, the same per-token costs."""
+    cfg = math_rl(gpus, num_iterations)
+    samples = 256 * gpus
+    cfg["train"].update(rollout_batch_size=samples // 16, global_batch_size=samples // 4)
+    cfg["emulated"].update(response_len_mean=300, response_len_max=2048, response_len_sigma=0.6)
+    return cfg
+
+
+PROFILES = {"math_rl": math_rl, "agentic": agentic, "train_heavy": train_heavy,
+            "short_response": short_response}

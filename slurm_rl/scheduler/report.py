@@ -28,6 +28,13 @@ class IterationReport:
     placement_changes: int = 0
     migrated_requests: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: when each phase ended (seconds into the iteration): ``rollout_end_s`` (last response),
+    #: ``inference_end_s`` (last sample scored), ``last_minibatch_start_s``
+    phases: dict[str, float] = field(default_factory=dict)
+    #: lower bounds of the iteration: ``tail_s`` (the longest response decoded alone from t=0,
+    #: then inference of its group and the last mini-batch on every GPU), ``work_s`` (every
+    #: busy GPU-second spread over all GPUs)
+    bounds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,6 +47,7 @@ class SimReport:
     use_wait_before_last_iter_policy: bool
     seed: int
     iterations: list[IterationReport] = field(default_factory=list)
+    decide_s: list[float] = field(default_factory=list, repr=False)  # CPU seconds of each policy call
 
     @property
     def total_time_s(self) -> float:
@@ -52,12 +60,21 @@ class SimReport:
     def as_dict(self, with_decisions: bool = True) -> dict[str, Any]:
         """Plain-JSON dictionary."""
         out = asdict(self)
+        out.pop("decide_s")  # wall-clock figures vary run to run: see ``decide_ms``
         if not with_decisions:
             for it in out["iterations"]:
                 it.pop("decisions")
         out["total_time_s"] = round(self.total_time_s, 3)
         out["mean_iteration_s"] = round(self.mean_iteration_s, 3)
         return _rounded(out)
+
+    def decide_ms(self) -> dict[str, float]:
+        """CPU milliseconds per policy call: calls, median, 99th percentile, max."""
+        d = sorted(self.decide_s)
+        if not d:
+            return {"calls": 0}
+        return {"calls": len(d), "median": round(1e3 * d[len(d) // 2], 3),
+                "p99": round(1e3 * d[min(len(d) - 1, int(0.99 * len(d)))], 3), "max": round(1e3 * d[-1], 3)}
 
     def to_json(self, with_decisions: bool = True) -> str:
         """JSON text of ``as_dict``."""

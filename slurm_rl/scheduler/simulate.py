@@ -5,7 +5,8 @@ Config keys read (missing ones take ``scheduler.defaults``):
 use_wait_before_last_iter_policy, component_placement}``,
 ``train.{num_iterations, rollout_batch_size, group_size, global_batch_size, micro_batch_size}``,
 ``scheduler.{policy, script, max_running_requests, pre_process_threshold,
-rollout_ranks_per_instance, actor_ranks_per_instance, switch_latency_s, tick_s, seed}``,
+rollout_ranks_per_instance, actor_ranks_per_instance, switch_latency_s, tick_s, seed,
+iteration_overhead_s}``,
 ``emulated.{rollout_s_per_token, inference_s_per_token, actor_s_per_token, response_len_mean,
 response_len_max, response_len_dist, response_len_sigma, response_len_alpha, prompt_len,
 scaling, reshard_s_per_gb, model_params, decode_fixed_fraction}``.
@@ -152,6 +153,7 @@ def build_setup(cfg: Any, gpus: int | None = None, policy: str | None = None,
         switch_latency_s=float(sched.get("switch_latency_s", defaults.SWITCH_LATENCY_S)),
         tick_s=float(sched.get("tick_s", defaults.TICK_S)),
         seed=int(seed if seed is not None else sched.get("seed", defaults.SEED)),
+        iteration_overhead_s=float(sched.get("iteration_overhead_s", 0.0)),
     )
     return setup, base
 

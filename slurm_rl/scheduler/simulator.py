@@ -17,11 +17,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.placement_ops import (
     placement_problems,
@@ -61,6 +63,7 @@ class SimSetup:
     tick_s: float = defaults.TICK_S
     seed: int = defaults.SEED
     max_sim_s: float = 1e7
+    iteration_overhead_s: float = 0.0  # idle seconds at each iteration start (gate, weight sync)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
@@ -116,6 +119,10 @@ class Simulation:
         self.pending_decision: Decision | None = None
         self.last_policy_t = -1e18
         self.tick_scheduled = False
+        self.recorder = HistoryRecorder()
+        self.seen_minibatch: tuple[int, float] | None = None
+        self.seen_switch: float | None = None
+        self.decide_s: list[float] = []
 
     # ---------------------------------------------------------------- iteration state
     def _start_iteration(self, it: int) -> None:
@@ -136,6 +143,12 @@ class Simulation:
         self.actor_busy = False
         self.actor_samples_done = 0
         self.mb_done = 0
+        self.actor_started_at = 0.0
+        self.phase_end: dict[str, float] = {}
+        self.actor_tokens = 0
+        self.inference_busy_gpu_s = 0.0
+        self.longest = 0
+        self.length_hist = [0] * NUM_BUCKETS
 
     def _new_report(self, it: int) -> None:
         self.report = IterationReport(iteration=it, time_s=0.0,
@@ -158,7 +171,25 @@ class Simulation:
             phase=derive_phase(rollout, actor), world_ranks=tuple(range(self.s.gpus)),
             initial=self.s.initial, current=self.placement, rollout=rollout,
             inference=InferenceProgress(self.inf_done, len(self.requests)), actor=actor,
-            batch=self.s.batch, cfg=self.s.policy_cfg)
+            batch=self.s.batch, cfg=self.s.policy_cfg, elapsed_s=self.t - self.t_start,
+            history=self.recorder.history)
+
+    def _observe(self) -> None:
+        """Feed the history what a live coordinator would see now (see ``history.Tick``)."""
+        decode = tuple((float(len(i.running)), 1.0 / self._rate(i)) for i in self.instances.values()
+                       if i.running and self.t >= i.ready_at)
+        tick = Tick(iteration=self.it, elapsed_s=self.t - self.t_start, samples=len(self.requests),
+                    finished=self.finished, inference_done=self.inf_done,
+                    groups_ready=self.inf_done + len(self.inf_queue) + len(self.inf_batch),
+                    inference_gpus=len(self.placement["inference"]),
+                    max_running=self.s.policy_cfg.max_running_requests,
+                    running=sum(len(i.running) for i in self.instances.values()),
+                    instances=len(self.instances),
+                    inference_busy_gpu_s=self.inference_busy_gpu_s, lengths=tuple(self.length_hist),
+                    decode=decode, minibatch=self.seen_minibatch, switch_s=self.seen_switch,
+                    longest=self.longest)
+        self.seen_minibatch = self.seen_switch = None
+        self.recorder.observe(tick)
 
     # ---------------------------------------------------------------- time and accounting
     def _push(self, t: float, kind: str, key: int = 0, version: int = 0) -> None:
@@ -276,6 +307,10 @@ class Simulation:
         req.instance = None
         req.generated = req.length
         self.finished += 1
+        self.length_hist[length_bucket(req.length)] += 1
+        if self.finished == len(self.requests):
+            self.phase_end["rollout_end_s"] = self.t - self.t_start
+        self.longest = max(self.longest, req.length)
         self.group_left[req.group] -= 1
         if self.group_left[req.group] == 0:
             first = req.group * self.s.group_size
@@ -290,7 +325,9 @@ class Simulation:
             n = min(len(self.inf_queue), self.s.batch.global_batch_size)
             self.inf_batch = [self.inf_queue.popleft() for _ in range(n)]
             tokens = sum(self._tokens(r) for r in self.inf_batch)
-            self._push(self.t + self.s.cost.seconds("inference", tokens, len(inf)), "inf")
+            seconds = self.s.cost.seconds("inference", tokens, len(inf))
+            self.inference_busy_gpu_s += seconds * len(inf)
+            self._push(self.t + seconds, "inf")
         elif inf and self.inf_queue and self.t < self.ready_at["inference"]:
             self._wake(self.ready_at["inference"])
         actor = self.placement["actor"]
@@ -301,6 +338,9 @@ class Simulation:
                 return
             tokens = sum(self._tokens(self.actor_queue[i]) for i in range(gbs))
             self.actor_busy = True
+            self.actor_started_at = self.t
+            self.phase_end["last_minibatch_start_s"] = self.t - self.t_start
+            self.actor_tokens = tokens
             self._push(self.t + self.s.cost.seconds("actor", tokens, len(actor)), "actor")
 
     def _wake(self, t: float) -> None:
@@ -310,6 +350,8 @@ class Simulation:
 
     def _finish_inference(self) -> None:
         self.inf_done += len(self.inf_batch)
+        if self.inf_done + len(self.inf_batch) >= len(self.requests):
+            self.phase_end["inference_end_s"] = self.t - self.t_start
         self.actor_queue.extend(self.inf_batch)
         self.inf_batch = []
 
@@ -319,6 +361,8 @@ class Simulation:
         self.actor_samples_done += self.s.batch.global_batch_size
         self.mb_done += 1
         self.actor_busy = False
+        self.seen_minibatch = (len(self.placement["actor"]) // self.s.policy_cfg.actor_ranks_per_instance,
+                               self.t - self.actor_started_at, self.actor_tokens)
         if self.pending_decision is not None:
             decision, self.pending_decision = self.pending_decision, None
             self._apply(decision)
@@ -333,7 +377,11 @@ class Simulation:
                 self._push(self.last_policy_t + self.s.tick_s, "tick")
             return
         self.last_policy_t = self.t
-        decision = self.policy(self.state())
+        self._observe()
+        state = self.state()
+        t0 = time.thread_time()  # CPU time: other processes on the machine do not inflate it
+        decision = self.policy(state)
+        self.decide_s.append(time.thread_time() - t0)
         if decision is None:
             return
         if decision.placement["actor"] != self.placement["actor"] and self.actor_busy:
@@ -362,6 +410,7 @@ class Simulation:
             tp = self.s.policy_cfg.actor_ranks_per_instance
             reshard = self.s.cost.reshard_seconds(len(old["actor"]) // tp, len(new["actor"]) // tp)
             self.ready_at["actor"] = ready + reshard
+        self.seen_switch = max(self.ready_at["actor"] if new["actor"] != old["actor"] else ready, ready) - self.t
         self.placement = new
         self._rebuild_instances(ready)
         self.report.placement_changes += 1
@@ -375,13 +424,15 @@ class Simulation:
     def run(self) -> SimReport:
         """Simulate every iteration and return the report."""
         cfg = self.s.policy_cfg
-        out = SimReport(policy=self.policy_name, gpus=self.s.gpus,
+        out = SimReport(policy=self.policy_name, gpus=self.s.gpus, decide_s=self.decide_s,
                         use_pre_process_policy=cfg.use_pre_process_policy,
                         use_wait_before_last_iter_policy=cfg.use_wait_before_last_iter_policy,
                         seed=self.s.seed)
         self._new_report(0)
         for it in range(self.s.num_iterations):
             self._start_iteration(it)
+            if self.s.iteration_overhead_s > 0:
+                self._advance(self.t + self.s.iteration_overhead_s)
             self._call_policy(force=True)
             self._dispatch()
             self._start_stages()
@@ -389,11 +440,28 @@ class Simulation:
             self.report.time_s = self.t - self.t_start
             total = self.s.gpus * self.report.time_s
             self.report.bubble_gpu_s = total - sum(self.report.busy_gpu_s.values())
+            self.report.phases = dict(self.phase_end)
+            self.report.bounds = self._bounds()
             out.iterations.append(self.report)
+            self.recorder.end_iteration(self.report.time_s)
             # The end-of-iteration decision (back to the initial placement) is paid by the next.
             self._new_report(it + 1)
             self._call_policy(force=True)
         return out
+
+    def _bounds(self) -> dict[str, float]:
+        """Lower bounds of the iteration just simulated (see ``IterationReport.bounds``)."""
+        cfg, cost, gbs = self.s.policy_cfg, self.s.cost, self.s.batch.global_batch_size
+        longest = max(self.requests, key=lambda r: r.length)
+        lone = longest.length / cost.decode_tokens_per_s(cfg.rollout_ranks_per_instance,
+                                                         cfg.max_running_requests, 1)
+        group = range(longest.group * self.s.group_size, (longest.group + 1) * self.s.group_size)
+        group_tokens = sum(self._tokens(r) for r in group)
+        mb_tokens = gbs * sum(self._tokens(r.rid) for r in self.requests) / len(self.requests)
+        tail = (lone + cost.seconds("inference", group_tokens, self.s.gpus)
+                + cost.seconds("actor", mb_tokens, self.s.gpus // cfg.actor_ranks_per_instance))
+        busy = sum(self.report.busy_gpu_s.values())
+        return {"tail_s": tail, "work_s": busy / self.s.gpus, "longest_response": float(longest.length)}
 
     def _run_iteration(self) -> None:
         total_mb = self.s.batch.minibatches_per_iteration

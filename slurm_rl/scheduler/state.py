@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.history import History
 
 Ranks = tuple[int, ...]
 Placement = dict[str, Ranks]
@@ -184,7 +185,8 @@ def derive_phase(rollout: RolloutProgress, actor: ActorProgress) -> str:
 @dataclass(frozen=True)
 class SchedState:
     """Everything a policy may look at. ``initial`` is the configured placement, ``current`` the
-    placement of the latest published epoch; both are normalized to sorted rank tuples."""
+    placement of the latest published epoch; both are normalized to sorted rank tuples.
+    ``elapsed_s`` and ``history`` are filled by the coordinator and the simulator alike."""
 
     iteration: int
     num_iterations: int
@@ -197,6 +199,8 @@ class SchedState:
     actor: ActorProgress
     batch: BatchSpec
     cfg: PolicyConfig = field(default_factory=PolicyConfig)
+    elapsed_s: float = 0.0  # seconds since the iteration was released
+    history: History | None = None  # the run's own measurements (``plan``'s forecast reads them)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:

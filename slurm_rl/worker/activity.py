@@ -43,6 +43,9 @@ class RecordingDecoder:
     def next_event_at(self) -> float | None:
         return self.inner.next_event_at()
 
+    def step_seconds(self) -> float | None:
+        return self.inner.step_seconds()
+
     def _settle(self, now: float) -> None:
         held = self.inner.held()
         if held and self.busy_since is None:

@@ -43,6 +43,9 @@ class Decoder(Protocol):
     def next_event_at(self) -> float | None:
         """When the next request finishes (None: nothing admitted)."""
 
+    def step_seconds(self) -> float | None:
+        """Seconds per decode step at the current load (None: not decoding, or not measured)."""
+
     def evict(self, now: float, epoch: int) -> tuple[pa.Table | None, pa.Table | None]:
         """Stop every admitted request: (ROLLOUTS rows finished by ``now``, the others as PENDING
         rows with their partial responses)."""

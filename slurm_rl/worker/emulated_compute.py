@@ -71,6 +71,9 @@ class EmulatedDecoder:
     def next_event_at(self) -> float | None:
         return self.batch.next_finish_at()
 
+    def step_seconds(self) -> float | None:
+        return self.batch.step_seconds()
+
     def evict(self, now: float, epoch: int) -> tuple[pa.Table | None, pa.Table | None]:
         finished = self.advance(now)
         generated = self.batch.evict_all()

@@ -58,6 +58,7 @@ from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.faults import fault_point
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
+from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.pool_gate import PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
@@ -253,6 +254,8 @@ class _Rollout:
         self.writer: StageWriter | None = None
         self.finished = 0
         self.migrated_out = 0
+        self.length_hist: dict[int, int] = {}  # finished responses per length bucket (for the scheduler)
+        self.longest = 0
         self.done = False
         self.left = False
         self.next_claim = 0.0
@@ -324,6 +327,10 @@ class _Rollout:
         table = pa.concat_tables([t.cast(ROLLOUTS) for t in self.out]).combine_chunks()
         self._writer().write(table)
         self.finished += table.num_rows
+        for n in pc.list_value_length(table.column("response_ids")).to_pylist():
+            b = length_bucket(int(n or 0))
+            self.length_hist[b] = self.length_hist.get(b, 0) + 1
+            self.longest = max(self.longest, int(n or 0))
         self.out = []
 
     def _collect(self, finished: pa.Table | None, now: float) -> None:
@@ -403,6 +410,7 @@ class _Inference:
         self.inflight: tuple[float, pa.Table] | None = None
         self.writer = StageWriter(it.p.run_dir, it.k, INFERENCE_STAGE, it.rank, INFERENCE)
         self.done_rows = 0
+        self.busy_s = 0.0  # seconds this rank spent scoring (for the scheduler's forecast)
         self.done = False
 
     def _land(self, now: float) -> None:
@@ -428,6 +436,7 @@ class _Inference:
                 rows += tables[-1].num_rows
             batch = pa.concat_tables(tables).combine_chunks()
             self.inflight = self.it.p.compute.score(self.it.k, batch, now, len(self.ranks))[::-1]
+            self.busy_s += max(0.0, self.inflight[0] - now)
             self._land(time.time())
         if self.inflight is None and not self.queue and self.follower.complete:
             self.writer.close()
@@ -721,6 +730,14 @@ class _Iteration:
             # what the actor leader has received: a floor for rollout/inference progress that
             # never lags the data (other ranks' reports may be a report period behind)
             "actor_received": c.received if c else 0,
+            # what the plan policy's forecast learns from (scheduler.history)
+            "rollout_len_hist": {str(b): n for b, n in sorted(r.length_hist.items())} if r else {},
+            "rollout_longest": r.longest if r else 0,
+            "rollout_step_s": r.decoder.step_seconds() if r and r.decoder and not r.done else None,
+            "rollout_decoding": r.decoder.held() if r and r.decoder and not r.done else 0,
+            "inference_busy_s": i.busy_s if i else 0.0,
+            "actor_last_minibatch": ({k: c.plan[-1][k] for k in ("index", "dp", "seconds", "tokens", "resharded")}
+                                     if c and c.plan else None),
         }
 
     def report_now(self, now: float) -> None:

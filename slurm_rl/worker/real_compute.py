@@ -103,6 +103,9 @@ class RealDecoder:
     def next_event_at(self) -> float | None:
         return None if self.admitted is None else time.time()
 
+    def step_seconds(self) -> float | None:
+        return None  # synchronous generation: no per-step figure
+
     def evict(self, now: float, epoch: int) -> tuple[pa.Table | None, pa.Table | None]:
         rest, self.admitted = self.admitted, None
         return None, rest

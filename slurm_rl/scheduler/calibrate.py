@@ -1,0 +1,183 @@
+"""``slurm-rl simulate --calibrate RUN_DIR``: fit the simulator's cost model to a live run.
+
+Reads the run's resolved ``config.yaml``, what its coordinator measured (``control/history.json``,
+see ``scheduler.history``) and its events (iteration releases, switch latencies), and fits:
+
+* rollout: ``step_s(b) = alpha + beta * b`` per decode step with ``b`` running requests gives
+  ``S = alpha + beta * m`` at full load and ``decode_fixed_fraction = alpha / S``, hence
+  ``rollout_s_per_token = S * g ** scaling / m`` (``g`` GPUs per instance);
+* response lengths: mean, lognormal sigma (from the log-lengths' spread) and the longest seen;
+* inference: busy GPU-seconds over the tokens scored (``... / G ** (1 - scaling)``);
+* actor: the median over mini-batches of ``seconds * dp ** scaling / tokens`` (resharding ones left
+  out; they pay the reshard on top);
+* ``scheduler.switch_latency_s``: the median publish-to-acked latency of mid-iteration epochs;
+* ``scheduler.iteration_overhead_s``: what the cost model leaves out (gate handshake, weight sync,
+  polling and hand-off latencies of the live runtime), fitted last as the median residual per
+  iteration between the run and the simulation with the fitted costs (reported separately:
+  ``error_costs_only``).
+
+It then simulates the calibrated config under the run's policy and reports the simulated
+iteration times next to the live ones (gate to gate). Costs the history cannot fit keep the
+configured value (and say so).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from slurm_rl.scheduler.forecast import LengthForecast
+from slurm_rl.scheduler.history import History, bucket_edges
+
+
+class CalibrationError(ValueError):
+    """The run directory lacks what calibration needs."""
+
+
+def _length_fit(h: History) -> dict[str, float]:
+    if sum(h.lengths) <= 0:
+        return {}
+    total = float(sum(h.lengths))
+    logs = []
+    for i, c in enumerate(h.lengths):
+        if c:
+            lo, hi = bucket_edges(i)
+            logs.append((c / total, math.log(math.sqrt(lo * hi))))
+    mu = sum(w * x for w, x in logs)
+    var = sum(w * (x - mu) ** 2 for w, x in logs)
+    # a bucket spans 2 ** (1/4): remove its own spread (uniform in log) from the variance
+    width = math.log(2) / 4
+    sigma = math.sqrt(max(1e-6, var - width ** 2 / 12))
+    return {"response_len_mean": LengthForecast.from_hist(h.lengths).mean,
+            "response_len_sigma": sigma, "response_len_max": float(h.longest or 0)}
+
+
+def fit_costs(cfg: dict[str, Any], h: History, switch_latencies: list[float]) -> tuple[dict[str, Any], list[str]]:
+    """Calibrated ``emulated`` / ``scheduler`` values, and the names of those kept as configured."""
+    emu, sched = cfg["emulated"], cfg.get("scheduler") or {}
+    scaling = float(emu.get("scaling", 1.0))
+    m = int(sched.get("max_running_requests", 64))
+    g = int(sched.get("rollout_ranks_per_instance", 1))
+    out: dict[str, Any] = {}
+    kept: list[str] = []
+    line = h.decode.line()
+    if line is not None and line[1] > 0:
+        full = line[0] + line[1] * m
+        out["rollout_s_per_token"] = full * g ** scaling / m
+        out["decode_fixed_fraction"] = min(1.0, line[0] / full)
+    elif line is not None:
+        out["rollout_s_per_token"] = line[0] * g ** scaling / m
+        kept.append("decode_fixed_fraction")
+    else:
+        kept += ["rollout_s_per_token", "decode_fixed_fraction"]
+    lengths = _length_fit(h)
+    if lengths:
+        out.update(lengths)
+        if not lengths["response_len_max"]:
+            out.pop("response_len_max")
+            kept.append("response_len_max")
+    else:
+        kept += ["response_len_mean", "response_len_sigma", "response_len_max"]
+    mean_len = float(out.get("response_len_mean", emu["response_len_mean"]))
+    per_sample = mean_len + float(emu.get("prompt_len", 0))
+    inf_ranks = _ranks(cfg, "inference")
+    if h.inference[0] > 0 and inf_ranks:
+        out["inference_s_per_token"] = (h.inference[1] / (h.inference[0] * per_sample)
+                                        / inf_ranks ** (1.0 - scaling))
+    else:
+        kept.append("inference_s_per_token")
+    per_token = [sec * dp ** scaling / tok for dp, sec, tok in h.minibatches if tok > 0 and sec > 0]
+    if per_token:
+        out["actor_s_per_token"] = statistics.median(per_token)
+    else:
+        kept.append("actor_s_per_token")
+    if switch_latencies:
+        out["switch_latency_s"] = statistics.median(switch_latencies)
+    else:
+        kept.append("switch_latency_s")
+    return out, kept
+
+
+def _ranks(cfg: dict[str, Any], component: str) -> int:
+    from slurm_rl.scheduler.simulate import parse_placement
+
+    cluster = cfg["cluster"]
+    world = int(cluster.get("num_nodes", 1)) * int(cluster.get("gpus_per_node", 8))
+    return len(parse_placement(cluster["component_placement"], world).get(component, ()))
+
+
+def calibrate(run_dir: Path) -> dict[str, Any]:
+    """Fit, simulate and compare (see the module docstring); a JSON-able report."""
+    from omegaconf import OmegaConf
+
+    from slurm_rl.control.atomic import read_json
+    from slurm_rl.control.events import read_events
+    from slurm_rl.control.paths import RunPaths
+    from slurm_rl.scheduler.simulate import simulate
+
+    paths = RunPaths(run_dir)
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        raise CalibrationError(f"calibrate: {config_path} does not exist (not a run directory)")
+    if not paths.history.is_file():
+        raise CalibrationError(f"calibrate: {paths.history} does not exist (the run finished no "
+                               "iteration, or predates the coordinator's history)")
+    cfg = OmegaConf.to_container(OmegaConf.load(config_path), resolve=True)
+    assert isinstance(cfg, dict)
+    if "emulated" not in cfg:
+        raise CalibrationError("calibrate: the run's config has no emulated section to calibrate")
+    history = History.from_json(read_json(paths.history))
+    decisions = [e for e in read_events(paths, "decision") if e.get("mid_iteration")]
+    released = [float(e["released_at"]) for e in read_events(paths, "release")]
+    live = [b - a for a, b in zip(released, released[1:])]
+    if not live:
+        raise CalibrationError("calibrate: the run released fewer than two iterations")
+    fitted, kept = fit_costs(cfg, history, [float(e["switch_latency_s"]) for e in decisions])
+    calibrated = copy.deepcopy(cfg)
+    sched = calibrated.setdefault("scheduler", {})
+    for key, value in fitted.items():
+        (sched if key in ("switch_latency_s", "iteration_overhead_s") else calibrated["emulated"])[key] = (
+            int(round(value)) if key == "response_len_max" else value)
+    calibrated["train"]["num_iterations"] = len(live)
+    policy = _policy_name(cfg)
+    configured = simulate(_with_iterations(cfg, len(live)), policy=policy)
+    costs_only = simulate(calibrated, policy=policy)
+    # what the cost model leaves out (gate handshake, weight sync, polling and hand-off latencies)
+    # is the residual: one number per iteration, the median over the run's iterations
+    overhead = max(0.0, statistics.median(a - b.time_s for a, b in zip(live, costs_only.iterations)))
+    sched["iteration_overhead_s"] = overhead
+    fitted["iteration_overhead_s"] = overhead
+    sim = simulate(calibrated, policy=policy)
+    sim_s = [it.time_s for it in sim.iterations]
+    return {
+        "run_dir": str(run_dir), "policy": policy,
+        "fitted": {k: round(v, 9) for k, v in fitted.items()}, "kept_as_configured": kept,
+        "configured": {k: cfg["emulated"].get(k) for k in fitted
+                       if k not in ("switch_latency_s", "iteration_overhead_s")},
+        "live_iteration_s": [round(t, 3) for t in live],
+        "simulated_iteration_s": [round(t, 3) for t in sim_s],
+        "simulated_uncalibrated_iteration_s": [round(it.time_s, 3) for it in configured.iterations],
+        "simulated_costs_only_iteration_s": [round(it.time_s, 3) for it in costs_only.iterations],
+        "error_costs_only": round(costs_only.total_time_s / sum(live) - 1, 4),
+        "error": round(sum(sim_s) / sum(live) - 1, 4),
+        "error_uncalibrated": round(configured.total_time_s / sum(live) - 1, 4),
+        "within_10pct": abs(sum(sim_s) / sum(live) - 1) <= 0.10,
+    }
+
+
+def _with_iterations(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    out["train"]["num_iterations"] = n
+    return out
+
+
+def _policy_name(cfg: dict[str, Any]) -> str:
+    cluster, sched = cfg.get("cluster", {}), cfg.get("scheduler") or {}
+    base = sched.get("policy") or "static"
+    opts = [name for name, key in (("pre_process", "use_pre_process_policy"),
+                                   ("wait_before_last_iter", "use_wait_before_last_iter_policy"))
+            if base == "auto" and cluster.get(key)]
+    return "+".join([base, *opts])

@@ -1,0 +1,208 @@
+"""What a run has measured about itself so far: the input of the ``plan`` policy's forecast.
+
+``History`` is an immutable value inside ``SchedState``; ``HistoryRecorder`` (owned by the live
+coordinator or by the simulator, never global) turns the observations both already make at
+each policy call into it. The two feed it the same kinds of numbers:
+
+* response lengths of finished requests, as counts per geometric bucket (``length_bucket``);
+* decode speed: seconds per decode step of an instance running ``b`` requests (least-squares
+  sums of ``step_s = alpha + beta * b``);
+* actor mini-batch seconds and tokens at a data-parallel size; inference busy GPU-seconds and
+  samples;
+* the completion curve of the last iteration (seconds until each tenth of the samples was in
+  complete groups, i.e. ready for inference) and switch latencies (publish -> applied, reshard
+  included);
+* how far the rollout forecast was off last iteration: the median of actual / forecast
+  remaining rollout seconds over snapshots of the iteration (``forecast.rollout_bias``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+#: Buckets per doubling of the response length (bucket ``i`` covers ``[2**(i/B), 2**((i+1)/B))``).
+BUCKETS_PER_DOUBLING = 4
+#: Number of length buckets (lengths up to 2**20 tokens).
+NUM_BUCKETS = 20 * BUCKETS_PER_DOUBLING
+#: Completion-curve points: the seconds at which 10 %, 20 %, ..., 100 % of the samples finished.
+CURVE_POINTS = 10
+#: Mini-batch and switch observations kept (the most recent ones).
+KEEP = 32
+#: Seconds between the rollout snapshots that check the rollout forecast after an iteration.
+SNAPSHOT_EVERY_S = 1.0
+
+
+def length_bucket(tokens: int) -> int:
+    """The bucket of a response of ``tokens`` tokens."""
+    return min(NUM_BUCKETS - 1, max(0, int(math.log2(max(1, tokens)) * BUCKETS_PER_DOUBLING)))
+
+
+def bucket_edges(i: int) -> tuple[float, float]:
+    """Lower and upper length of bucket ``i``."""
+    return 2 ** (i / BUCKETS_PER_DOUBLING), 2 ** ((i + 1) / BUCKETS_PER_DOUBLING)
+
+
+def add_hist(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Bucket-wise sum of two length histograms (either may be empty)."""
+    if not a:
+        return tuple(b)
+    if not b:
+        return tuple(a)
+    return tuple(x + y for x, y in zip(a, b))
+
+
+@dataclass(frozen=True)
+class DecodeFit:
+    """Duration-weighted least-squares sums for ``step_s = alpha + beta * running``."""
+
+    w: float = 0.0
+    sb: float = 0.0
+    sy: float = 0.0
+    sbb: float = 0.0
+    sby: float = 0.0
+
+    def add(self, running: float, step_s: float, weight: float) -> "DecodeFit":
+        if weight <= 0 or running <= 0 or step_s <= 0:
+            return self
+        return DecodeFit(self.w + weight, self.sb + weight * running, self.sy + weight * step_s,
+                         self.sbb + weight * running * running, self.sby + weight * running * step_s)
+
+    def line(self) -> tuple[float, float] | None:
+        """``(alpha, beta)``; ``beta = 0`` while a single load was seen; None without data."""
+        if self.w <= 0:
+            return None
+        mb, my = self.sb / self.w, self.sy / self.w
+        var = self.sbb / self.w - mb * mb
+        if var <= 1e-9 * max(1.0, mb * mb):
+            return my, 0.0
+        beta = max(0.0, (self.sby / self.w - mb * my) / var)
+        alpha = my - beta * mb
+        if alpha <= 0:  # a step never costs nothing: fall back to a load-independent step
+            return my, 0.0
+        return alpha, beta
+
+
+@dataclass(frozen=True)
+class History:
+    """Measurements of this run (earlier iterations, and the current one so far)."""
+
+    iterations_done: int = 0
+    lengths: tuple[int, ...] = ()          # finished responses of earlier iterations, per bucket
+    current_lengths: tuple[int, ...] = ()  # finished responses of the current iteration so far
+    decode: DecodeFit = field(default_factory=DecodeFit)
+    minibatches: tuple[tuple[int, float, int], ...] = ()  # (actor DP, seconds, tokens) of recent ones
+    inference: tuple[float, float] = (0.0, 0.0)       # (samples, busy GPU-seconds), earlier iterations
+    current_inference: tuple[float, float] = (0.0, 0.0)  # ... of the current iteration so far
+    curve: tuple[float, ...] = ()          # last iteration: seconds until each tenth finished
+    iteration_s: tuple[float, ...] = ()    # wall time of earlier iterations
+    switches: tuple[float, ...] = ()       # seconds from a decision to the switch being applied
+    longest: int = 0                       # longest response seen (earlier iterations)
+    rollout_bias: float = 1.0              # actual / forecast remaining rollout time, last iteration
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (``control/history.json`` of a live run)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "History":
+        """Inverse of ``to_json``."""
+        fields = dict(doc)
+        fields["decode"] = DecodeFit(**fields.get("decode", {}))
+        for key in ("lengths", "current_lengths", "curve", "iteration_s", "switches"):
+            fields[key] = tuple(fields.get(key, ()))
+        for key in ("inference", "current_inference"):
+            fields[key] = tuple(fields.get(key, (0.0, 0.0)))
+        fields["minibatches"] = tuple(tuple(m) for m in fields.get("minibatches", ()))
+        return cls(**fields)
+
+    @property
+    def switch_s(self) -> float | None:
+        """Mean switch latency seen (None before the first switch)."""
+        return sum(self.switches) / len(self.switches) if self.switches else None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What the coordinator / simulator saw at one policy call of iteration ``iteration``."""
+
+    iteration: int
+    elapsed_s: float
+    samples: int
+    finished: int
+    inference_done: int
+    groups_ready: int                      # samples of complete groups (inference input so far)
+    inference_gpus: int
+    max_running: int                       # requests one rollout instance decodes at most
+    running: int                           # rollout requests decoding now
+    instances: int                         # rollout instances now
+    inference_busy_gpu_s: float            # GPU-seconds inference computed this iteration so far
+    lengths: tuple[int, ...]               # histogram of this iteration's finished responses
+    decode: tuple[tuple[float, float], ...] = ()  # (running, seconds per step) per busy instance
+    minibatch: tuple[int, float, int] | None = None  # (DP, seconds, tokens) of a mini-batch that ended
+    longest: int = 0                                 # longest response finished this iteration
+    switch_s: float | None = None                 # a switch that was applied since the last tick
+
+
+class HistoryRecorder:
+    """Folds ``Tick`` observations into a ``History`` (one per run; not shared)."""
+
+    def __init__(self) -> None:
+        self.history = History()
+        self._last: Tick | None = None
+        self._curve: list[float] = []
+        self._closed = -1  # iterations up to this one are folded in; later ticks of them are ignored
+        self._snapshots: list[Tick] = []  # rollout states of the current iteration
+        self._rollout_end: float | None = None
+
+    def observe(self, tick: Tick) -> History:
+        """Record one tick; the updated ``History``."""
+        h, last = self.history, self._last
+        if tick.iteration <= self._closed:
+            return h
+        if last is not None and tick.iteration != last.iteration:
+            h = self._close(h, last)
+            last = None
+        dt = 0.0 if last is None else max(0.0, tick.elapsed_s - last.elapsed_s)
+        decode = h.decode
+        for running, step_s in tick.decode:
+            decode = decode.add(running, step_s, dt if dt > 0 else 1e-3)
+        minibatches = h.minibatches + ((tick.minibatch,) if tick.minibatch else ())
+        switches = h.switches + ((tick.switch_s,) if tick.switch_s is not None else ())
+        while len(self._curve) < CURVE_POINTS and tick.groups_ready * CURVE_POINTS >= (len(self._curve) + 1) * tick.samples:
+            self._curve.append(tick.elapsed_s)
+        if tick.finished >= tick.samples and self._rollout_end is None:
+            self._rollout_end = tick.elapsed_s
+        if (tick.finished < tick.samples and tick.instances
+                and (not self._snapshots or tick.elapsed_s >= self._snapshots[-1].elapsed_s + SNAPSHOT_EVERY_S)):
+            self._snapshots.append(tick)
+            if len(self._snapshots) > 2 * KEEP:
+                self._snapshots = self._snapshots[::2]
+        self.history = replace(h, current_lengths=tick.lengths, decode=decode,
+                               current_inference=(float(tick.inference_done), tick.inference_busy_gpu_s),
+                               minibatches=minibatches[-KEEP:], switches=switches[-KEEP:])
+        self._last = tick
+        return self.history
+
+    def end_iteration(self, iteration_s: float) -> History:
+        """The current iteration ended after ``iteration_s`` seconds."""
+        if self._last is not None:
+            self.history = self._close(self.history, self._last)
+            self._last = None
+        self.history = replace(self.history, iteration_s=(self.history.iteration_s + (iteration_s,))[-KEEP:])
+        return self.history
+
+    def _close(self, h: History, last: Tick) -> History:
+        curve = tuple(self._curve) if len(self._curve) == CURVE_POINTS else h.curve
+        self._closed = max(self._closed, last.iteration)
+        inference = (h.inference[0] + last.inference_done, h.inference[1] + last.inference_busy_gpu_s)
+        h = replace(h, iterations_done=h.iterations_done + 1, longest=max(h.longest, last.longest),
+                    inference=inference, current_inference=(0.0, 0.0),
+                    lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve)
+        if self._rollout_end is not None:
+            from slurm_rl.scheduler.forecast import rollout_bias  # the forecast reads History
+
+            h = replace(h, rollout_bias=rollout_bias(h, self._snapshots, self._rollout_end) or h.rollout_bias)
+        self._curve, self._snapshots, self._rollout_end = [], [], None
+        return h

@@ -1,0 +1,287 @@
+"""``plan``: move GPUs when a forecast of the iteration's critical path says it pays.
+
+The iteration ends when the actor's last mini-batch ends; that mini-batch needs every sample,
+so the critical path is ``max(data end, actor work before it) + last mini-batch``, where *data
+end* is when rollout and inference are done. ``plan`` forecasts both sides from the run's own
+measurements (``slurm_rl.scheduler.forecast``) and, at every call, picks among the placements
+reachable now the one with the earliest forecast end:
+
+1. Iteration boundary: the iteration-start placement. The actor's GPUs decode (its state waits
+   on its ranks, as with RLinf's pre-process), and inference keeps only as many GPUs as keep
+   pace with the samples' arrival as measured last iteration (completion curve and inference
+   speed); the rest decode too.
+2. Repair (as ``auto``): a component with work and no ranks gets its ranks back.
+3. The actor is inside a mini-batch: no change.
+4. Receding horizon: the placements reachable now form a ladder of actor DP sizes, each taking
+   idle ranks, finished inference ranks, then whole rollout instances (their requests migrate);
+   a held-back actor comes back on its own ranks. For every step (stage 1) and every bigger step
+   the actor could grow into after its next mini-batch (stage 2) the iteration's end is forecast
+   (rollout on the stages' instances, mini-batches no earlier than their data arrived last
+   iteration, a switch per DP change, the last mini-batch on every GPU once the data is in);
+   a held-back actor may also wait until its data is about in, or two switch latencies (its
+   latest start). Stage 1 of the best pair is applied, but only when it gains more than one
+   switch latency over no change, or takes no working GPUs (ties: fewer rollout instances
+   released, then the bigger actor). Finished rollout / inference give all their ranks up.
+5. Cold start (no mini-batch or decode speed measured yet, or under a tenth of the responses
+   seen): RLinf's rules with pre-process (``auto+pre_process``), until the forecast can be fitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.forecast import Forecast
+from slurm_rl.scheduler.history import CURVE_POINTS
+from slurm_rl.scheduler.placement_ops import idle_ranks, iteration_start_placement, rollout_instances
+from slurm_rl.scheduler.policies.auto import decide_auto, starved_components
+from slurm_rl.scheduler.state import Decision, Placement, SchedState
+
+
+def decide_plan(state: SchedState) -> Decision | None:
+    """The ``plan`` policy (see the module docstring)."""
+    if state.phase == "start" or (state.phase == "end" and state.iteration + 1 < state.num_iterations):
+        start = plan_start_placement(state)
+        if state.current == start:
+            return None
+        nxt = state.iteration if state.phase == "start" else state.iteration + 1
+        return Decision(start, f"plan: iteration-start placement for iteration {nxt} (actor {len(start['actor'])}, "
+                        f"rollout {len(start['rollout'])}, inference {len(start['inference'])} ranks)",
+                        boundary="iteration")
+    if state.phase == "end":
+        return None
+    held = _held_back(state)
+    starved = starved_components(_with_pre_process(state))
+    if starved:
+        lend = dataclasses.replace(state.cfg, use_pre_process_policy=True)
+        repair = iteration_start_placement(state.initial, lend) if held else dict(state.initial)
+        if repair != state.current:
+            return Decision(repair, f"plan repair: {', '.join(starved)} hold no ranks but have work",
+                            boundary="minibatch")
+    if state.actor.busy:
+        return None
+    fc = _forecast(state)
+    if fc is None:
+        d = decide_auto(_with_pre_process(state))
+        return None if d is None else dataclasses.replace(d, reason=f"plan (cold start, RLinf rules): {d.reason}")
+    return _best(state, fc, held)
+
+
+def plan_start_placement(state: SchedState) -> Placement:
+    """The placement every iteration starts from under ``plan`` (rule 1)."""
+    cfg = state.cfg
+    start = iteration_start_placement(state.initial, dataclasses.replace(cfg, use_pre_process_policy=True))
+    inf = start["inference"]
+    h = state.history
+    if not inf or h is None or not h.curve or h.inference[0] <= 0:
+        return start
+    fc_probe = Forecast.fit(h, state.rollout.total, state.rollout.total, cfg.max_running_requests,
+                            defaults.SWITCH_LATENCY_S)
+    if fc_probe is None:
+        return start
+    rtp = cfg.rollout_ranks_per_instance
+    total = state.rollout.total
+    everything = fc_probe.rollout_view(total, 0, total, 0, 0.0)
+    for keep in range(1, len(inf) + 1):
+        lent = len(inf) - keep
+        instances = (len(start["rollout"]) + lent) // rtp
+        # the deadline: the shorter of the forecast and the last measured rollout (inference must
+        # never become the critical path because the forecast was pessimistic)
+        deadline = min(everything.seconds(instances), h.curve[-1])
+        if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, deadline):
+            start["rollout"] = tuple(sorted(start["rollout"] + inf[:lent]))
+            start["inference"] = inf[lent:]
+            break
+    return start
+
+
+def _with_pre_process(state: SchedState) -> SchedState:
+    return dataclasses.replace(state, cfg=dataclasses.replace(state.cfg, use_pre_process_policy=True))
+
+
+def _held_back(state: SchedState) -> bool:
+    return (not state.current["actor"] and bool(state.initial["actor"])
+            and state.actor.minibatches_done == 0 and not state.actor.busy)
+
+
+def _forecast(state: SchedState) -> Forecast | None:
+    if state.history is None:
+        return None
+    return Forecast.fit(state.history, state.rollout.total, state.rollout.finished,
+                        state.cfg.max_running_requests, defaults.SWITCH_LATENCY_S)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A placement reachable now: actor DP, rollout instances left, instances released."""
+
+    dp: int
+    placement: Placement
+    instances: int
+    released: int
+
+
+def _ladder(state: SchedState, held: bool) -> list[_Step]:
+    """Reachable placements by ascending actor DP; the first is the base (no growth). Each
+    takes idle ranks, finished inference ranks, then whole rollout instances, in that order, so
+    every step holds the ranks of the smaller ones."""
+    cur, cfg = state.current, state.cfg
+    out = state.rollout.outstanding
+    tp = cfg.actor_ranks_per_instance
+    instances = rollout_instances(cur["rollout"], cfg.rollout_ranks_per_instance)
+    free: list[tuple[int, ...]] = [(r,) for r in idle_ranks(state.world_ranks, cur)]
+    if state.inference.finished:
+        free.extend((r,) for r in cur["inference"])
+    base = cur["actor"]
+    own = set(state.initial["actor"])
+    if held and own <= set(cur["rollout"]) | {r for g in free for r in g}:
+        # the actor comes back on its own ranks (its state is there); their instances leave
+        back = [i for i in instances if own & set(i)]
+        instances = [i for i in instances if not own & set(i)]
+        base = tuple(sorted(own))
+        free = [(r,) for g in back for r in g if r not in own] + [g for g in free if g[0] not in own]
+    if not out:  # rollout finished: its ranks are free
+        taken = {r for g in free for r in g} | set(base)
+        free.extend((r,) for r in cur["rollout"] if r not in taken)
+        instances = []
+    n_fixed = len(free)
+    free.extend(instances)
+    keep_inf = () if state.inference.finished else cur["inference"]
+    cur_dp = len(base) // tp
+    steps = []
+    for dp in [cur_dp] + [d for d in state.actor_valid_dp_sizes() if d > cur_dp]:
+        need = (dp - cur_dp) * tp
+        taken: list[int] = []
+        used = 0
+        for group in free:
+            if len(taken) >= need:
+                break
+            taken.extend(group)
+            used += 1
+        if len(taken) < need:
+            break
+        released = max(0, used - n_fixed)
+        if out and released >= len(instances):
+            break  # rollout keeps at least one instance while it has work
+        placement: Placement = {
+            "actor": tuple(sorted(base + tuple(taken[:need]))),
+            "rollout": tuple(r for inst in instances[released:] for r in inst),
+            "inference": keep_inf,
+        }
+        steps.append(_Step(dp, placement, len(instances) - released, released))
+    return steps
+
+
+def _ready_s(state: SchedState, fc: Forecast, index: int) -> float:
+    """Seconds from now until the data of mini-batch ``index`` (of the iteration) is in, as the
+    last iteration's completion curve says (0 when it is in already or there is no curve)."""
+    need = (index + 1) * state.batch.global_batch_size
+    if state.inference.done >= need or len(fc.curve) < CURVE_POINTS:
+        return 0.0
+    frac = need / state.rollout.total * CURVE_POINTS
+    i = min(CURVE_POINTS - 1, int(frac))
+    lo = fc.curve[i - 1] if i else 0.0
+    at = lo + (fc.curve[i] - lo) * (frac - i)
+    return max(0.0, at - state.elapsed_s)
+
+
+def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
+    """Receding horizon: for every placement reachable now (stage 1) and every bigger one the
+    actor could grow into after its next mini-batch (stage 2), forecast the iteration's end;
+    apply the stage 1 of the best pair."""
+    cur = state.current
+    ro = state.rollout
+    out = ro.outstanding
+    view = fc.rollout_view(ro.total, ro.running, ro.pending, ro.finished, state.elapsed_s)
+    inf_left = state.inference.total - state.inference.done
+    inf_s = fc.inference_s(inf_left, 0 if state.inference.finished else len(cur["inference"]))
+    first = state.actor.minibatches_done
+    left = state.actor.minibatches_total - first
+    dps = state.actor_valid_dp_sizes()
+    final_dp = max(dps) if dps else 0
+    sw = fc.switch_s
+    ladder = _ladder(state, held)
+    if not ladder:
+        return None
+    all_instances = len(rollout_instances(cur["rollout"], state.cfg.rollout_ranks_per_instance)) if out else 0
+    ready = [_ready_s(state, fc, first + i) for i in range(left)]
+    cache: dict[int, float] = {}
+
+    def roll(k: int) -> float:
+        if k not in cache:
+            cache[k] = view.seconds(k) if out else 0.0
+        return cache[k]
+
+    def finish(k0: int, actor_from: float, plan: list[_Step]) -> float:
+        """End of the iteration when the rollout keeps ``k0`` instances until the actor starts
+        its next mini-batch, the actor trains mini-batch ``i`` on ``plan[min(i, -1)]`` (each
+        change of its DP costs a switch; the rollout follows the step's instances from then), and
+        the last mini-batch runs on every GPU once the data is in."""
+        segments: list[tuple[int, float]] = []  # (rollout instances, from time)
+        t, k, dp = actor_from, k0, 0
+        for i in range(max(0, left - 1)):
+            step = plan[min(i, len(plan) - 1)]
+            if step.dp != dp:
+                if dp:
+                    t += sw
+                if step.instances != k:
+                    segments.append((step.instances, t))
+                    k = step.instances
+                dp = step.dp
+            t = max(t, ready[i]) + fc.minibatch_s(dp)
+        rollout_end = _piecewise(roll, k0, segments)
+        data_end = max(rollout_end, inf_s)
+        if left <= 1:
+            dp = plan[0].dp
+            t = actor_from
+        return max(t, data_end) + (sw if dp < final_dp else 0.0) + fc.minibatch_s(final_dp)
+
+    options: list[tuple[float, int, int, Placement]] = []  # (end, released, -dp, placement)
+    for i, s1 in enumerate(ladder):
+        start = sw if s1.placement["actor"] != cur["actor"] else 0.0
+        score = min(finish(s1.instances, start, [s1, s2]) for s2 in ladder[i:])
+        options.append((score, s1.released, -s1.dp, s1.placement))
+    if held:  # wait (until its data is in, or one mini-batch's time): rollout keeps the GPUs
+        wait = max(2 * sw, (ready[0] if ready else 0.0) - sw)
+        score = min(finish(all_instances, wait + sw, [s2, s3])
+                     for j, s2 in enumerate(ladder) for s3 in ladder[j:])
+        options.insert(0, (score, 0, 0, {"actor": (), "rollout": cur["rollout"] if out else (),
+                                         "inference": ladder[0].placement["inference"]}))
+    stay = options[0]
+    best = min(options, key=lambda o: (o[0], o[1], o[2]))
+    takes_work = _differs_in_work(best[3], stay[3])
+    chosen = best if best[0] < stay[0] - sw or (best[0] <= stay[0] and not takes_work) else stay
+    placement = chosen[3]
+    if placement == cur:
+        return None
+    leaving = tuple(r for r in cur["rollout"] if r not in set(placement["rollout"]))
+    parts = []
+    if placement["actor"] != cur["actor"]:
+        parts.append(f"actor {len(cur['actor'])} -> {len(placement['actor'])} ranks")
+    if leaving:
+        parts.append(f"rollout releases {len(leaving)} ranks ({out} requests outstanding)")
+    if state.inference.finished and cur["inference"]:
+        parts.append(f"inference finished, releases {len(cur['inference'])} ranks")
+    parts.append(f"forecast end in {chosen[0]:.1f}s vs {stay[0]:.1f}s without change")
+    return Decision(placement, "plan: " + "; ".join(parts), migrate_from=leaving if out else (),
+                    boundary="minibatch" if placement["actor"] != cur["actor"] else "now")
+
+
+def _piecewise(roll: Callable[[int], float], k0: int, segments: list[tuple[int, float]]) -> float:
+    """Rollout end when it runs on ``k0`` instances, then on ``k`` from each segment's time:
+    the work left is a fraction of the forecast for the instances in force."""
+    t, k, left = 0.0, k0, 1.0
+    for k_next, at in segments:
+        whole = roll(k)
+        if whole <= 0 or t + left * whole <= at:
+            break
+        left -= (at - t) / whole
+        t, k = at, k_next
+    return t + left * roll(k)
+
+
+def _differs_in_work(a: Placement, b: Placement) -> bool:
+    """True when ``a`` takes GPUs from a component that is working in ``b`` (not free ones)."""
+    return bool(set(b["rollout"]) - set(a["rollout"]))

@@ -1,0 +1,272 @@
+"""The ``plan`` policy: its forecast, the history it learns from, its decisions, its simulated runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from slurm_rl.scheduler.forecast import Forecast, LengthForecast, quantiles
+from slurm_rl.scheduler.history import (
+    NUM_BUCKETS,
+    DecodeFit,
+    History,
+    HistoryRecorder,
+    Tick,
+    length_bucket,
+)
+from slurm_rl.scheduler.placement_ops import placement_problems
+from slurm_rl.scheduler.policies import decide_plan, make_policy
+from slurm_rl.scheduler.policies.plan import plan_start_placement
+from slurm_rl.scheduler.profiles import PROFILES, math_rl
+from slurm_rl.scheduler.simulate import simulate
+from slurm_rl.scheduler.state import (
+    ActorProgress,
+    BatchSpec,
+    InferenceProgress,
+    PolicyConfig,
+    RolloutProgress,
+    SchedState,
+    derive_phase,
+)
+
+INITIAL = {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)}
+TOTAL, GBS = 1024, 256
+
+
+def hist_of(lengths: list[int]) -> tuple[int, ...]:
+    h = [0] * NUM_BUCKETS
+    for n in lengths:
+        h[length_bucket(n)] += 1
+    return tuple(h)
+
+
+def lognormal_lengths(n: int, mean: float = 1000.0, sigma: float = 1.0, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    mu = math.log(mean) - sigma ** 2 / 2
+    return [max(1, min(16384, int(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+
+
+def learned_history(alpha: float = 0.006, beta: float = 0.0002, mb_s: float = 40.0) -> History:
+    """A history as after one iteration: lengths, a decode line, mini-batches at DP 2 and 4,
+    inference speed, a completion curve, switch latencies."""
+    fit = DecodeFit()
+    for b in (4, 16, 64):
+        fit = fit.add(b, alpha + beta * b, 1.0)
+    lengths = lognormal_lengths(TOTAL)
+    return History(iterations_done=1, lengths=hist_of(lengths), decode=fit,
+                   minibatches=((2, mb_s, 1000), (4, mb_s / 2, 1000)), inference=(TOTAL, 20.0),
+                   curve=tuple(10.0 * (i + 1) for i in range(10)), iteration_s=(200.0,),
+                   switches=(0.5,), longest=max(lengths))
+
+
+def state(*, running: int = 0, pending: int = 0, finished: int | None = None, inference_done: int = 0,
+          mb_done: int = 0, busy: bool = False, current: dict | None = None, phase: str | None = None,
+          history: History | None = None, elapsed_s: float = 0.0, iteration: int = 1) -> SchedState:
+    finished = TOTAL - running - pending if finished is None else finished
+    rollout = RolloutProgress(running, pending, finished, TOTAL)
+    actor = ActorProgress(mb_done * GBS, TOTAL, mb_done, TOTAL // GBS, busy)
+    return SchedState(iteration=iteration, num_iterations=3, phase=phase or derive_phase(rollout, actor),
+                      world_ranks=tuple(range(8)), initial=INITIAL, current=current or INITIAL,
+                      rollout=rollout, inference=InferenceProgress(inference_done, TOTAL), actor=actor,
+                      batch=BatchSpec(GBS, 4, TOTAL), cfg=PolicyConfig(max_running_requests=64),
+                      elapsed_s=elapsed_s, history=history)
+
+
+# -- forecast ------------------------------------------------------------------------------------
+
+def test_length_quantiles_follow_the_histogram() -> None:
+    lengths = lognormal_lengths(20000, seed=1)
+    lf = LengthForecast.from_hist(hist_of(lengths))
+    ordered = sorted(lengths)
+    for p in (0.1, 0.5, 0.9, 0.99):
+        exact = ordered[int(p * len(ordered))]
+        assert abs(lf.quantile(p) / exact - 1) < 0.2, (p, lf.quantile(p), exact)  # a bucket is 19 % wide
+    assert abs(lf.mean / (sum(lengths) / len(lengths)) - 1) < 0.05
+    for n in (100, 1000, 5000):
+        assert abs(lf.quantile(lf.cdf(n)) / n - 1) < 0.05
+    assert quantiles((), [0.5]) is None
+
+
+def test_cold_start_extrapolates_the_unfinished_tail() -> None:
+    lengths = sorted(lognormal_lengths(4000, seed=2))
+    seen = lengths[:2000]  # half finished: the shorter half
+    lf = LengthForecast.from_hist(hist_of(seen), known_fraction=0.5)
+    assert lf.quantile(0.25) < lf.quantile(0.75) < lf.quantile(0.99)
+    assert lf.quantile(0.9) > max(seen) * 0.8  # the tail reaches past what finished so far
+    assert abs(lf.quantile(0.9) / lengths[3600] - 1) < 0.5
+
+
+def test_decode_line_recovers_the_cost_law() -> None:
+    fit = DecodeFit()
+    for b in range(1, 65):
+        fit = fit.add(b, 0.0064 + 0.000233 * b, 0.5)
+    alpha, beta = fit.line()  # type: ignore[misc]
+    assert alpha == pytest.approx(0.0064, rel=1e-6) and beta == pytest.approx(0.000233, rel=1e-6)
+    one_load = DecodeFit().add(64, 0.02, 1.0).add(64, 0.02, 1.0)
+    assert one_load.line() == pytest.approx((0.02, 0.0))  # no spread benefit assumed
+    assert DecodeFit().line() is None
+
+
+def test_minibatch_fit_recovers_scaling_and_normalises_tokens() -> None:
+    h = dataclasses.replace(learned_history(), minibatches=(
+        (2, 100.0 / 2 ** 0.9, 1000), (4, 200.0 / 4 ** 0.9, 2000), (8, 100.0 / 8 ** 0.9, 1000)))
+    fc = Forecast.fit(h, TOTAL, TOTAL, 64, 0.5)
+    assert fc is not None
+    assert fc.mb_scaling == pytest.approx(0.9, abs=1e-6)
+    assert fc.minibatch_s(1) == pytest.approx(100.0 * 4000 / 3 / 1000, rel=1e-6)  # mean tokens 1333
+
+
+def test_rollout_forecast_more_instances_never_slower() -> None:
+    fc = Forecast.fit(learned_history(), TOTAL, TOTAL, 64, 0.5)
+    assert fc is not None
+    for running, pending, finished, elapsed in ((256, 768, 0, 0.0), (200, 0, 824, 30.0), (5, 0, 1019, 60.0)):
+        view = fc.rollout_view(TOTAL, running, pending, finished, elapsed)
+        times = [view.seconds(k) for k in (1, 2, 4, 8)]
+        assert all(a >= b - 1e-9 for a, b in zip(times, times[1:])), times
+        assert view.seconds(0) == math.inf
+    assert fc.rollout_view(TOTAL, 0, 0, TOTAL, 10.0).seconds(4) == 0.0
+
+
+def test_forecast_needs_measurements() -> None:
+    assert Forecast.fit(History(), TOTAL, 0, 64, 0.5) is None
+    no_minibatch = dataclasses.replace(learned_history(), minibatches=())
+    assert Forecast.fit(no_minibatch, TOTAL, TOTAL, 64, 0.5) is None
+
+
+# -- history ----------------------------------------------------------------------------------------
+
+def tick(iteration: int, elapsed: float, finished: int, **kw) -> Tick:
+    base = dict(iteration=iteration, elapsed_s=elapsed, samples=100, finished=finished,
+                inference_done=kw.pop("inference_done", 0), groups_ready=finished, inference_gpus=2,
+                max_running=8, running=min(8, 100 - finished), instances=2,
+                inference_busy_gpu_s=kw.pop("busy", 0.0), lengths=hist_of([50] * finished))
+    base.update(kw)
+    return Tick(**base)  # type: ignore[arg-type]
+
+
+def test_recorder_folds_an_iteration_into_the_history() -> None:
+    rec = HistoryRecorder()
+    for i in range(11):
+        rec.observe(tick(0, 2.0 * i, 10 * i, inference_done=10 * i, busy=1.0 * i,
+                         decode=((4.0, 0.01),), minibatch=(2, 3.0, 100) if i == 5 else None,
+                         switch_s=0.4 if i == 3 else None, longest=50))
+    h = rec.end_iteration(25.0)
+    assert h.iterations_done == 1 and h.iteration_s == (25.0,)
+    assert sum(h.lengths) == 100 and h.current_lengths == ()
+    assert h.curve == tuple(2.0 * i for i in range(1, 11))
+    assert h.inference == (100.0, 10.0)
+    assert h.minibatches == ((2, 3.0, 100),) and h.switches == (0.4,)
+    assert h.decode.line() == pytest.approx((0.01, 0.0))
+    assert h.longest == 50
+    again = rec.observe(tick(0, 30.0, 100))  # a late tick of the closed iteration changes nothing
+    assert again == h
+    rec.observe(tick(1, 1.0, 10))
+    assert rec.history.iterations_done == 1 and sum(rec.history.current_lengths) == 10
+    assert History.from_json(h.to_json()) == h
+
+
+# -- decisions -------------------------------------------------------------------------------------
+
+def test_cold_start_uses_rlinf_rules_with_pre_process() -> None:
+    start = state(pending=TOTAL, finished=0, phase="start", iteration=0)
+    d = decide_plan(start)
+    assert d is not None and d.boundary == "iteration"
+    assert d.placement == {"actor": (), "rollout": (0, 1, 2, 3, 4, 5), "inference": (6, 7)}
+    lent = {"actor": (), "rollout": (0, 1, 2, 3, 4, 5), "inference": (6, 7)}
+    d = decide_plan(state(running=100, finished=700, inference_done=300, current=lent, iteration=0))
+    assert d is not None and "cold start" in d.reason
+    assert d.placement["actor"] == (0, 1)  # pre-process: the actor comes back on its own ranks
+
+
+def test_iteration_start_shrinks_inference_that_keeps_pace() -> None:
+    s = state(pending=TOTAL, finished=0, phase="start", history=learned_history())
+    start = plan_start_placement(s)
+    assert start["actor"] == ()
+    assert len(start["inference"]) == 1 and start["inference"] == (7,)
+    assert start["rollout"] == (0, 1, 2, 3, 4, 5, 6)
+    slow = dataclasses.replace(learned_history(), inference=(TOTAL, 400.0))  # inference 20x slower
+    assert plan_start_placement(dataclasses.replace(s, history=slow))["inference"] == (6, 7)
+
+
+def test_held_actor_waits_while_it_has_slack_and_starts_when_critical() -> None:
+    lent = {"actor": (), "rollout": (0, 1, 2, 3, 4, 5, 6), "inference": (7,)}
+    early = state(running=448, pending=176, finished=400, inference_done=300, current=lent,
+                  history=learned_history(mb_s=1.0), elapsed_s=5.0)
+    assert decide_plan(early) is None  # cheap actor, far from the tail: rollout keeps the GPUs
+    no_data = state(running=448, pending=476, finished=100, current=lent,
+                    history=learned_history(mb_s=400.0), elapsed_s=5.0)
+    assert decide_plan(no_data) is None  # its first mini-batch is not in for another ~20 s
+    critical = dataclasses.replace(early, history=learned_history(mb_s=400.0))
+    d = decide_plan(critical)
+    assert d is not None and "forecast end" in d.reason
+    assert set(INITIAL["actor"]) <= set(d.placement["actor"])
+    assert set(d.migrate_from) == set(lent["rollout"]) - set(d.placement["rollout"])
+    assert d.boundary == "minibatch"
+    assert d.placement["inference"] == (7,)  # inference keeps its ranks until it finished
+
+
+def test_finished_components_give_every_rank_to_the_actor() -> None:
+    cur = {"actor": (0, 1, 2, 3), "rollout": (4, 5), "inference": (6, 7)}
+    d = decide_plan(state(finished=TOTAL, inference_done=TOTAL, mb_done=3, current=cur,
+                          history=learned_history(), elapsed_s=100.0))
+    assert d is not None
+    assert d.placement == {"actor": tuple(range(8)), "rollout": (), "inference": ()}
+    assert decide_plan(state(running=10, finished=TOTAL - 10, mb_done=1, busy=True, current=cur,
+                             history=learned_history(), elapsed_s=50.0)) is None  # inside a mini-batch
+
+
+def test_make_policy_knows_plan() -> None:
+    assert make_policy("plan", PolicyConfig()) is decide_plan
+
+
+# -- simulated runs --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def math8_runs() -> dict:
+    cfg = math_rl(8, num_iterations=3)
+    return {p: simulate(cfg, policy=p) for p in ("static", "auto+pre_process", "plan")}
+
+
+def test_plan_beats_static_and_the_rules_after_it_learned(math8_runs: dict) -> None:
+    static, rules, plan = (math8_runs[p] for p in ("static", "auto+pre_process", "plan"))
+    assert plan.total_time_s < 0.75 * static.total_time_s
+    # iteration 0 is a cold start (RLinf's rules); from then on the forecast decides
+    assert "cold start" in " ".join(d["reason"] for d in plan.iterations[0].decisions)
+    learned = [d["reason"] for it in plan.iterations[1:] for d in it.decisions]
+    assert any(r.startswith("plan: actor") for r in learned)
+    assert not any("cold start" in r for r in learned)
+    assert sum(it.time_s for it in plan.iterations[1:]) < sum(it.time_s for it in rules.iterations[1:])
+
+
+def test_plan_decisions_are_usable_and_timed(math8_runs: dict) -> None:
+    plan = math8_runs["plan"]
+    assert plan.decide_ms()["calls"] > 0
+    for it in plan.iterations:
+        assert it.bounds["tail_s"] <= it.time_s and it.bounds["work_s"] <= it.time_s
+        assert it.phases["rollout_end_s"] <= it.phases["last_minibatch_start_s"] <= it.time_s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_profile_runs_under_plan(profile: str) -> None:
+    cfg = PROFILES[profile](8, num_iterations=2)
+    report = simulate(cfg, policy="plan")
+    assert len(report.iterations) == 2
+    world = range(8)
+    for it in report.iterations:
+        for d in it.decisions:
+            assert sum(d["placement"].values()) <= len(world)
+
+
+def test_plan_properties_on_random_placements() -> None:
+    """Every plan decision on a sample of generated states is a usable placement (the
+    hypothesis suite checks the same properties more broadly)."""
+    s = state(running=300, pending=0, finished=724, inference_done=600, mb_done=1,
+              current={"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)},
+              history=learned_history(mb_s=300.0), elapsed_s=80.0)
+    d = decide_plan(s)
+    assert d is not None
+    assert placement_problems(d.placement, s.world_ranks, s.cfg, GBS, 4) == []
