@@ -112,10 +112,11 @@ def test_stalled_rank_fails_run_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigusr1_from_slurm_does_not_kill_a_rank(tmp_path: Path) -> None:
-    """sbatch/train.sh forwards Slurm's USR1 (time limit ahead) to the ranks: they note it and go on."""
+def test_sigusr1_from_slurm_stops_the_run_at_a_gate_with_a_checkpoint(tmp_path: Path) -> None:
+    """sbatch/train.sh forwards Slurm's USR1 (time limit ahead) to the ranks: the rank that gets it
+    is not killed; it asks for a checkpoint and a stop at the next iteration gate."""
     run_dir = tmp_path / "run"
-    cfg = emulated_config(run_dir, iterations=3)
+    cfg = emulated_config(run_dir, iterations=6)  # time enough for the stop to land before the end
     cfg["emulated"]["rollout_s_per_token"] = 5.0e-5
     proc = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "c.yaml", cfg)),
                              "--no-inspect"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -126,5 +127,12 @@ def test_sigusr1_from_slurm_does_not_kill_a_rank(tmp_path: Path) -> None:
     assert ack.exists(), "rank 3 never acknowledged epoch 0"
     os.kill(json.loads(RunPaths(run_dir).heartbeat(3).read_text())["pid"], signal.SIGUSR1)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out + err
-    assert "SIGUSR1" in (run_dir / "logs" / "rank-0003.log").read_text()
+    assert proc.returncode == 3, out + err  # stopped with a checkpoint, resumable
+    assert "SIGUSR1 received; stop requested" in (run_dir / "logs" / "rank-0003.log").read_text()
+    status = json.loads((run_dir / "control" / "coordinator.json").read_text())
+    gate = status["stopped_at_iteration"]
+    assert status["state"] == "stopped" and 0 <= gate < 6
+    if gate > 0:  # a stop at gate 0 (before any work) needs no checkpoint: the run resumes from the start
+        assert (run_dir / "checkpoints" / f"iter-{gate:06d}" / "run.json").exists()
+    else:
+        assert status["checkpoint"] is None
