@@ -354,6 +354,25 @@ def read_bytes_once(path: PathLike, *, fs: FileSystem | None = None) -> bytes:
     return b"".join(chunks)
 
 
+def read_jsonl(path: PathLike, *, fs: FileSystem | None = None) -> list[dict[str, Any]]:
+    """The complete JSON-object records of an append-only log (:func:`append_bytes`), oldest
+    first; a last record without its newline (cut short) and damaged lines are skipped; empty
+    when the file is absent."""
+    try:
+        data = read_bytes_once(path, fs=fs)
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.split(b"\n")[:-1]:  # the last piece is empty or an unfinished record
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 def stat(path: PathLike, *, fs: FileSystem | None = None) -> os.stat_result:
     """``os.stat`` through the file system (``FileNotFoundError`` if absent)."""
     _fs(fs).before("stat", path)

@@ -18,6 +18,7 @@ from typing import Any
 
 from slurm_rl.control.paths import RUN_DIR_MODE, RunPaths
 from slurm_rl.control.progress import write_progress
+from slurm_rl.fsio import read_jsonl
 
 SPAN_KINDS = ("rollout", "inference", "actor", "reshard", "sync", "checkpoint")
 
@@ -45,19 +46,8 @@ def append_span(paths: RunPaths, rank: int, kind: str, start: float, end: float,
 
 def read_spans(paths: RunPaths, rank: int) -> list[dict[str, Any]]:
     """Every complete span of ``rank``, in the order written (empty when it recorded none)."""
-    try:
-        data = activity_file(paths, rank).read_bytes()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in data.split(b"\n")[:-1]:  # the last piece is empty or an unfinished record
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("start"), (int, float)) and isinstance(doc.get("end"), (int, float)):
-            out.append(doc)
-    return out
+    return [doc for doc in read_jsonl(activity_file(paths, rank), fs=paths.fs)
+            if isinstance(doc.get("start"), (int, float)) and isinstance(doc.get("end"), (int, float))]
 
 
 def announce_phase(paths: RunPaths, rank: int, host: str, phase: str) -> None:

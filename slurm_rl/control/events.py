@@ -6,11 +6,10 @@ record cut short by a crash (no trailing newline) is skipped by :func:`read_even
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from slurm_rl.fsio import append_bytes, encode_json, read_bytes_once
+from slurm_rl.fsio import append_bytes, encode_json, read_jsonl
 from slurm_rl.control.paths import RunPaths
 
 
@@ -23,16 +22,4 @@ def append_event(paths: RunPaths, kind: str, doc: dict[str, Any]) -> None:
 
 def read_events(paths: RunPaths, kind: str | None = None) -> list[dict[str, Any]]:
     """All complete records (optionally only those of ``kind``), oldest first."""
-    try:
-        data = read_bytes_once(paths.decisions, fs=paths.fs)
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in data.split(b"\n")[:-1]:  # the last piece is empty or an unfinished record
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and (kind is None or record.get("kind") == kind):
-            out.append(record)
-    return out
+    return [r for r in read_jsonl(paths.decisions, fs=paths.fs) if kind is None or r.get("kind") == kind]

@@ -80,25 +80,18 @@ def write_compare_png(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = {k: f"{Path(doc[k]['run_dir']).name} ({doc[k]['facts'].get('policy', '?')})" for k in ("a", "b")}
     colours = {"a": "#7f7f7f", "b": "#d62728"}
-    ax = axes[0]
-    for k in ("a", "b"):
-        pts = [(i, r) for i, r in enumerate(doc[k]["reward"]) if r is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color=colours[k], label=names[k])
-    ax.set_title("mean reward per iteration", fontsize=10)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("iteration")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    for k in ("a", "b"):
-        pts = [(i, s) for i, s in enumerate(doc[k]["seconds_per_iteration"]) if s is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color=colours[k], label=names[k])
-    ax.set_title("seconds per iteration", fontsize=10)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("iteration")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax, key, title in ((axes[0], "reward", "mean reward per iteration"),
+                           (axes[1], "seconds_per_iteration", "seconds per iteration")):
+        for k in ("a", "b"):
+            pts = [(i, v) for i, v in enumerate(doc[k][key]) if v is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, color=colours[k], label=names[k])
+        ax.set_title(title, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("iteration")
+        if key == "seconds_per_iteration":
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     ax = axes[2]
     labels = [lb for lb in ("actor", "rollout", "inference") if lb in doc["a"]["components"] or lb in doc["b"]["components"]]
     labels += sorted((set(doc["a"]["components"]) | set(doc["b"]["components"])) - set(labels))

@@ -31,6 +31,7 @@ from slurm_rl.control.grants import GroupPaths, grant_numbers, read_grant
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.metrics import read_metrics
+from slurm_rl.inspect.summary import percentiles
 
 POOLS = ("rollout", "train")
 TIMELINE_COLUMNS = 80
@@ -168,20 +169,6 @@ def _grant_holders(grants: list[dict[str, Any]]) -> Iterable[tuple[dict[str, Any
                     yield g, str(pool), int(slot), h["job"], h["iteration"], bool(h.get("revoked"))
 
 
-def _percentiles(values: list[float]) -> dict[str, Any]:
-    """``{"n", "p50", "p99", "max"}`` (linear interpolation; None when empty)."""
-    xs = sorted(values)
-
-    def q(p: float) -> float | None:
-        if not xs:
-            return None
-        pos = p * (len(xs) - 1)
-        lo, hi = math.floor(pos), math.ceil(pos)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-    return {"n": len(xs), "p50": q(0.5), "p99": q(0.99), "max": xs[-1] if xs else None}
-
-
 def _union(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Length of the union of ``intervals`` clipped to ``[lo, hi]``."""
     clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
@@ -293,7 +280,7 @@ def _pools(group: Mapping[str, Any], grants: list[dict[str, Any]],
 
 def _switch_stats(phases: list[PhaseInterval]) -> dict[str, Any]:
     known = [p for p in phases if not (p.open or p.approx)]
-    return {"resume": _percentiles([p.resume_s for p in known]), "park": _percentiles([p.park_s for p in known])}
+    return {"resume": percentiles([p.resume_s for p in known]), "park": percentiles([p.park_s for p in known])}
 
 
 def _job_summary(name: str, spec: Mapping[str, Any], mine: list[PhaseInterval], ready: float | None,

@@ -235,8 +235,8 @@ class CoordinatorLoop:
         if self.fresh:
             decision = initial_decision(self.cfg)
             if self.resume is not None:
-                decision = restart_decision_from(decision, f"resumed at iteration {self.first_iteration} "
-                                                           f"(incarnation {self.resume.incarnation})")
+                decision = dataclasses.replace(decision, reason=f"resumed at iteration {self.first_iteration} "
+                                                                f"(incarnation {self.resume.incarnation})")
             self.publish(decision, iteration=self.first_iteration, state_read_at=time.time())
         else:  # a new generation re-publishes the placement in force, which fences the old one
             restart = restart_decision(self.current, f"coordinator restarted (generation {self.generation})")
@@ -365,11 +365,6 @@ class CoordinatorLoop:
         self.log(f"checkpoint {path} ({nbytes} bytes, {time.time() - started:.2f}s)")
         self.status("running")
         return path
-
-
-def restart_decision_from(decision: Decision, reason: str) -> Decision:
-    """``decision`` with another reason (the epoch records why it was published)."""
-    return dataclasses.replace(decision, reason=reason)
 
 
 def _progress_summary(state: SchedState) -> dict[str, Any]:
