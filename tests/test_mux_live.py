@@ -177,9 +177,20 @@ def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize("device", BACKENDS)
 def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path, device: str) -> None:
-    """The tail of a job's rollout ends on one slot; the next job starts on the freed ones."""
+    """The tail of a job's rollout ends on one slot; the next job starts on the freed ones.
+
+    The tail must outlast a hand-over (the revoked rank's request in flight, park, two polls,
+    resume: ~30-50 ms here) many times over, or whether the next job starts before it ends is a
+    race: emulated, a heavier long tail (lengths up to 2048 tokens, decode 5x slower); cpu, longer
+    responses in sub-batches of 2 and the tail moved at 60% so it holds ~15 requests."""
     jobs = {"a": job_config(device, tmp_path / "x", seed=5), "b": job_config(device, tmp_path / "y", seed=6)}
-    spec, result = run_group(write_group(tmp_path, device, jobs))
+    for cfg in jobs.values():
+        if device == "cpu":
+            cfg["task"]["length"], cfg["model"]["max_position_embeddings"] = 12, 64
+            cfg["rollout"]["sub_batch"], cfg["scheduler"]["max_running_requests"] = 2, 32
+        else:
+            cfg["emulated"].update(rollout_s_per_token=1.0e-4, response_len_max=2048, response_len_sigma=1.5)
+    spec, result = run_group(write_group(tmp_path, device, jobs, tail_fraction=0.6 if device == "cpu" else 0.8))
     assert result.ok, result
     revoked = [p for p in phases(spec.dir) if p.get("revoked")]
     assert revoked and all(p["pool"] == "rollout" for p in revoked)
