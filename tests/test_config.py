@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from slurm_rl.config import (
     COMPONENTS,
+    AlgorithmSection,
     Config,
     ConfigError,
     ConfigIssue,
+    ModelSection,
     Placement,
     config_from_yaml_text,
     load_config,
@@ -309,8 +311,8 @@ def test_quickstart_sections_and_defaults() -> None:
     assert cfg.scheduler.policy == "auto" and cfg.cluster.auto_scheduler and cfg.scheduler.script == []
     assert cfg.train.minibatch_order == "arrival"  # default: stream whole groups as they complete
     assert ranks(cfg.placement) == {"actor": (0,), "rollout": (1, 2), "inference": (3,)}
-    assert cfg.model["num_attention_heads"] == 2 and cfg.task["name"] == "add"
-    assert cfg.algorithm["kl_coef"] == 0.05
+    assert cfg.model.num_attention_heads == 2 and cfg.task.name == "add" and cfg.task.max_operand == 4
+    assert cfg.algorithm.kl_coef == 0.05 and cfg.actor.beta2 == 0.99 and cfg.rollout.backend == "hf"
     with pytest.raises(Exception):
         cfg.raw.train.num_iterations = 9  # read-only
 
@@ -322,13 +324,13 @@ def test_emulated_example_sections() -> None:
     assert cfg.scheduler.policy == "scripted" and 2 <= len(cfg.scheduler.script) <= 3
     assert len(cfg.script_placements) == len(cfg.scheduler.script)
     assert ranks(cfg.placement) == {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)}
-    assert cfg.model == {} and cfg.algorithm == {}
+    assert cfg.model == ModelSection() and cfg.algorithm == AlgorithmSection()  # defaults
 
 
-def test_free_form_sections_kept() -> None:
-    cfg = config_from_yaml_text(BASE_YAML + "model: {name: tiny, layers: [1, 2]}\nalgorithm: {kl: 0.1}\n")
-    assert cfg.model == {"name": "tiny", "layers": [1, 2]} and cfg.algorithm == {"kl": 0.1}
-    assert cfg.raw.model.name == "tiny"
+def test_engine_sections_typed() -> None:
+    cfg = config_from_yaml_text(BASE_YAML + "model: {hidden_size: 64, num_attention_heads: 2}\nalgorithm: {kl_coef: 0.1}\n")
+    assert cfg.model.hidden_size == 64 and cfg.model.num_layers == 2 and cfg.algorithm.kl_coef == 0.1
+    assert cfg.raw.model.hidden_size == 64
 
 
 def test_overrides() -> None:
@@ -338,14 +340,14 @@ def test_overrides() -> None:
         "runtime.heartbeat_timeout_s=5",
         "cluster.component_placement.rollout=2-4",
         "runtime.device=cpu",
-        "model.name=tiny",
+        "model.hidden_size=256",
     ])
     assert cfg.train.num_iterations == 6
     assert cfg.emulated.rollout_s_per_token == 1e-5
     assert cfg.runtime.heartbeat_timeout_s == 5.0 and isinstance(cfg.runtime.heartbeat_timeout_s, float)
     assert cfg.placement.components["rollout"].ranks == (2, 3, 4)
     assert cfg.placement.components["inference"].ranks == (6, 7)
-    assert cfg.runtime.device == "cpu" and cfg.model == {"name": "tiny"}
+    assert cfg.runtime.device == "cpu" and cfg.model.hidden_size == 256
 
 
 def test_override_replaces_whole_placement_mapping() -> None:
@@ -392,7 +394,7 @@ def test_now_resolver_in_run_dir() -> None:
 
 
 def test_round_trip_via_yaml(tmp_path: Path) -> None:
-    cfg = load_config(REPO / "configs/examples/placement_forms.yaml", ["model.name=tiny"])
+    cfg = load_config(REPO / "configs/examples/placement_forms.yaml", ["model.hidden_size=256"])
     text = cfg.to_yaml()
     assert "${now" not in text
     (tmp_path / "config.yaml").write_text(text)
