@@ -37,7 +37,7 @@ __all__ = [
     "COMPONENTS", "TASKS", "ActorSection", "AlgorithmSection", "ClusterConfig", "ComponentPlacement", "Config",
     "ConfigError", "ConfigIssue", "DataSection", "EmulatedConfig", "InferenceSection", "ModelSection",
     "MuxMemberConfig", "Placement", "RolloutSection", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
-    "TaskConfig", "TrainConfig", "config_from_yaml_text", "load_config", "parse_placement",
+    "TaskConfig", "TrainConfig", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
     "placement_from_ranks", "resolve_gpus_per_node",
 ]
 
@@ -130,6 +130,7 @@ class SchedulerConfig:
     switch_latency_s: float = 0.5  # simulator: publish-to-applied latency of one epoch
     tick_s: float = 0.5  # simulator: simulated seconds between policy calls when idle
     seed: int = 0  # simulator: seed of the response-length sampler
+    iteration_overhead_s: float = 0.0  # simulator: idle seconds at each iteration start (fitted by calibrate)
 
 
 @dataclass
@@ -575,7 +576,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _positive(issues, "mux", m, "park_s", allow_zero=True)
     _positive(issues, "scheduler", s, "max_running_requests", "rollout_ranks_per_instance",
               "actor_ranks_per_instance", "tick_s")
-    _positive(issues, "scheduler", s, "switch_latency_s", "seed", allow_zero=True)
+    _positive(issues, "scheduler", s, "switch_latency_s", "seed", "iteration_overhead_s", allow_zero=True)
     if not 0.0 <= s.pre_process_threshold <= 1.0:
         issues.append(ConfigIssue("scheduler.pre_process_threshold", s.pre_process_threshold,
                                   "a number in [0, 1]"))
@@ -601,9 +602,9 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
                 f"is also at {when}")))
         seen.setdefault(when, i)
     _positive(issues, "emulated", e, "rollout_s_per_token", "inference_s_per_token",
-              "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma",
-              "prompt_len", "model_params")
-    _positive(issues, "emulated", e, "reshard_s_per_gb", allow_zero=True)
+              "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma")
+    # 0 leaves a cost out (prompt tokens; reshard bytes), as the cost models allow
+    _positive(issues, "emulated", e, "reshard_s_per_gb", "prompt_len", "model_params", allow_zero=True)
     if e.response_len_dist not in LENGTH_DISTRIBUTIONS:
         issues.append(ConfigIssue("emulated.response_len_dist", e.response_len_dist,
                                   "one of " + ", ".join(LENGTH_DISTRIBUTIONS)))
@@ -891,6 +892,14 @@ def config_from_yaml_text(
 ) -> Config:
     """Build a :class:`Config` from YAML text (e.g. the output of :meth:`Config.to_yaml`)."""
     return _build([("<yaml>", _read_yaml(text, "<yaml>"))], overrides, env)
+
+
+def config_from_mapping(
+    data: Mapping[str, Any], overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Config:
+    """Build a :class:`Config` from a config document built in code (e.g. a simulator profile),
+    validated exactly like a YAML file."""
+    return _build([("<mapping>", data)], overrides, env)
 
 
 def load_config(
