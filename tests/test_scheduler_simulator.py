@@ -198,3 +198,24 @@ def test_cost_model_matches_emulated_runtime() -> None:
     # A full instance decodes at the component law.
     full = ours.decode_tokens_per_s(2, 64, 64) * 64
     assert 1 / full == pytest.approx(ours.seconds("rollout", 1, 2))
+
+
+def test_cli_exit_2_only_for_bad_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``slurm-rl simulate``: a setup the simulator cannot run exits 2; a bug is not disguised as bad input."""
+    from slurm_rl.scheduler import cli_bridge
+
+    cfg = config_from_mapping(_tiny("static"))
+    assert cli_bridge.run_simulation(cfg, gpus=None, policy="auto+turbo", as_json=True) == 2
+    assert "cannot simulate 4 GPUs: policy option" in capsys.readouterr().err
+    assert cli_bridge.run_simulation(cfg, gpus=3, policy=None, as_json=True) == 2
+    assert "inference would get 0" in capsys.readouterr().err
+
+    assert cli_bridge.run_simulation(cfg, gpus=None, policy=None, as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "static"
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(cli_bridge, "simulate", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        cli_bridge.run_simulation(cfg, gpus=None, policy=None, as_json=True)

@@ -32,7 +32,8 @@ POLICY_OPTIONS = {"pre_process": "use_pre_process_policy",
 
 def scale_placement(placement: Placement, world_from: int, world_to: int,
                     cfg: PolicyConfig) -> Placement:
-    """The same layout (component order and shares) on ``world_to`` GPUs."""
+    """The same layout (component order and shares) on ``world_to`` GPUs; raises
+    :class:`SimulationSetupError` when a component would get no GPU."""
     if world_from == world_to:
         return dict(placement)
     order = sorted((c for c in placement if placement[c]), key=lambda c: min(placement[c]))
@@ -45,6 +46,11 @@ def scale_placement(placement: Placement, world_from: int, world_to: int,
             n = world_to - start
         else:
             n = max(unit, round(len(placement[comp]) * world_to / world_from / unit) * unit)
+        if n < 1 or start + n > world_to:
+            raise SimulationSetupError(
+                f"gpus: {world_to} GPUs cannot hold the configured layout of {world_from} "
+                f"({', '.join(f'{c}: {len(placement[c])}' for c in order)}); {comp} would get "
+                f"{max(0, min(n, world_to - start))}")
         out[comp] = tuple(range(start, start + n))
         start += n
     return out
