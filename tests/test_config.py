@@ -825,3 +825,19 @@ def test_engine_errors_raised_by_load_config(tmp_path: Path) -> None:
         load_config(path, env={})
     assert_issue(exc.value, "algorithm.kl", 0.1, "one of the keys clip_eps, kl_coef, temperature")
     assert_issue(exc.value, "actor.lr", -1.0, "a positive number")
+
+
+def test_engine_sections_match_the_engine_types() -> None:
+    """``model`` and ``actor`` carry exactly the engines' fields with the engines' defaults."""
+    import dataclasses
+
+    from slurm_rl.config import ActorSection
+    from slurm_rl.engines.actor.optimizer import OptimConfig
+    from slurm_rl.engines.model_config import ModelConfig
+
+    def defaults(dc: Any) -> dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(dc)}
+
+    assert defaults(ModelSection) == defaults(ModelConfig) | {"vocab_size": None}  # null: the tokenizer's
+    assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True}
+    assert list(defaults(ActorSection))[:len(defaults(OptimConfig))] == list(defaults(OptimConfig))

@@ -61,7 +61,7 @@ def parse_policy(name: str) -> tuple[str, dict[str, bool]]:
     base, *opts = name.split("+")
     if base not in POLICIES:
         raise SimulationSetupError(f"policy: got {base!r}, allowed {POLICIES} "
-                         f"with options {sorted(POLICY_OPTIONS)} joined by '+'")
+                                   f"with options {sorted(POLICY_OPTIONS)} joined by '+'")
     flags = {}
     for opt in opts:
         if opt not in POLICY_OPTIONS:
@@ -71,6 +71,7 @@ def parse_policy(name: str) -> tuple[str, dict[str, bool]]:
 
 
 def _config(cfg: Config) -> Config:
+    """``cfg`` itself; a plain mapping is refused (build it with ``config_from_mapping``)."""
     if not isinstance(cfg, Config):
         raise TypeError(f"simulate takes a validated Config (load_config / config_from_mapping), "
                         f"got {type(cfg).__name__}")
