@@ -50,5 +50,3 @@ RESPONSE_LEN_DIST = "lognormal"
 RESPONSE_LEN_SIGMA = 1.0
 PARETO_ALPHA = 1.5
 DECODE_FIXED_FRACTION = 1.0
-
-COMPONENTS = ("actor", "rollout", "inference")

@@ -26,7 +26,6 @@ from slurm_rl.scheduler.state import (
 )
 
 PolicyFn = Callable[[SchedState], "Decision | None"]
-COMPONENTS = ("actor", "rollout", "inference")
 
 
 def initial_decision(cfg: Config) -> Decision:

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import SimCostModel
 from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
@@ -111,7 +112,7 @@ class Simulation:
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = itertools.count()
         self.placement: Placement = dict(setup.initial)
-        self.ready_at: dict[str, float] = {c: 0.0 for c in defaults.COMPONENTS}
+        self.ready_at: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.it = 0
         self.uids = itertools.count()
         self.instances: dict[int, _Instance] = {}
@@ -152,8 +153,8 @@ class Simulation:
 
     def _new_report(self, it: int) -> None:
         self.report = IterationReport(iteration=it, time_s=0.0,
-                                      busy_gpu_s={c: 0.0 for c in defaults.COMPONENTS},
-                                      idle_gpu_s={c: 0.0 for c in defaults.COMPONENTS})
+                                      busy_gpu_s={c: 0.0 for c in COMPONENTS},
+                                      idle_gpu_s={c: 0.0 for c in COMPONENTS})
         self.t_start = self.t
 
     def _tokens(self, rid: int) -> int:
@@ -207,7 +208,7 @@ class Simulation:
             "actor": len(self.placement["actor"]) if self.actor_busy else 0,
         }
         assigned = 0
-        for comp in defaults.COMPONENTS:
+        for comp in COMPONENTS:
             n = len(self.placement[comp])
             assigned += n
             rep.busy_gpu_s[comp] += busy[comp] * dt

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.history import History
 
@@ -45,7 +46,7 @@ def valid_dp_sizes(global_batch_size: int, micro_batch_size: int, max_dp: int) -
 
 def normalize_placement(placement: Mapping[str, Sequence[int]]) -> Placement:
     """Sorted rank tuples for every component (missing components get ``()``)."""
-    out: Placement = {c: () for c in defaults.COMPONENTS}
+    out: Placement = {c: () for c in COMPONENTS}
     for comp, ranks in placement.items():
         out[comp] = tuple(sorted(int(r) for r in ranks))
     return out
