@@ -32,6 +32,8 @@ from slurm_rl.placement import (
     parse_placement,
     placement_from_ranks,
 )
+from slurm_rl.scheduler.defaults import POLICIES
+from slurm_rl.scheduler.state import PHASES
 
 __all__ = [
     "COMPONENTS", "ClusterConfig", "ComponentPlacement", "Config", "ConfigError", "ConfigIssue",
@@ -43,9 +45,7 @@ __all__ = [
 DEVICES = ("emulated", "cpu", "cuda")
 ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
-POLICIES = ("static", "scripted", "auto", "plan")
 MINIBATCH_ORDERS = ("arrival", "index")
-PHASES = ("start", "rollout", "train", "end")  # as scheduler.state.PHASES: start applies at the gate, the others mid-iteration
 FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
 
 
