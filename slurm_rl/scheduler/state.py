@@ -34,7 +34,7 @@ def valid_dp_sizes(global_batch_size: int, micro_batch_size: int, max_dp: int) -
     The rule: a DP size ``dp`` is valid when the samples of one mini-batch divide evenly over the
     replicas in whole micro-batches, i.e. ``global_batch_size % (micro_batch_size * dp) == 0``.
     Changing DP then only changes gradient accumulation, never the global batch (training math does
-    not depend on placement). The actor engine checks the same rule for its own error message.
+    not depend on placement). The actor engine (``engines.actor.microbatch``) calls this rule too.
     """
     if global_batch_size <= 0 or micro_batch_size <= 0:
         raise ValueError(
