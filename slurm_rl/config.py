@@ -32,6 +32,7 @@ from slurm_rl.placement import (
     parse_placement,
     placement_from_ranks,
 )
+from slurm_rl.scheduler import defaults as sched_defaults
 from slurm_rl.scheduler.defaults import POLICIES
 from slurm_rl.scheduler.state import PHASES
 
@@ -115,17 +116,19 @@ class ScriptStep:
 
 @dataclass
 class SchedulerConfig:
-    """Which policy decides placement epochs, and its knobs."""
+    """Which policy decides placement epochs, and its knobs (defaults from :mod:`slurm_rl.scheduler.defaults`)."""
 
-    policy: str = "static"  # static | scripted | auto | plan
+    policy: str = sched_defaults.POLICY  # static | scripted | auto | plan
     script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
-    max_running_requests: int = 64  # per rollout instance (used by auto)
-    pre_process_threshold: float = 0.5  # pre-process ends when outstanding requests fall to this fraction
-    rollout_ranks_per_instance: int = 1  # GPUs per rollout instance (TP x PP), used by auto
-    actor_ranks_per_instance: int = 1  # GPUs per actor model replica (TP x PP), used by auto
-    switch_latency_s: float = 0.5  # simulator: publish-to-applied latency of one epoch
-    tick_s: float = 0.5  # simulator: simulated seconds between policy calls when idle
-    seed: int = 0  # simulator: seed of the response-length sampler
+    max_running_requests: int = sched_defaults.MAX_RUNNING_REQUESTS  # per rollout instance (used by auto)
+    # pre-process ends when outstanding requests fall to this fraction
+    pre_process_threshold: float = sched_defaults.PRE_PROCESS_THRESHOLD
+    # GPUs per rollout instance / per actor model replica (TP x PP), used by auto
+    rollout_ranks_per_instance: int = sched_defaults.RANKS_PER_INSTANCE
+    actor_ranks_per_instance: int = sched_defaults.RANKS_PER_INSTANCE
+    switch_latency_s: float = sched_defaults.SWITCH_LATENCY_S  # simulator: publish-to-applied latency of one epoch
+    tick_s: float = sched_defaults.TICK_S  # simulator: simulated seconds between policy calls when idle
+    seed: int = sched_defaults.SEED  # simulator: seed of the response-length sampler
 
 
 @dataclass
