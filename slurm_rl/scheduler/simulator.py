@@ -2,7 +2,7 @@
 
 The pipeline is fine-grained: a GRPO group goes to inference as soon as its last response is
 done, and the actor trains a mini-batch as soon as ``global_batch_size`` samples came out of
-inference. Costs follow ``cost_model.SimCostModel``. After every change of progress (at most once
+inference. Costs follow ``cost_model.CostModel``. After every change of progress (at most once
 per ``tick_s`` simulated seconds, and always at stage boundaries) the simulator builds a
 ``SchedState`` and calls the same policy function the live coordinator calls, then applies the
 decision: ranks that change role are unavailable for ``switch_latency_s``; the actor also waits
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.placement_ops import (
@@ -58,7 +58,7 @@ class SimSetup:
     num_iterations: int
     prompt_len: int
     lengths: LengthModel
-    cost: SimCostModel
+    cost: CostModel
     policy_cfg: PolicyConfig = field(default_factory=PolicyConfig)
     switch_latency_s: float = defaults.SWITCH_LATENCY_S
     tick_s: float = defaults.TICK_S
