@@ -38,7 +38,7 @@ from slurm_rl.scheduler.state import (
     BatchSpec,
     Decision,
     InferenceProgress,
-    Placement,
+    RankMap,
     PolicyConfig,
     RolloutProgress,
     SchedState,
@@ -52,7 +52,7 @@ class SimSetup:
     """Everything one simulated run needs."""
 
     gpus: int
-    initial: Placement
+    initial: RankMap
     batch: BatchSpec
     group_size: int
     num_iterations: int
@@ -111,7 +111,7 @@ class Simulation:
         self.t = 0.0
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = itertools.count()
-        self.placement: Placement = dict(setup.initial)
+        self.placement: RankMap = dict(setup.initial)
         self.ready_at: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.it = 0
         self.uids = itertools.count()
