@@ -32,6 +32,9 @@ from slurm_rl.placement import (
     parse_placement,
     placement_from_ranks,
 )
+from slurm_rl.scheduler import defaults as sched_defaults
+from slurm_rl.scheduler.defaults import POLICIES
+from slurm_rl.scheduler.state import PHASES
 
 __all__ = [
     "COMPONENTS", "TASKS", "ActorSection", "AlgorithmSection", "ClusterConfig", "ComponentPlacement", "Config",
@@ -44,12 +47,10 @@ __all__ = [
 DEVICES = ("emulated", "cpu", "cuda")
 ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
 LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
-POLICIES = ("static", "scripted", "auto", "plan")
 MINIBATCH_ORDERS = ("arrival", "index")
-PHASES = ("start", "rollout", "train", "end")  # as scheduler.state.PHASES: start applies at the gate, the others mid-iteration
 TASKS = ("add", "copy", "reverse")  # toy tasks of slurm_rl.rl.tasks
 ROLLOUT_BACKENDS = ("hf", "vllm")
-LR_DECAY_STYLES = ("cosine", "linear", "constant")  # as engines.actor.lr_schedule.DECAY_STYLES
+LR_DECAY_STYLES = ("cosine", "linear", "constant")  # the LR schedule's decay styles (engines.actor.lr_schedule)
 ENGINE_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
 
 
@@ -119,17 +120,19 @@ class ScriptStep:
 
 @dataclass
 class SchedulerConfig:
-    """Which policy decides placement epochs, and its knobs."""
+    """Which policy decides placement epochs, and its knobs (defaults from :mod:`slurm_rl.scheduler.defaults`)."""
 
-    policy: str = "static"  # static | scripted | auto | plan
+    policy: str = sched_defaults.POLICY  # static | scripted | auto | plan
     script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
-    max_running_requests: int = 64  # per rollout instance (used by auto)
-    pre_process_threshold: float = 0.5  # pre-process ends when outstanding requests fall to this fraction
-    rollout_ranks_per_instance: int = 1  # GPUs per rollout instance (TP x PP), used by auto
-    actor_ranks_per_instance: int = 1  # GPUs per actor model replica (TP x PP), used by auto
-    switch_latency_s: float = 0.5  # simulator: publish-to-applied latency of one epoch
-    tick_s: float = 0.5  # simulator: simulated seconds between policy calls when idle
-    seed: int = 0  # simulator: seed of the response-length sampler
+    max_running_requests: int = sched_defaults.MAX_RUNNING_REQUESTS  # per rollout instance (used by auto)
+    # pre-process ends when outstanding requests fall to this fraction
+    pre_process_threshold: float = sched_defaults.PRE_PROCESS_THRESHOLD
+    # GPUs per rollout instance / per actor model replica (TP x PP), used by auto
+    rollout_ranks_per_instance: int = sched_defaults.RANKS_PER_INSTANCE
+    actor_ranks_per_instance: int = sched_defaults.RANKS_PER_INSTANCE
+    switch_latency_s: float = sched_defaults.SWITCH_LATENCY_S  # simulator: publish-to-applied latency of one epoch
+    tick_s: float = sched_defaults.TICK_S  # simulator: simulated seconds between policy calls when idle
+    seed: int = sched_defaults.SEED  # simulator: seed of the response-length sampler
     iteration_overhead_s: float = 0.0  # simulator: idle seconds at each iteration start (fitted by calibrate)
 
 

@@ -319,6 +319,22 @@ def rename(src: PathLike, dst: PathLike, *, fs: FileSystem | None = None) -> Non
         _raise(exc, Path(dst), f"renaming {os.fspath(src)} to it")
 
 
+def replace_symlink(link: PathLike, target: PathLike, *, fs: FileSystem | None = None) -> None:
+    """Point symlink ``link`` at ``target`` atomically: a symlink under a :func:`temp_path` name
+    (so :func:`remove_stale_temp_files` finds one a killed writer left), renamed over ``link``."""
+    final = Path(link)
+    tmp = temp_path(final)
+    fs = _fs(fs)
+    try:
+        fs.before("open", tmp)
+        os.symlink(target, tmp)
+        fs.before("rename", final)
+        os.replace(tmp, final)
+    except OSError as exc:
+        unlink_quietly(tmp, fs)
+        _raise(exc, final, "replacing symlink")
+
+
 def open_read(path: PathLike, *, nofollow: bool = False, fs: FileSystem | None = None) -> int:
     """Open ``path`` read-only and return the descriptor (``nofollow``: refuse a symlink).
 

@@ -227,3 +227,17 @@ def test_remove_stale_temp_files_only_touches_temp_names(tmp_path: Path) -> None
     assert remove_stale_temp_files(tmp_path, older_than_s=3600) == 0
     assert remove_stale_temp_files(tmp_path, older_than_s=0, now=time.time() + 1) == 1
     assert os.listdir(tmp_path) == ["000001.json"]
+
+
+def test_replace_symlink_swaps_atomically_and_its_temp_is_a_temp_name(tmp_path: Path) -> None:
+    from slurm_rl.fsio import replace_symlink, temp_path
+
+    (tmp_path / "run-a").mkdir()
+    (tmp_path / "run-b").mkdir()
+    replace_symlink(tmp_path / "latest", "run-a")
+    replace_symlink(tmp_path / "latest", "run-b")
+    assert os.readlink(tmp_path / "latest") == "run-b"
+    assert sorted(os.listdir(tmp_path)) == ["latest", "run-a", "run-b"]
+    os.symlink("run-a", temp_path(tmp_path / "latest"))  # what a writer killed mid-swap leaves
+    assert remove_stale_temp_files(tmp_path, older_than_s=0, now=time.time() + 1) == 1
+    assert sorted(os.listdir(tmp_path)) == ["latest", "run-a", "run-b"]

@@ -21,8 +21,8 @@ from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.migration import pending_dir
 from slurm_rl.data.reader import StageReader
-from slurm_rl.engines.emulated import CostModel, DecodeBatch
-from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.engines.emulated import DecodeBatch
+from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.live_state import build_state
 from slurm_rl.scheduler.policies import decide_auto
 
@@ -132,7 +132,7 @@ def test_migration_loses_and_duplicates_no_sample(tmp_path: Path) -> None:
 
 def test_decode_batch_follows_the_simulator_law() -> None:
     params = dict(COSTS)
-    emu, sim = CostModel.from_config(params), SimCostModel.from_config(params)
+    emu, sim = CostModel.from_config(params), CostModel.from_config(params)
     batch = DecodeBatch(emu, instance_gpus=1, max_running=16)
     for rid, length in enumerate([10, 20, 40]):
         batch.admit(rid, 0, length, now=0.0)

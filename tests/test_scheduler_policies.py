@@ -16,7 +16,7 @@ from slurm_rl.scheduler.state import (
     PolicyConfig,
     RolloutProgress,
     SchedState,
-    ScriptStep,
+    ScriptedSwitch,
     derive_phase,
     valid_dp_sizes,
 )
@@ -189,7 +189,7 @@ def test_scripted_rollout_step_waits_for_its_fraction() -> None:
     d = policy(state(running=200, finished=800, cfg=cfg, current=half))  # the highest fraction reached wins
     assert d is not None and d.placement == quarter and d.migrate_from == (3,)
     with pytest.raises(ValueError, match="at_rollout_fraction"):
-        ScriptStep(at_phase="train", placement=INITIAL, at_rollout_fraction=0.5)
+        ScriptedSwitch(at_phase="train", placement=INITIAL, at_rollout_fraction=0.5)
 
 
 def test_make_policy_rejects_bad_input() -> None:
@@ -198,7 +198,7 @@ def test_make_policy_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="at least one step"):
         make_policy("scripted", PolicyConfig())
     with pytest.raises(ValueError, match="at_phase"):
-        ScriptStep(at_phase="later", placement=INITIAL)
+        ScriptedSwitch(at_phase="later", placement=INITIAL)
     with pytest.raises(ValueError, match="max_running_requests"):
         PolicyConfig(max_running_requests=0)
     with pytest.raises(ValueError, match="global_batch_size"):

@@ -10,7 +10,7 @@ import pytest
 
 from slurm_rl.config import Config, ConfigError, config_from_mapping
 from slurm_rl.placement import parse_placement
-from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.policies import make_policy
 from slurm_rl.scheduler.profiles import math_rl
@@ -182,12 +182,13 @@ def test_length_model_is_long_tailed() -> None:
     assert sum(lens) / len(lens) == pytest.approx(1649, rel=0.05)
 
 
-def test_cost_model_matches_emulated_runtime() -> None:
-    emulated = pytest.importorskip("slurm_rl.engines.emulated")
+def test_cost_model_share_matches_whole_component() -> None:
+    """One model, two uses: a rank's share (emulated runtime) adds up to the component law (simulator)."""
     params = dict(rollout_s_per_token=1e-3, inference_s_per_token=2e-4, actor_s_per_token=5e-4,
                   scaling=0.9, reshard_s_per_gb=0.1, model_params=10**9)
-    ours = SimCostModel(**params)
-    theirs = emulated.CostModel.from_config(params)
+    ours = CostModel(**params)
+    theirs = CostModel.from_config(params)
+    assert theirs == ours
     for comp in ("rollout", "inference", "actor"):
         for gpus in (1, 3, 8):
             tokens = 12000

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, PENDING, PROMPTS, ROLLOUTS, inference_table
+from slurm_rl.rl.formulas import group_advantages
 
 LengthSpec = int | tuple[int, int] | np.ndarray | Callable[[np.random.Generator, int], np.ndarray]
 
@@ -213,12 +214,8 @@ def make_fake_inference(rollouts: pa.Table, *, seed: int = 0, inference_rank: in
 
 def make_actor_batch(inference: pa.Table, *, eps: float = 1e-6) -> pa.Table:
     """GRPO-style batch: advantage = (reward - group mean) / (group std + eps): ACTOR_BATCH."""
-    groups = inference.column("group_id").to_numpy()
-    reward = inference.column("reward").to_numpy().astype(np.float64)
-    _, inv, counts = np.unique(groups, return_inverse=True, return_counts=True)
-    mean = np.bincount(inv, reward) / counts
-    var = np.bincount(inv, (reward - mean[inv]) ** 2) / counts
-    adv = ((reward - mean[inv]) / (np.sqrt(var[inv]) + eps)).astype(np.float32)
+    adv = group_advantages(inference.column("reward").to_numpy(), inference.column("group_id").to_numpy(),
+                           eps=eps).astype(np.float32)
     return pa.table(
         {
             "sample_id": inference.column("sample_id"),

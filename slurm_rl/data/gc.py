@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 from slurm_rl.data.errors import DataPlaneError
 from slurm_rl.data.layout import data_root, parse_iteration_dirname
+from slurm_rl.fsio import rename
 
 
 def list_iterations(run_dir: str | Path) -> list[int]:
@@ -35,7 +35,7 @@ def collect_garbage(run_dir: str | Path, consumed_through_iteration: int, keep_l
         src = root / f"iter-{i:06d}"
         doomed = root / f".deleting-{src.name}-{uuid.uuid4().hex[:8]}"
         try:
-            os.rename(src, doomed)
+            rename(src, doomed)
         except FileNotFoundError:  # another collector got there first
             continue
         shutil.rmtree(doomed)

@@ -1,8 +1,8 @@
 """Emulated compute: a calibrated cost model that replaces GPU work by sleeps.
 
-A component holding ``n`` GPUs processes ``T`` tokens in ``T * s_per_token / n**scaling`` seconds,
-the same law the simulator uses (``slurm_rl.scheduler.cost_model``). A rank doing its share ``t``
-of that work therefore sleeps ``t * s_per_token * n**(1 - scaling)``.
+The cost model is the simulator's (:class:`slurm_rl.scheduler.cost_model.CostModel`): a component
+holding ``n`` GPUs processes ``T`` tokens in ``T * s_per_token / n**scaling`` seconds, so a rank
+doing its share ``t`` of that work sleeps ``t * s_per_token * n**(1 - scaling)``.
 
 Rollout decodes per request, as the simulator does: an instance of ``g`` GPUs runs up to
 ``m = max_running_requests`` requests at once, and one decode step (one token for each of the ``b``
@@ -18,70 +18,10 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
 
-BYTES_PER_PARAM_STATE = 16  # fp32 param + grad + two Adam moments
+from slurm_rl.scheduler.cost_model import CostModel
 
-
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds per token of each component on one GPU, and the cost of moving actor state."""
-
-    rollout_s_per_token: float
-    inference_s_per_token: float
-    actor_s_per_token: float
-    scaling: float
-    reshard_s_per_gb: float
-    model_params: int
-    decode_fixed_fraction: float = 1.0
-
-    @classmethod
-    def from_config(cls, emulated: Mapping[str, Any] | Any) -> "CostModel":
-        get: Callable[[str, Any], Any] = (
-            (lambda k, d: emulated.get(k, d)) if isinstance(emulated, Mapping) else (lambda k, d: getattr(emulated, k, d))
-        )
-        return cls(
-            rollout_s_per_token=float(get("rollout_s_per_token", None)),
-            inference_s_per_token=float(get("inference_s_per_token", None)),
-            actor_s_per_token=float(get("actor_s_per_token", None)),
-            scaling=float(get("scaling", 1.0)),
-            reshard_s_per_gb=float(get("reshard_s_per_gb", 0.0)),
-            model_params=int(get("model_params", 0)),
-            decode_fixed_fraction=float(get("decode_fixed_fraction", 1.0)),
-        )
-
-    def _per_token(self, component: str) -> float:
-        return {
-            "rollout": self.rollout_s_per_token,
-            "inference": self.inference_s_per_token,
-            "actor": self.actor_s_per_token,
-        }[component]
-
-    def share_seconds(self, component: str, tokens: int, component_gpus: int) -> float:
-        """Seconds one rank of a component with ``component_gpus`` GPUs spends on ``tokens``."""
-        return tokens * self._per_token(component) * max(1, component_gpus) ** (1.0 - self.scaling)
-
-    def seconds(self, component: str, tokens: float, gpus: int) -> float:
-        """Seconds the whole component with ``gpus`` GPUs needs for ``tokens`` tokens."""
-        return tokens * self._per_token(component) / max(1, gpus) ** self.scaling
-
-    def decode_step_seconds(self, instance_gpus: int, max_running_requests: int, running: int) -> float:
-        """One decode step (one token for every running request) of a rollout instance."""
-        m = max_running_requests
-        f = self.decode_fixed_fraction
-        step = self.rollout_s_per_token * m / max(1, instance_gpus) ** self.scaling
-        return step * (f + (1 - f) * min(running, m) / m)
-
-    def reshard_bytes(self, old_dp: int, new_dp: int) -> int:
-        """Bytes of actor state that must reach ranks that join the actor (0 when only shrinking)."""
-        if new_dp <= old_dp:
-            return 0
-        state = self.model_params * BYTES_PER_PARAM_STATE
-        return state * (new_dp - old_dp) // max(1, new_dp)
-
-    def reshard_seconds(self, nbytes: int) -> float:
-        """Seconds to move ``nbytes`` of actor state."""
-        return nbytes / 1e9 * self.reshard_s_per_gb
+__all__ = ["DecodeBatch", "emulate"]
 
 
 def emulate(seconds: float) -> float:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_rl.inspect.summary import run_report_json
+from slurm_rl.placement import COMPONENTS
 
 
 def compare_json(run_a: str | Path, run_b: str | Path) -> dict[str, Any]:
@@ -49,8 +50,8 @@ def format_compare(doc: dict[str, Any]) -> str:
     row("training seconds", fa["train_s"], fb["train_s"], "{:.1f}")
     row("epochs", fa["epochs"], fb["epochs"], "{}")
     for label in sorted(set(a["components"]) | set(b["components"]),
-                        key=lambda x: (x == "idle", "+" in x, ("actor", "rollout", "inference").index(x)
-                                       if x in ("actor", "rollout", "inference") else 9)):
+                        key=lambda x: (x == "idle", "+" in x, COMPONENTS.index(x)
+                                       if x in COMPONENTS else 9)):
         ca, cb = a["components"].get(label, {}), b["components"].get(label, {})
         row(f"{label} GPU-s held", ca.get("held_s"), cb.get("held_s"))
         if label != "idle":  # a rank without a role does no work
@@ -93,7 +94,7 @@ def write_compare_png(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     ax = axes[2]
-    labels = [lb for lb in ("actor", "rollout", "inference") if lb in doc["a"]["components"] or lb in doc["b"]["components"]]
+    labels = [lb for lb in COMPONENTS if lb in doc["a"]["components"] or lb in doc["b"]["components"]]
     labels += sorted((set(doc["a"]["components"]) | set(doc["b"]["components"])) - set(labels))
     width = 0.38
     for i, k in enumerate(("a", "b")):

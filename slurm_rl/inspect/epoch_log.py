@@ -10,8 +10,8 @@ from slurm_rl.control.acks import read_ack, read_reshards
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.placement import COMPONENTS
 
-COMPONENT_ORDER = ("actor", "rollout", "inference")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
 
     console = console or Console(width=max(Console().width, 140))
     table = Table(title="placement epochs")
-    for column in ("epoch", "gen", "iter", "boundary", "published", "reason", *COMPONENT_ORDER, "acks", "switch s",
+    for column in ("epoch", "gen", "iter", "boundary", "published", "reason", *COMPONENTS, "acks", "switch s",
                    "reshard s", "bytes moved"):
         table.add_column(column, justify="right" if column not in ("reason",) else "left")
     t0 = records[0].published_at if records else 0.0
@@ -118,7 +118,7 @@ def render_table(records: list[EpochRecord], console: Any = None) -> None:
             r.boundary,
             f"+{r.published_at - t0:.2f}s",
             r.reason,
-            *(compress_ranks(r.placement.get(c, [])) for c in COMPONENT_ORDER),
+            *(compress_ranks(r.placement.get(c, [])) for c in COMPONENTS),
             str(r.acks),
             "-" if r.switch_latency_s is None else f"{r.switch_latency_s:.3f}",
             "-" if r.reshard_s is None else f"{r.reshard_s:.3f}",

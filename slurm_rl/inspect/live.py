@@ -23,8 +23,9 @@ from slurm_rl.control.epochs import read_epoch_file
 from slurm_rl.control.errors import ControlError
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
-from slurm_rl.inspect.epoch_log import COMPONENT_ORDER, compress_ranks
+from slurm_rl.inspect.epoch_log import compress_ranks
 from slurm_rl.metrics import read_metrics
+from slurm_rl.placement import COMPONENTS
 from slurm_rl.resume.restart import read_resume_point
 
 QUIET_S = 10.0
@@ -146,7 +147,7 @@ class RunMonitor:
             self.next_epoch += 1
             self.epochs_in_iteration[epoch.iteration] = self.epochs_in_iteration.get(epoch.iteration, 0) + 1
             if epoch.epoch == 0:
-                where = ", ".join(f"{c} {compress_ranks(epoch.ranks_of(c))}" for c in COMPONENT_ORDER
+                where = ", ".join(f"{c} {compress_ranks(epoch.ranks_of(c))}" for c in COMPONENTS
                                   if epoch.ranks_of(c))
                 lines.append(f"epoch 0 published ({where}); training starts once every rank has applied it")
 

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.inspect.run_timeline import BUSY_KINDS, COMPONENTS, RunTimeline, overlap, rank_intervals
+from slurm_rl.inspect.run_timeline import BUSY_KINDS, RunTimeline, overlap, rank_intervals
+from slurm_rl.placement import COMPONENTS
 
 TEXT_COLUMNS = 72
 LETTERS = {"actor": "A", "rollout": "R", "inference": "I"}

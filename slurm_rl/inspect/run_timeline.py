@@ -31,8 +31,8 @@ from slurm_rl.control.errors import ControlError
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.placement import COMPONENTS
 
-COMPONENTS = ("actor", "rollout", "inference")
 BUSY_KINDS = ("rollout", "inference", "actor", "sync")
 _READ_ERRORS = (OSError, ValueError, ControlError, KeyError, TypeError)
 

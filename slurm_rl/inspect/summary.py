@@ -10,10 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.inspect.epoch_log import COMPONENT_ORDER, EpochRecord, _human_bytes, compress_ranks, epoch_records
+from slurm_rl.inspect.epoch_log import EpochRecord, _human_bytes, compress_ranks, epoch_records
 from slurm_rl.inspect.run_gantt import gantt_legend_text, text_gantt
 from slurm_rl.inspect.run_timeline import RunTimeline, build_timeline, component_seconds
 from slurm_rl.metrics import read_metrics
+from slurm_rl.placement import COMPONENTS
 
 SPARK = "▁▂▃▄▅▆▇█"
 METRIC_KEYS = ("reward_mean", "kl", "loss", "lr", "seconds", "tokens_per_s", "actor_dp", "sync_s", "train_s")
@@ -64,7 +65,7 @@ def metric_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _signature(records: list[EpochRecord]) -> tuple[Any, ...]:
-    return tuple((r.boundary, tuple((c, tuple(r.placement.get(c, []))) for c in COMPONENT_ORDER)) for r in records)
+    return tuple((r.boundary, tuple((c, tuple(r.placement.get(c, []))) for c in COMPONENTS)) for r in records)
 
 
 def collapse_epochs(records: list[EpochRecord]) -> list[tuple[list[int], list[EpochRecord]]]:
@@ -165,7 +166,7 @@ def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> lis
 
     def row(e: EpochRecord) -> str:
         return (f"  {e.epoch:>5} {e.iteration:>4} {e.boundary:<9} {e.published_at - t0:>6.2f}s  "
-                + " ".join(f"{compress_ranks(e.placement.get(c, [])):<9}" for c in COMPONENT_ORDER)
+                + " ".join(f"{compress_ranks(e.placement.get(c, [])):<9}" for c in COMPONENTS)
                 + f" {_f(e.switch_latency_s, '{:.3f}'):>8} {_f(e.reshard_s, '{:.3f}'):>9} "
                   f"{_human_bytes(e.bytes_moved):>8}  {e.reason[:48]}")
 

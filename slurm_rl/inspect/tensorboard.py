@@ -15,6 +15,7 @@ from typing import Any
 
 from slurm_rl.inspect.epoch_log import epoch_records
 from slurm_rl.metrics import read_metrics
+from slurm_rl.placement import COMPONENTS
 
 TB_DIR = "tensorboard"
 _SKIP = {"iteration", "time", "plan", "losses"}
@@ -45,7 +46,7 @@ def scalars(run_dir: Path) -> list[tuple[str, float, int, float | None]]:
     except (OSError, ValueError):
         records = []
     for r in records:
-        for component in ("actor", "rollout", "inference"):
+        for component in COMPONENTS:
             out.append((f"placement/{component}_ranks", float(len(r.placement.get(component, []))), r.epoch,
                         r.published_at))
         out.append(("placement/iteration", float(r.iteration), r.epoch, r.published_at))

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.fsio import atomic_write_bytes, remove_stale_temp_files
+from slurm_rl.fsio import atomic_write_bytes, remove_stale_temp_files, replace_symlink
 
 RUN_DIR_KEY = "runtime.run_dir"
 
@@ -65,12 +65,7 @@ def prepare_run(
 
 def _point_latest(run_dir: Path) -> None:
     """Keep ``<parent>/latest`` pointing at the newest run dir (a convenience for inspection)."""
-    link = run_dir.parent / "latest"
     try:
-        tmp = run_dir.parent / f".latest.{os.getpid()}"
-        if tmp.is_symlink():
-            tmp.unlink()
-        tmp.symlink_to(run_dir.name)
-        os.replace(tmp, link)
+        replace_symlink(run_dir.parent / "latest", run_dir.name)
     except OSError:
         pass

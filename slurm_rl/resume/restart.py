@@ -35,6 +35,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.data.gc import list_iterations
 from slurm_rl.data.layout import iteration_dir
+from slurm_rl.fsio import replace_symlink
 from slurm_rl.metrics import METRICS_FILE, read_metrics
 from slurm_rl.resume.checkpoints import RunCheckpoint, latest_valid, remove_staging
 from slurm_rl.resume.stop import clear_stop
@@ -186,11 +187,7 @@ def record_job(run_dir: Path, job_id: str) -> None:
     """Remember which run dir Slurm job ``job_id`` created (found again when it is requeued)."""
     link = job_link(run_dir.parent, job_id)
     link.parent.mkdir(mode=0o700, exist_ok=True)
-    tmp = link.with_name(f".{job_id}.{os.getpid()}")
-    if tmp.is_symlink():
-        tmp.unlink()
-    tmp.symlink_to(run_dir)
-    os.replace(tmp, link)
+    replace_symlink(link, run_dir)
 
 
 def previous_incarnation(config_path: str | Path, overrides: Sequence[str], env: dict[str, str]) -> Path | None:

@@ -12,31 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from slurm_rl.rl import formulas
 
 
 def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6,
                      scale: bool = True) -> Tensor:
-    """``(r - mean_g) / (std_g + eps)`` per group of ``group_size`` consecutive samples.
+    """:func:`slurm_rl.rl.formulas.group_advantages` (the formula the worker uses) per group of
+    ``group_size`` consecutive samples, as float32.
 
-    ``std`` is the population std (unbiased=False); a group whose rewards are all equal gets
-    advantage 0. ``scale=False`` gives the mean-centred rewards only (Dr. GRPO style).
+    ``std`` is the population std; a group whose rewards are all equal gets advantage 0.
+    ``scale=False`` gives the mean-centred rewards only (Dr. GRPO style).
     """
     if rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(f"group_advantages: {tuple(rewards.shape)} rewards is not a flat "
                          f"multiple of group_size={group_size}")
-    r = rewards.float().view(-1, group_size)
-    centred = r - r.mean(dim=1, keepdim=True)
-    if scale:
-        centred = centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
-    return centred.reshape(-1)
+    groups = np.arange(rewards.numel()) // group_size
+    adv = formulas.group_advantages(rewards.detach().cpu().double().numpy(), groups, eps=eps, scale=scale)
+    return torch.from_numpy(adv.astype(np.float32)).to(rewards.device)
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Per-token k3 estimator of KL(pi || ref): ``exp(ref - lp) - (ref - lp) - 1`` (>= 0)."""
-    d = ref_logprobs - logprobs
-    return torch.exp(d) - d - 1.0
+    return formulas.k3(ref_logprobs - logprobs, torch.exp)
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""Cost model of the simulator: the same laws and parameters as the emulated runtime.
+"""The cost model, one for its two uses: the simulator and the emulated runtime (``engines.emulated``).
 
 * A component holding ``g`` GPUs processes ``T`` tokens in ``T * s_per_token / g**scaling`` seconds
-  (``slurm_rl.engines.emulated.CostModel``; a test keeps the two in step).
+  (:meth:`CostModel.seconds`); one rank doing its share ``T / g`` of that work spends
+  :meth:`CostModel.share_seconds` on it (the emulated runtime sleeps that long).
 * Rollout decodes per request: an instance of ``g`` GPUs runs up to ``m = max_running_requests``
   requests at once. One decode step (one token for every running request) takes
   ``rollout_s_per_token * m / g**scaling * (f + (1 - f) * b / m)`` seconds with ``b`` running
@@ -12,20 +13,22 @@
 * Resharding the actor from DP ``a`` to ``b > a`` moves ``state * (b - a) / b`` bytes, with
   ``state = model_params * 16`` (fp32 param, grad, two Adam moments); shrinking moves nothing.
   It takes ``bytes / 1e9 * reshard_s_per_gb`` seconds.
+
+No torch import: emulated ranks stay small.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from slurm_rl.scheduler import defaults
 
-BYTES_PER_PARAM_STATE = 16
+BYTES_PER_PARAM_STATE = 16  # fp32 param + grad + two Adam moments
 
 
 @dataclass(frozen=True)
-class SimCostModel:
+class CostModel:
     """Seconds per token on one GPU for each component, scaling exponent, reshard cost."""
 
     rollout_s_per_token: float
@@ -49,34 +52,49 @@ class SimCostModel:
             raise ValueError("emulated.reshard_s_per_gb and emulated.model_params must be >= 0")
 
     @classmethod
-    def from_config(cls, emulated: Mapping[str, Any]) -> "SimCostModel":
-        """Build from the ``emulated`` config section."""
+    def from_config(cls, emulated: Mapping[str, Any] | Any) -> "CostModel":
+        """Build from the ``emulated`` config section (a mapping or the config dataclass)."""
+        get: Callable[[str, Any], Any] = (
+            (lambda k, d: emulated.get(k, d)) if isinstance(emulated, Mapping)
+            else (lambda k, d: getattr(emulated, k, d)))
+        for name in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token"):
+            if get(name, None) is None:
+                raise KeyError(f"emulated.{name}")
         return cls(
-            rollout_s_per_token=float(emulated["rollout_s_per_token"]),
-            inference_s_per_token=float(emulated["inference_s_per_token"]),
-            actor_s_per_token=float(emulated["actor_s_per_token"]),
-            scaling=float(emulated.get("scaling", 1.0)),
-            reshard_s_per_gb=float(emulated.get("reshard_s_per_gb", 0.0)),
-            model_params=int(emulated.get("model_params", 0)),
-            decode_fixed_fraction=float(emulated.get("decode_fixed_fraction",
-                                                     defaults.DECODE_FIXED_FRACTION)),
+            rollout_s_per_token=float(get("rollout_s_per_token", None)),
+            inference_s_per_token=float(get("inference_s_per_token", None)),
+            actor_s_per_token=float(get("actor_s_per_token", None)),
+            scaling=float(get("scaling", 1.0)),
+            reshard_s_per_gb=float(get("reshard_s_per_gb", 0.0)),
+            model_params=int(get("model_params", 0)),
+            decode_fixed_fraction=float(get("decode_fixed_fraction", defaults.DECODE_FIXED_FRACTION)),
         )
 
+    def _per_token(self, component: str) -> float:
+        return {"rollout": self.rollout_s_per_token,
+                "inference": self.inference_s_per_token,
+                "actor": self.actor_s_per_token}[component]
+
     def seconds(self, component: str, tokens: float, gpus: int) -> float:
-        """Seconds a component with ``gpus`` GPUs needs for ``tokens`` tokens."""
-        per_token = {"rollout": self.rollout_s_per_token,
-                     "inference": self.inference_s_per_token,
-                     "actor": self.actor_s_per_token}[component]
-        return tokens * per_token / max(1, gpus) ** self.scaling
+        """Seconds the whole component with ``gpus`` GPUs needs for ``tokens`` tokens."""
+        return tokens * self._per_token(component) / max(1, gpus) ** self.scaling
+
+    def share_seconds(self, component: str, tokens: float, component_gpus: int) -> float:
+        """Seconds one rank of a component with ``component_gpus`` GPUs spends on its ``tokens``."""
+        return tokens * self._per_token(component) * max(1, component_gpus) ** (1.0 - self.scaling)
+
+    def decode_step_seconds(self, instance_gpus: int, max_running_requests: int, running: int) -> float:
+        """One decode step (one token for every running request) of a rollout instance."""
+        m = max_running_requests
+        f = self.decode_fixed_fraction
+        step = self.rollout_s_per_token * m / max(1, instance_gpus) ** self.scaling
+        return step * (f + (1 - f) * min(running, m) / m)
 
     def decode_tokens_per_s(self, instance_gpus: int, max_running_requests: int,
                             running: int) -> float:
         """Decode speed of one request on an instance of ``instance_gpus`` GPUs running
-        ``running`` requests (see the module docstring)."""
-        m = max_running_requests
-        f = self.decode_fixed_fraction
-        step = self.rollout_s_per_token * m / instance_gpus ** self.scaling
-        return 1.0 / (step * (f + (1 - f) * min(running, m) / m))
+        ``running`` requests: one token per decode step."""
+        return 1.0 / self.decode_step_seconds(instance_gpus, max_running_requests, running)
 
     def reshard_bytes(self, old_dp: int, new_dp: int) -> int:
         """Actor state bytes that must reach joining ranks (0 when only shrinking)."""
@@ -84,6 +102,10 @@ class SimCostModel:
             return 0
         return self.model_params * BYTES_PER_PARAM_STATE * (new_dp - old_dp) // new_dp
 
+    def transfer_seconds(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` of actor state."""
+        return nbytes / 1e9 * self.reshard_s_per_gb
+
     def reshard_seconds(self, old_dp: int, new_dp: int) -> float:
         """Seconds to reshard the actor from DP ``old_dp`` to ``new_dp``."""
-        return self.reshard_bytes(old_dp, new_dp) / 1e9 * self.reshard_s_per_gb
+        return self.transfer_seconds(self.reshard_bytes(old_dp, new_dp))

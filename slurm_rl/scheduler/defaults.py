@@ -5,6 +5,7 @@ defaults to ``True`` in its managers but ``False`` in its documented example); o
 once, and ``PolicyConfig`` / the simulator read them from here.
 
 Policy
+    POLICIES                        names of the scheduling policies (``scheduler.policy``).
     POLICY                          ``static``: the disaggregated baseline; nothing moves unless asked.
     MAX_RUNNING_REQUESTS            concurrent requests one rollout instance decodes (RLinf
                                     ``rollout.max_running_requests``); the auto policy keeps
@@ -33,6 +34,7 @@ Simulator
 
 from __future__ import annotations
 
+POLICIES = ("static", "scripted", "auto", "plan")
 POLICY = "static"
 MAX_RUNNING_REQUESTS = 64
 PRE_PROCESS_THRESHOLD = 0.5
@@ -50,5 +52,3 @@ RESPONSE_LEN_DIST = "lognormal"
 RESPONSE_LEN_SIGMA = 1.0
 PARETO_ALPHA = 1.5
 DECODE_FIXED_FRACTION = 1.0
-
-COMPONENTS = ("actor", "rollout", "inference")

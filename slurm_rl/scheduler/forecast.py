@@ -192,7 +192,6 @@ class Forecast:
         return self.lengths.mean
 
     # -- actor and inference ----------------------------------------------------------------
-    # -- actor and inference ----------------------------------------------------------------
     def minibatch_s(self, dp: int) -> float:
         return self.mb_work / max(1, dp) ** self.mb_scaling
 

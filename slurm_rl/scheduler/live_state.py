@@ -21,12 +21,11 @@ from slurm_rl.scheduler.state import (
     PolicyConfig,
     RolloutProgress,
     SchedState,
-    ScriptStep,
+    ScriptedSwitch,
     derive_phase,
 )
 
 PolicyFn = Callable[[SchedState], "Decision | None"]
-COMPONENTS = ("actor", "rollout", "inference")
 
 
 def initial_decision(cfg: Config) -> Decision:
@@ -55,7 +54,7 @@ def _ranks(placement: Any) -> dict[str, tuple[int, ...]]:
 def policy_config(cfg: Config) -> PolicyConfig:
     """The policies' knobs from the resolved config (defaults live in ``scheduler.defaults``)."""
     steps = tuple(
-        ScriptStep(at_phase=step.at_phase, placement=_ranks(parsed), at_iteration=step.at_iteration,
+        ScriptedSwitch(at_phase=step.at_phase, placement=_ranks(parsed), at_iteration=step.at_iteration,
                    at_rollout_fraction=step.at_rollout_fraction)
         for step, parsed in zip(cfg.scheduler.script, cfg.script_placements)
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from slurm_rl.scheduler.state import (
-    Placement,
+    RankMap,
     PolicyConfig,
     Ranks,
     normalize_placement,
@@ -29,7 +29,7 @@ def idle_ranks(world: Sequence[int], placement: Mapping[str, Sequence[int]]) -> 
     return tuple(r for r in sorted(world) if r not in used)
 
 
-def iteration_start_placement(initial: Mapping[str, Sequence[int]], cfg: PolicyConfig) -> Placement:
+def iteration_start_placement(initial: Mapping[str, Sequence[int]], cfg: PolicyConfig) -> RankMap:
     """Placement every iteration starts from: the configured one, or with the pre-process policy
     the configured one with rollout also spanning the actor's GPUs (the actor waits, its state
     kept on its initial ranks' host memory, until pre-process hands the GPUs back). The actor's

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_rl.scheduler import defaults
+from slurm_rl.placement import COMPONENTS
 
 
 @dataclass
@@ -105,7 +105,7 @@ def print_report(report: SimReport, console: Any = None) -> None:
     table = Table(title=title)
     table.add_column("iter", justify="right")
     table.add_column("time s", justify="right")
-    for comp in defaults.COMPONENTS:
+    for comp in COMPONENTS:
         table.add_column(f"{comp} busy/idle GPU-s", justify="right")
     table.add_column("unassigned GPU-s", justify="right")
     table.add_column("bubble GPU-s", justify="right")
@@ -114,7 +114,7 @@ def print_report(report: SimReport, console: Any = None) -> None:
         table.add_row(
             str(it.iteration), f"{it.time_s:.1f}",
             *(f"{it.busy_gpu_s.get(c, 0):.0f}/{it.idle_gpu_s.get(c, 0):.0f}"
-              for c in defaults.COMPONENTS),
+              for c in COMPONENTS),
             f"{it.unassigned_gpu_s:.0f}", f"{it.bubble_gpu_s:.0f}", str(it.placement_changes))
     table.caption = f"total {report.total_time_s:.1f} s, mean {report.mean_iteration_s:.1f} s/iteration"
     console.print(table)

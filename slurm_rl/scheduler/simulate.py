@@ -15,13 +15,13 @@ import dataclasses
 from typing import Mapping, Sequence
 
 from slurm_rl.config import Config
-from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.live_state import policy_config
 from slurm_rl.scheduler.policies import POLICIES, make_policy
 from slurm_rl.scheduler.report import SimReport
 from slurm_rl.scheduler.simulator import Simulation, SimulationSetupError, SimSetup
-from slurm_rl.scheduler.state import BatchSpec, Placement, PolicyConfig, normalize_placement
+from slurm_rl.scheduler.state import BatchSpec, PolicyConfig, RankMap, normalize_placement
 
 __all__ = ["POLICY_OPTIONS", "SimulationSetupError", "build_setup", "parse_policy", "scale_placement", "simulate"]
 
@@ -30,8 +30,8 @@ POLICY_OPTIONS = {"pre_process": "use_pre_process_policy",
                   "wait_before_last_iter": "use_wait_before_last_iter_policy"}
 
 
-def scale_placement(placement: Placement, world_from: int, world_to: int,
-                    cfg: PolicyConfig) -> Placement:
+def scale_placement(placement: RankMap, world_from: int, world_to: int,
+                    cfg: PolicyConfig) -> RankMap:
     """The same layout (component order and shares) on ``world_to`` GPUs; raises
     :class:`SimulationSetupError` when a component would get no GPU."""
     if world_from == world_to:
@@ -101,7 +101,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         group_size=t.group_size, num_iterations=t.num_iterations, prompt_len=e.prompt_len,
         lengths=LengthModel(mean=float(e.response_len_mean), max_len=e.response_len_max,
                             dist=e.response_len_dist, sigma=e.response_len_sigma, alpha=e.response_len_alpha),
-        cost=SimCostModel.from_config(dataclasses.asdict(e)), policy_cfg=pcfg,
+        cost=CostModel.from_config(dataclasses.asdict(e)), policy_cfg=pcfg,
         switch_latency_s=s.switch_latency_s, tick_s=s.tick_s,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
     )

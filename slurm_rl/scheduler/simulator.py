@@ -2,7 +2,7 @@
 
 The pipeline is fine-grained: a GRPO group goes to inference as soon as its last response is
 done, and the actor trains a mini-batch as soon as ``global_batch_size`` samples came out of
-inference. Costs follow ``cost_model.SimCostModel``. After every change of progress (at most once
+inference. Costs follow ``cost_model.CostModel``. After every change of progress (at most once
 per ``tick_s`` simulated seconds, and always at stage boundaries) the simulator builds a
 ``SchedState`` and calls the same policy function the live coordinator calls, then applies the
 decision: ranks that change role are unavailable for ``switch_latency_s``; the actor also waits
@@ -21,8 +21,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.cost_model import SimCostModel
+from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.placement_ops import (
@@ -37,7 +38,7 @@ from slurm_rl.scheduler.state import (
     BatchSpec,
     Decision,
     InferenceProgress,
-    Placement,
+    RankMap,
     PolicyConfig,
     RolloutProgress,
     SchedState,
@@ -55,13 +56,13 @@ class SimSetup:
     """Everything one simulated run needs."""
 
     gpus: int
-    initial: Placement
+    initial: RankMap
     batch: BatchSpec
     group_size: int
     num_iterations: int
     prompt_len: int
     lengths: LengthModel
-    cost: SimCostModel
+    cost: CostModel
     policy_cfg: PolicyConfig = field(default_factory=PolicyConfig)
     switch_latency_s: float = defaults.SWITCH_LATENCY_S
     tick_s: float = defaults.TICK_S
@@ -114,8 +115,8 @@ class Simulation:
         self.t = 0.0
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = itertools.count()
-        self.placement: Placement = dict(setup.initial)
-        self.ready_at: dict[str, float] = {c: 0.0 for c in defaults.COMPONENTS}
+        self.placement: RankMap = dict(setup.initial)
+        self.ready_at: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         self.it = 0
         self.uids = itertools.count()
         self.instances: dict[int, _Instance] = {}
@@ -156,8 +157,8 @@ class Simulation:
 
     def _new_report(self, it: int) -> None:
         self.report = IterationReport(iteration=it, time_s=0.0,
-                                      busy_gpu_s={c: 0.0 for c in defaults.COMPONENTS},
-                                      idle_gpu_s={c: 0.0 for c in defaults.COMPONENTS})
+                                      busy_gpu_s={c: 0.0 for c in COMPONENTS},
+                                      idle_gpu_s={c: 0.0 for c in COMPONENTS})
         self.t_start = self.t
 
     def _tokens(self, rid: int) -> int:
@@ -211,7 +212,7 @@ class Simulation:
             "actor": len(self.placement["actor"]) if self.actor_busy else 0,
         }
         assigned = 0
-        for comp in defaults.COMPONENTS:
+        for comp in COMPONENTS:
             n = len(self.placement[comp])
             assigned += n
             rep.busy_gpu_s[comp] += busy[comp] * dt

@@ -10,11 +10,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.history import History
 
 Ranks = tuple[int, ...]
-Placement = dict[str, Ranks]
+RankMap = dict[str, Ranks]
+"""Component -> sorted rank tuple (the scheduler's plain view; :class:`slurm_rl.placement.Placement`
+is the full parsed placement)."""
 
 #: Phases of one iteration, in order. ``start``: nothing generated yet; ``rollout``: samples are
 #: being generated, the actor has not trained yet; ``train``: the actor has started its mini-batches;
@@ -33,7 +36,7 @@ def valid_dp_sizes(global_batch_size: int, micro_batch_size: int, max_dp: int) -
     The rule: a DP size ``dp`` is valid when the samples of one mini-batch divide evenly over the
     replicas in whole micro-batches, i.e. ``global_batch_size % (micro_batch_size * dp) == 0``.
     Changing DP then only changes gradient accumulation, never the global batch (training math does
-    not depend on placement). The actor engine checks the same rule for its own error message.
+    not depend on placement). The actor engine (``engines.actor.microbatch``) calls this rule too.
     """
     if global_batch_size <= 0 or micro_batch_size <= 0:
         raise ValueError(
@@ -43,16 +46,16 @@ def valid_dp_sizes(global_batch_size: int, micro_batch_size: int, max_dp: int) -
             if global_batch_size % (micro_batch_size * dp) == 0]
 
 
-def normalize_placement(placement: Mapping[str, Sequence[int]]) -> Placement:
+def normalize_placement(placement: Mapping[str, Sequence[int]]) -> RankMap:
     """Sorted rank tuples for every component (missing components get ``()``)."""
-    out: Placement = {c: () for c in defaults.COMPONENTS}
+    out: RankMap = {c: () for c in COMPONENTS}
     for comp, ranks in placement.items():
         out[comp] = tuple(sorted(int(r) for r in ranks))
     return out
 
 
 @dataclass(frozen=True)
-class ScriptStep:
+class ScriptedSwitch:
     """One step of the ``scripted`` policy: at ``at_iteration`` (``None``: every iteration) and
     ``at_phase``, switch to ``placement``; in phase ``rollout`` only once ``at_rollout_fraction``
     of the iteration's samples are finished."""
@@ -71,7 +74,7 @@ class ScriptStep:
         object.__setattr__(self, "placement", normalize_placement(self.placement))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ScriptStep":
+    def from_dict(cls, d: Mapping[str, Any]) -> "ScriptedSwitch":
         """Build from ``{at_iteration, at_phase, at_rollout_fraction, placement}`` (the config form)."""
         unknown = set(d) - {"at_iteration", "at_phase", "at_rollout_fraction", "placement"}
         if unknown:
@@ -92,7 +95,7 @@ class PolicyConfig:
     pre_process_min_finished: float = defaults.PRE_PROCESS_MIN_FINISHED
     use_pre_process_policy: bool = defaults.USE_PRE_PROCESS_POLICY
     use_wait_before_last_iter_policy: bool = defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY
-    script: tuple[ScriptStep, ...] = ()
+    script: tuple[ScriptedSwitch, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "rollout_ranks_per_instance",
@@ -105,7 +108,7 @@ class PolicyConfig:
             if not 0.0 <= float(value) < 1.0:
                 raise ValueError(f"scheduler.{name}: got {value!r}, expected 0 <= x < 1")
         object.__setattr__(self, "script", tuple(
-            s if isinstance(s, ScriptStep) else ScriptStep.from_dict(s) for s in self.script))
+            s if isinstance(s, ScriptedSwitch) else ScriptedSwitch.from_dict(s) for s in self.script))
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,8 @@ class SchedState:
     num_iterations: int
     phase: str
     world_ranks: Ranks
-    initial: Placement
-    current: Placement
+    initial: RankMap
+    current: RankMap
     rollout: RolloutProgress
     inference: InferenceProgress
     actor: ActorProgress
@@ -220,7 +223,7 @@ class Decision:
     """A new placement, why, which rollout ranks must migrate their running requests out, and
     at which boundary it applies (see ``BOUNDARIES``)."""
 
-    placement: Placement
+    placement: RankMap
     reason: str
     migrate_from: Ranks = ()
     boundary: str = "now"

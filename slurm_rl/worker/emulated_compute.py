@@ -19,8 +19,9 @@ from slurm_rl.config import Config
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.data import emulated as fake
 from slurm_rl.data.schemas import ID_STRIDE, count_tokens
-from slurm_rl.engines.emulated import BYTES_PER_PARAM_STATE, CostModel, DecodeBatch, emulate
+from slurm_rl.engines.emulated import DecodeBatch, emulate
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.scheduler.cost_model import BYTES_PER_PARAM_STATE, CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 
 
@@ -125,7 +126,7 @@ class EmulatedCompute:
         nbytes = self.cost.reshard_bytes(len(old) // self.actor_tp, len(new) // self.actor_tp)
         joiners = set(new) - set(old)
         received = nbytes // max(1, len(joiners)) if self.rank in joiners else 0
-        return {"bytes_moved": nbytes, "bytes_received": received, "seconds": self.cost.reshard_seconds(nbytes)}
+        return {"bytes_moved": nbytes, "bytes_received": received, "seconds": self.cost.transfer_seconds(nbytes)}
 
     def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
         return {}
@@ -133,8 +134,7 @@ class EmulatedCompute:
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:
         reshard = 0.0
         if old and new and sorted(old) != sorted(new):  # the simulator's law, paid by the next mini-batch
-            reshard = self.cost.reshard_seconds(self.cost.reshard_bytes(len(old) // self.actor_tp,
-                                                                        len(new) // self.actor_tp))
+            reshard = self.cost.reshard_seconds(len(old) // self.actor_tp, len(new) // self.actor_tp)
         return reshard + self.cost.seconds("actor", tokens, len(new) // self.actor_tp)
 
     def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None

@@ -58,6 +58,7 @@ from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.faults import fault_point
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
+from slurm_rl.rl.formulas import k3
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.pool_gate import PoolGate
@@ -112,7 +113,7 @@ def mean_k3(old: list[list[float]], ref: list[list[float]]) -> float | None:
     for sampled, reference in zip(old, ref):
         if sampled and reference:
             d = np.asarray(reference, np.float64) - np.asarray(sampled, np.float64)
-            values.append(float(np.mean(np.exp(d) - d - 1.0)))
+            values.append(float(np.mean(k3(d))))
     return float(np.mean(values)) if values else None
 
 

@@ -20,8 +20,8 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import write_progress
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.placement import COMPONENTS
 
-COMPONENTS = ("actor", "rollout", "inference")
 
 
 def roles_in(epoch: Epoch, rank: int) -> tuple[str, ...]:

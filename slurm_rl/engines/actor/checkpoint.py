@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from slurm_rl.fsio import atomic_write_bytes, fsync_dir, rename
+
 from .trainer import ActorTrainer
 
 FORMAT = "slurm_rl.actor/1"
@@ -53,11 +55,9 @@ def _write(state: dict, target: Path) -> Path:
     save_file({k: v.contiguous() for k, v in state["optimizer"].items()},
               str(tmp / "optimizer.safetensors"))
     meta = {"format": FORMAT, "world_rank": dist.get_rank(), **state["meta"]}
-    with open(tmp / "meta.json", "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    atomic_write_bytes(tmp / "meta.json", json.dumps(meta, indent=1).encode())
+    rename(tmp, target)
+    fsync_dir(target.parent)
     return target
 
 

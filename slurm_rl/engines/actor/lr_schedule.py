@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-DECAY_STYLES = ("cosine", "linear", "constant")
+from slurm_rl.config import LR_DECAY_STYLES as DECAY_STYLES
 
 
 @dataclass(frozen=True)

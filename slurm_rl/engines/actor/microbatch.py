@@ -13,6 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from slurm_rl.scheduler.state import valid_dp_sizes as dp_sizes_rule
+
 
 class InvalidDPSizeError(ValueError):
     """A data-parallel size that does not divide the mini-batch evenly."""
@@ -42,21 +44,16 @@ class BatchConfig:
 
 
 def valid_dp_sizes(cfg: BatchConfig, max_dp: int | None = None) -> list[int]:
-    """DP sizes over which one mini-batch divides evenly.
+    """DP sizes over which one mini-batch divides evenly (the rule of
+    :func:`slurm_rl.scheduler.state.valid_dp_sizes`).
 
     With fixed micro-batches the per-rank share must also be a multiple of
-    ``micro_batch_size``; with token packing only the sample split must be even.
+    ``micro_batch_size``; with token packing only the sample split must be even
+    (the rule with micro-batches of one sample).
     """
     limit = cfg.global_batch_size if max_dp is None else min(max_dp, cfg.global_batch_size)
-    sizes = []
-    for dp in range(1, limit + 1):
-        if cfg.global_batch_size % dp:
-            continue
-        share = cfg.global_batch_size // dp
-        if cfg.max_tokens_per_microbatch is None and share % cfg.micro_batch_size:
-            continue
-        sizes.append(dp)
-    return sizes
+    micro = cfg.micro_batch_size if cfg.max_tokens_per_microbatch is None else 1
+    return dp_sizes_rule(cfg.global_batch_size, micro, limit)
 
 
 def check_dp_size(cfg: BatchConfig, dp: int) -> None:

@@ -55,7 +55,7 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True)
-class Placement:
+class AdmissionDecision:
     """A placement decision.
 
     ``group``: the existing group's ``gid`` (``direct``/``scaled``), else None. ``train_slots``:
@@ -133,12 +133,12 @@ def _life_cost(group: GroupSpec, extra_s: float = 0.0) -> float:
     return _rate(group) * (left * period + extra_s) / 3600
 
 
-def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec()) -> Placement:
+def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec()) -> AdmissionDecision:
     """Where ``job`` goes (see the module docstring); ``groups`` are the live groups with their
     current members (each member's rollout sits on every rollout slot)."""
     rejected: dict[str, int] = {}
     notes: list[str] = []
-    candidates: list[tuple[float, int, float, int, Placement]] = []
+    candidates: list[tuple[float, int, float, int, AdmissionDecision]] = []
 
     def add(kind: str, order: int, g: GroupSpec, cand: GroupSpec, k: int, slow: Mapping[str, float]) -> None:
         rate = _rate(cand) - (_rate(g) if g.members or kind != "new" else 0.0)
@@ -146,7 +146,7 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
         key = life if cluster.cost_basis == "lifetime" else rate
         gid = g.gid if kind != "new" else None
         candidates.append((key, order, -_packing(cand), g.gid,
-                           Placement(kind, gid, k, cand.train_of(job), rate, life, slow)))
+                           AdmissionDecision(kind, gid, k, cand.train_of(job), rate, life, slow)))
 
     for g in groups:
         if len(g.pools.train) < job.train_slots:
@@ -184,7 +184,7 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
         add("new", 2, empty, own, 0, slow)
         reason = ""
     if not candidates:
-        return Placement("refused", reason=reason or "; ".join(notes), rejected=rejected)
+        return AdmissionDecision("refused", reason=reason or "; ".join(notes), rejected=rejected)
     best = min(candidates, key=lambda c: c[:4])[4]
     why = (f"least added cost ({best.delta_cost_per_h:.1f}/h, {best.delta_cost:.1f} over the group's "
            f"expected life) of {len(candidates)} candidates")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from slurm_rl.scheduler.defaults import POLICIES
 from slurm_rl.scheduler.policies.auto import decide_auto, starved_components
 from slurm_rl.scheduler.policies.plan import decide_plan
 from slurm_rl.scheduler.policies.scripted import decide_scripted
@@ -18,7 +19,6 @@ from slurm_rl.scheduler.policies.static import decide_static
 from slurm_rl.scheduler.state import Decision, PolicyConfig, SchedState
 
 Policy = Callable[[SchedState], Decision | None]
-POLICIES = ("static", "scripted", "auto", "plan")
 
 
 def make_policy(name: str, cfg: PolicyConfig) -> Policy:

@@ -28,7 +28,7 @@ from slurm_rl.scheduler.placement_ops import (
     iteration_start_placement,
     rollout_instances,
 )
-from slurm_rl.scheduler.state import Decision, Placement, SchedState, instances_needed
+from slurm_rl.scheduler.state import Decision, RankMap, SchedState, instances_needed
 
 
 def decide_auto(state: SchedState) -> Decision | None:
@@ -67,7 +67,7 @@ def _actor_held_back(state: SchedState) -> bool:
             and not state.actor.busy)
 
 
-def starved_components(state: SchedState, placement: Placement | None = None) -> list[str]:
+def starved_components(state: SchedState, placement: RankMap | None = None) -> list[str]:
     """Components that still have work this iteration but hold no ranks in ``placement``
     (default: the current one). The actor held back by the pre-process policy is not starved."""
     placement = state.current if placement is None else placement
@@ -93,7 +93,7 @@ def _pre_process(state: SchedState) -> Decision | None:
     leaving = [inst for inst in rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)
                if taken & set(inst)]
     gone = taken | {r for inst in leaving for r in inst}
-    placement: Placement = {c: tuple(r for r in ranks if r not in gone)
+    placement: RankMap = {c: tuple(r for r in ranks if r not in gone)
                             for c, ranks in state.current.items()}
     placement["actor"] = actor
     if [c for c in starved_components(state, placement) if c != "actor"]:
@@ -111,7 +111,7 @@ def _wait_before_last(state: SchedState) -> Decision | None:
     available = [(r,) for r in state.world_ranks if r not in set(state.current["actor"])]
     actor, _ = grow_actor(state.current["actor"], available, state.cfg,
                           state.actor_valid_dp_sizes())
-    placement: Placement = {"actor": actor, "rollout": (), "inference": ()}
+    placement: RankMap = {"actor": actor, "rollout": (), "inference": ()}
     if placement == state.current:
         return None
     return Decision(placement,
@@ -142,7 +142,7 @@ def _release_and_grow(state: SchedState) -> Decision | None:
     if out == 0:
         released_instances = len(instances)
     released_rollout = tuple(r for inst in instances[:released_instances] for r in inst)
-    placement: Placement = {
+    placement: RankMap = {
         "actor": actor,
         "rollout": tuple(r for r in cur["rollout"] if r not in set(released_rollout)),
         "inference": () if inference_done else cur["inference"],

@@ -37,7 +37,7 @@ from slurm_rl.scheduler.forecast import Forecast
 from slurm_rl.scheduler.history import CURVE_POINTS
 from slurm_rl.scheduler.placement_ops import idle_ranks, iteration_start_placement, rollout_instances
 from slurm_rl.scheduler.policies.auto import decide_auto, starved_components
-from slurm_rl.scheduler.state import Decision, Placement, SchedState
+from slurm_rl.scheduler.state import Decision, RankMap, SchedState
 
 
 def decide_plan(state: SchedState) -> Decision | None:
@@ -69,7 +69,7 @@ def decide_plan(state: SchedState) -> Decision | None:
     return _best(state, fc, held)
 
 
-def plan_start_placement(state: SchedState) -> Placement:
+def plan_start_placement(state: SchedState) -> RankMap:
     """The placement every iteration starts from under ``plan`` (rule 1)."""
     cfg = state.cfg
     start = iteration_start_placement(state.initial, dataclasses.replace(cfg, use_pre_process_policy=True))
@@ -118,7 +118,7 @@ class _Step:
     """A placement reachable now: actor DP, rollout instances left, instances released."""
 
     dp: int
-    placement: Placement
+    placement: RankMap
     instances: int
     released: int
 
@@ -165,7 +165,7 @@ def _ladder(state: SchedState, held: bool) -> list[_Step]:
         released = max(0, used - n_fixed)
         if out and released >= len(instances):
             break  # rollout keeps at least one instance while it has work
-        placement: Placement = {
+        placement: RankMap = {
             "actor": tuple(sorted(base + tuple(taken[:need]))),
             "rollout": tuple(r for inst in instances[released:] for r in inst),
             "inference": keep_inf,
@@ -238,7 +238,7 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
             t = actor_from
         return max(t, data_end) + (sw if dp < final_dp else 0.0) + fc.minibatch_s(final_dp)
 
-    options: list[tuple[float, int, int, Placement]] = []  # (end, released, -dp, placement)
+    options: list[tuple[float, int, int, RankMap]] = []  # (end, released, -dp, placement)
     for i, s1 in enumerate(ladder):
         start = sw if s1.placement["actor"] != cur["actor"] else 0.0
         score = min(finish(s1.instances, start, [s1, s2]) for s2 in ladder[i:])
@@ -282,6 +282,6 @@ def _piecewise(roll: Callable[[int], float], k0: int, segments: list[tuple[int, 
     return t + left * roll(k)
 
 
-def _differs_in_work(a: Placement, b: Placement) -> bool:
+def _differs_in_work(a: RankMap, b: RankMap) -> bool:
     """True when ``a`` takes GPUs from a component that is working in ``b`` (not free ones)."""
     return bool(set(b["rollout"]) - set(a["rollout"]))

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from slurm_rl.scheduler.state import Decision, SchedState, ScriptStep
+from slurm_rl.scheduler.state import Decision, SchedState, ScriptedSwitch
 
 
-def decide_scripted(state: SchedState, steps: Sequence[ScriptStep]) -> Decision | None:
+def decide_scripted(state: SchedState, steps: Sequence[ScriptedSwitch]) -> Decision | None:
     """Apply the last step matching the state's iteration and phase, if it changes anything.
 
     A step with ``at_iteration=None`` matches every iteration; a rollout-phase step with
     ``at_rollout_fraction`` matches once that fraction of samples is finished (the highest such
     fraction wins). Level-triggered: calling again after the switch returns ``None``.
     """
-    match: ScriptStep | None = None
+    match: ScriptedSwitch | None = None
     finished = state.rollout.finished / max(state.rollout.total, 1)
     for step in steps:
         if (step.at_phase == state.phase and step.at_iteration in (None, state.iteration)
