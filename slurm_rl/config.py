@@ -63,8 +63,8 @@ class ClusterConfig:
     # (SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE); required locally
     gpus_per_node: Optional[int] = None
     auto_scheduler: bool = False  # RLinf: enable the automatic (online) scheduler
-    use_pre_process_policy: bool = False  # RLinf: let idle actor GPUs pre-process rollouts
-    use_wait_before_last_iter_policy: bool = False  # RLinf: hold placement in the last iteration
+    use_pre_process_policy: bool = sched_defaults.USE_PRE_PROCESS_POLICY  # RLinf: let idle actor GPUs pre-process rollouts
+    use_wait_before_last_iter_policy: bool = sched_defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY  # RLinf: hold placement in the last iteration
     component_placement: Dict[str, Any] = MISSING  # RLinf placement forms; see configs/examples
     # node groups: {label: {nodes: "1" | "0-1,3" (node indices), gpus_per_node: N (default: gpus_per_node)}};
     # {node_group: label, placement: "0"} numbers the accelerators of the group's nodes from 0
@@ -145,14 +145,14 @@ class EmulatedConfig:
     actor_s_per_token: float = 6.0e-6  # per trained token on one GPU
     response_len_mean: int = 256  # mean generated tokens per response
     response_len_max: int = 1024  # cap on generated tokens per response
-    response_len_dist: str = "lognormal"  # lognormal | pareto | fixed
-    response_len_sigma: float = 1.0  # lognormal shape (median = mean * exp(-sigma**2 / 2))
-    response_len_alpha: float = 1.5  # pareto shape, > 1
+    response_len_dist: str = sched_defaults.RESPONSE_LEN_DIST  # lognormal | pareto | fixed
+    response_len_sigma: float = sched_defaults.RESPONSE_LEN_SIGMA  # lognormal shape (median = mean * exp(-sigma**2 / 2))
+    response_len_alpha: float = sched_defaults.PARETO_ALPHA  # pareto shape, > 1
     prompt_len: int = 128  # tokens per prompt
     scaling: float = 0.9  # throughput grows as gpus**scaling
     reshard_s_per_gb: float = 0.5  # seconds per GB moved on reshard
     model_params: int = 1_000_000_000  # parameters, for bytes moved on reshard
-    decode_fixed_fraction: float = 1.0  # part of a decode step that does not shrink with the batch
+    decode_fixed_fraction: float = sched_defaults.DECODE_FIXED_FRACTION  # part of a decode step that does not shrink with the batch
 
 
 @dataclass

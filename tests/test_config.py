@@ -519,7 +519,7 @@ def test_simulator_knobs_validated() -> None:
 
 
 def test_defaults_agree_with_scheduler_defaults() -> None:
-    """The schema repeats the scheduler's documented defaults; they must not drift apart."""
+    """The schema takes the scheduler's documented defaults (scheduler.defaults), not copies."""
     defaults = pytest.importorskip("slurm_rl.scheduler.defaults")
     cfg = config_from_yaml_text(BASE_YAML)
     assert cfg.scheduler.max_running_requests == defaults.MAX_RUNNING_REQUESTS
