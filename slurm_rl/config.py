@@ -34,6 +34,7 @@ from slurm_rl.placement import (
 )
 from slurm_rl.scheduler import defaults as sched_defaults
 from slurm_rl.scheduler.defaults import POLICIES
+from slurm_rl.scheduler.lengths import DISTRIBUTIONS as LENGTH_DISTRIBUTIONS
 from slurm_rl.scheduler.state import PHASES
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
 
 DEVICES = ("emulated", "cpu", "cuda")
 ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
-LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 MINIBATCH_ORDERS = ("arrival", "index")
 TASKS = ("add", "copy", "reverse")  # toy tasks of slurm_rl.rl.tasks
 ROLLOUT_BACKENDS = ("hf", "vllm")
