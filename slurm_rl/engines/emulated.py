@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from slurm_rl.engines.errors import EngineStateError
+
 BYTES_PER_PARAM_STATE = 16  # fp32 param + grad + two Adam moments
 
 
@@ -122,7 +124,7 @@ class DecodeBatch:
     def admit(self, request_id: int, generated: int, length: int, now: float) -> None:
         """Start decoding a request of ``length`` tokens of which ``generated`` exist already."""
         if len(self.running) >= self.max_running:
-            raise RuntimeError(f"decode batch full ({self.max_running} running requests)")
+            raise EngineStateError(f"decode batch full ({self.max_running} running requests)")
         if not self.running:
             self.t = now
         finish = self.counter + max(1e-9, float(length - generated))

@@ -131,7 +131,7 @@ def run_group_task(group_dir: str) -> dict[str, str]:
     """What the one submitit task of ``submit_group`` runs; raises when a job failed."""
     result = run_group_local(Path(group_dir))
     if not result.ok:
-        raise RuntimeError(f"group {group_dir}: {result.jobs} (group scheduler exit {result.scheduler_rc})")
+        raise LaunchError(f"group {group_dir}: {result.jobs} (group scheduler exit {result.scheduler_rc})")
     return result.jobs
 
 

@@ -45,6 +45,7 @@ from slurm_rl.resume import checkpoints
 from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.resume.stop import install_stop_handlers, read_stop
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.errors import CheckpointFailed
 from slurm_rl.scheduler.history import History, HistoryRecorder
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
@@ -344,7 +345,7 @@ class CoordinatorLoop:
                 break
             failed = {r: d.get("error") for r, d in progress.items() if d.get("state") == "failed"}
             if failed:
-                raise RuntimeError(f"checkpoint of iteration {gate}: ranks failed while writing it: {failed}")
+                raise CheckpointFailed(f"checkpoint of iteration {gate}: ranks failed while writing it: {failed}")
             self.check_alive()
             if time.monotonic() > deadline:
                 hosts = self._hosts()

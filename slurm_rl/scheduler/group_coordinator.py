@@ -31,6 +31,7 @@ from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
+from slurm_rl.scheduler.errors import GroupTimeout
 from slurm_rl.scheduler.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
                                              grant_to_json, initial_grant)
 
@@ -154,7 +155,7 @@ class GroupLoop:
                 self.status("running")
                 continue
             if time.monotonic() > deadline:
-                raise TimeoutError(f"group did not finish within group.timeout_s={timeout_s:.0f}s; jobs still "
+                raise GroupTimeout(f"group did not finish within group.timeout_s={timeout_s:.0f}s; jobs still "
                                    f"running: {[j for j in self.members if j not in self.out]}")
             time.sleep(self.poll_s)
         failed = {j: why for j, why in self.out.items() if why != "finished"}

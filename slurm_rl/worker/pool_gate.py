@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 from slurm_rl.config import Config
 from slurm_rl.control.atomic import read_json
-from slurm_rl.control.errors import WaitTimeout
 from slurm_rl.control.grants import GrantWatcher, GroupPaths, write_member, write_release
 from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.errors import WaitTimeout, WorkerError
 from slurm_rl.launch.rank_env import RankInfo
 
 
-class GroupFailed(RuntimeError):
+class GroupFailed(WorkerError, RuntimeError):
     """The group scheduler failed or stopped; the job's ranks stop too."""
 
 

@@ -59,7 +59,9 @@ from slurm_rl.faults import fault_point
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
 from slurm_rl.scheduler.history import length_bucket
+from slurm_rl.errors import WorkerError
 from slurm_rl.worker.compute import Compute, Decoder
+from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
 from slurm_rl.worker.pool_gate import PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
 
@@ -78,7 +80,7 @@ FLUSH_EVERY_S = 0.05  # finished samples wait at most this long before they are 
 REVOKE_TAG = 1_000_000  # pending tickets of a revoked group slot: tag = this + grant number (epochs stay below)
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(WorkerError, RuntimeError):
     """A collective (reshard, weight sync, training step, checkpoint) failed or timed out on this
     rank; names the rank, host, epoch, iteration and what was awaited."""
 
@@ -580,7 +582,7 @@ class _Cutter:
         if self.cut >= self.it.minibatches:
             left = sum(t.num_rows for t in self.buffer)
             if left:
-                raise RuntimeError(
+                raise ProtocolError(
                     f"iteration {self.it.k}: {left} samples left over after "
                     f"cutting {self.cut} mini-batches of {self.gbs} (train.rollout_batch_size x train.group_size must be "
                     "a multiple of train.global_batch_size)")
@@ -792,7 +794,7 @@ class _Iteration:
                 last_progress, deadline = marker, time.monotonic() + self.p.timeout
             elif time.monotonic() > deadline:
                 assert rt.epoch is not None
-                raise TimeoutError(
+                raise NoProgressTimeout(
                     f"rank {self.rank} (host {self.p.info.host}) made no progress in iteration {self.k} for "
                     f"{self.p.timeout:.0f}s (epoch {rt.epoch.epoch}, roles {list(rt.roles)}, mini-batches "
                     f"{self.actor.next}/{self.minibatches} seen; waiting for {self._waiting_for()})")
@@ -800,10 +802,8 @@ class _Iteration:
                 rt.watchdog()
             if time.monotonic() >= next_status_check:  # a failed coordinator stops every rank
                 next_status_check = time.monotonic() + STATUS_CHECK_EVERY_S
-                status = read_coordinator_status(rt.paths) or {}
-                if status.get("state") == "failed":
-                    raise RuntimeError(f"coordinator failed: {status.get('error')}; rank {self.rank} "
-                                       f"(host {self.p.info.host}) stops in iteration {self.k}")
+                CoordinatorFailed.check(read_coordinator_status(rt.paths), f"rank {self.rank} (host {self.p.info.host})",
+                                        f" in iteration {self.k}")
             # Wake for the next event, but not more often than every poll interval: events due in
             # between (e.g. several decode finishes) are handled together, in virtual time.
             time.sleep(max(self.p.poll, min(wakes) - time.time()))
@@ -833,8 +833,8 @@ class _Iteration:
     def _finish(self) -> None:
         for part in (self.rollout, self.inference):
             if part is not None and not part.done:
-                raise RuntimeError(f"rank {self.rank}: iteration {self.k} ended with its "
-                                   f"{type(part).__name__.strip('_').lower()} work unfinished")
+                raise ProtocolError(f"rank {self.rank}: iteration {self.k} ended with its "
+                                    f"{type(part).__name__.strip('_').lower()} work unfinished")
         self._report(time.time(), force=True)
         if self.cutter is not None:
             self._record_metrics()

@@ -15,11 +15,12 @@ from typing import Any, Callable, Protocol
 
 from slurm_rl.control.acks import write_ack
 from slurm_rl.control.epochs import Epoch, EpochWatcher
-from slurm_rl.control.errors import WaitTimeout
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import write_progress
 from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.errors import WaitTimeout, WorkerError
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.worker.errors import CoordinatorFailed
 
 COMPONENTS = ("actor", "rollout", "inference")
 
@@ -45,7 +46,7 @@ class Roles(Protocol):
         """Free what the roles hold (``finished``: the run is complete, save its final state)."""
 
 
-class RunStopped(Exception):
+class RunStopped(WorkerError):
     """The coordinator stopped the run at an iteration gate (after its checkpoint)."""
 
 
@@ -125,8 +126,7 @@ class WorkerRuntime:
         status = read_coordinator_status(self.paths)
         if self.watchdog is not None:
             self.watchdog()
-        if status is not None and status.get("state") == "failed":
-            raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
+        CoordinatorFailed.check(status, self._describe())
         return status
 
     def _wait_until(self, done: Callable[[dict[str, Any] | None], bool], what: str) -> None:

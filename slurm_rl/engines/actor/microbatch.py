@@ -13,8 +13,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from slurm_rl.errors import EngineError
 
-class InvalidDPSizeError(ValueError):
+
+class InvalidDPSizeError(EngineError, ValueError):
     """A data-parallel size that does not divide the mini-batch evenly."""
 
 
