@@ -157,10 +157,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from slurm_rl.control.paths import RunPaths
     from slurm_rl.control.status import read_coordinator_status
 
-    status = read_coordinator_status(RunPaths(run_dir)) or {}
-    if status.get("state") == "stopped":
-        print(f"run stopped at the gate of iteration {status.get('stopped_at_iteration')} after {result.seconds:.1f}s "
-              f"({(status.get('stop') or {}).get('reason')}); checkpoint {status.get('checkpoint')}\n"
+    status = read_coordinator_status(RunPaths(run_dir))
+    if status is not None and status.state == "stopped":
+        print(f"run stopped at the gate of iteration {status.stopped_at_iteration} after {result.seconds:.1f}s "
+              f"({(status.stop or {}).get('reason')}); checkpoint {status.get('checkpoint')}\n"
               f"resume with: slurm-rl run --resume {run_dir}", flush=True)
         return EXIT_STOPPED
     print(f"run finished in {result.seconds:.1f}s", flush=True)

@@ -89,13 +89,17 @@ def test_existing_names_keep_their_builtin_bases_and_import_paths() -> None:
 
 
 def test_a_failed_coordinator_is_one_class_whichever_way_it_is_seen() -> None:
+    from slurm_rl.control.status import CoordinatorStatus
     from slurm_rl.worker.errors import CoordinatorFailed
 
+    def status(**doc: object) -> CoordinatorStatus:
+        return CoordinatorStatus.from_json({"generation": 1, **doc}, "coordinator.json")
+
     CoordinatorFailed.check(None, "rank 1 (host h)")
-    CoordinatorFailed.check({"state": "running"}, "rank 1 (host h)")
+    CoordinatorFailed.check(status(state="running"), "rank 1 (host h)")
     with pytest.raises(CoordinatorFailed, match=r"^coordinator failed: DeadRankError: x; rank 1 \(host h\) stops "
                                                 r"in iteration 4$"):
-        CoordinatorFailed.check({"state": "failed", "error": "DeadRankError: x"}, "rank 1 (host h)", " in iteration 4")
+        CoordinatorFailed.check(status(state="failed", error="DeadRankError: x"), "rank 1 (host h)", " in iteration 4")
 
 
 # -- exit codes ---------------------------------------------------------------------------------

@@ -202,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _scheduler_state(group_dir: Path) -> str | None:
     """``finished`` once the group scheduler saw every job leave (exit 1: some job failed)."""
-    return (read_coordinator_status(GroupPaths(group_dir)) or {}).get("state")
+    status = read_coordinator_status(GroupPaths(group_dir))
+    return status.state if status is not None else None
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

@@ -59,7 +59,8 @@ class RankTask(submitit.helpers.Checkpointable):
         deadline = time.monotonic() + STOP_WAIT_S
         child = getattr(self, "child", None)
         while time.monotonic() < deadline:
-            stopped = (read_coordinator_status(RunPaths(root)) or {}).get("state") == "stopped"
+            status = read_coordinator_status(RunPaths(root))
+            stopped = status is not None and status.state == "stopped"
             if stopped and (child is None or child.poll() is not None):
                 break
             time.sleep(0.2)

@@ -66,15 +66,15 @@ class GroupLoop:
     def _job_health(self, job: str) -> str | None:
         """Why ``job`` is out of the rotation (finished / failed: ...), or None while it runs."""
         jpaths = RunPaths(self.paths.job_dir(job))
-        status = read_coordinator_status(jpaths) or {}
-        if status.get("state") == "finished":
+        status = read_coordinator_status(jpaths)
+        if status is not None and status.state == "finished":
             return "finished"
-        if status.get("state") == "failed":
-            return f"failed: {status.get('error')}"
+        if status is not None and status.failed:
+            return f"failed: {status.error}"
         world = range(int(self.group["jobs"][job]["world_size"]))
         for rank, doc in read_all_progress(jpaths, world).items():
-            if doc.get("state") == "failed":
-                return f"failed: rank {rank} (host {doc.get('host', '?')}): {doc.get('error')}"
+            if doc.state == "failed":
+                return f"failed: rank {rank} (host {doc.host or '?'}): {doc.error}"
         timeout = float(self.group["jobs"][job].get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S))
         now = time.time()
         for rank in world:
@@ -86,8 +86,8 @@ class GroupLoop:
     def _rollout_finished(self, job: str, k: int) -> int:
         spec = self.group["jobs"][job]
         progress = read_all_progress(RunPaths(self.paths.job_dir(job)), range(int(spec["world_size"])))
-        finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.get("iteration") == k)
-        received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.get("iteration") == k), default=0)
+        finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.iteration == k)
+        received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.iteration == k), default=0)
         return max(finished, received)
 
     def observe(self) -> GroupView:

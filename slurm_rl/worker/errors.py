@@ -4,8 +4,7 @@ one module live there (``CollectiveError`` in protocol, ``GroupFailed`` in pool_
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from slurm_rl.control.status import CoordinatorStatus
 from slurm_rl.errors import WaitTimeout, WorkerError
 
 __all__ = ["CoordinatorFailed", "NoProgressTimeout", "ProtocolError", "WorkerError"]
@@ -15,11 +14,11 @@ class CoordinatorFailed(WorkerError, RuntimeError):
     """The coordinator failed (its status says so) or its process is gone for good; the rank stops."""
 
     @classmethod
-    def check(cls, status: Mapping[str, Any] | None, who: str, when: str = "") -> None:
+    def check(cls, status: CoordinatorStatus | None, who: str, when: str = "") -> None:
         """Raise when ``status`` (the coordinator status, None if absent) records a failure;
         ``who`` names the rank that stops, ``when`` (e.g. " in iteration 3") where it stops."""
-        if status is not None and status.get("state") == "failed":
-            raise cls(f"coordinator failed: {status.get('error')}; {who} stops{when}")
+        if status is not None and status.failed:
+            raise cls(f"coordinator failed: {status.error}; {who} stops{when}")
 
 
 class ProtocolError(WorkerError, RuntimeError):

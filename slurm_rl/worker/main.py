@@ -76,10 +76,10 @@ class CoordinatorSupervisor:
         rc = self.proc.poll()
         if rc in (None, 0):
             return
-        status = read_coordinator_status(RunPaths(self.run_dir)) or {}
-        if status.get("state") == "failed" or self.restarts_left <= 0:
+        status = read_coordinator_status(RunPaths(self.run_dir))
+        if (status is not None and status.failed) or self.restarts_left <= 0:
             raise CoordinatorFailed(f"coordinator process {self.proc.pid} exited with code {rc} "
-                                    f"({self.restarted} restarts; see logs/coordinator.log): {status.get('error', '')}")
+                                    f"({self.restarted} restarts; see logs/coordinator.log): {(status.error if status else None) or ''}")
         self.restarts_left -= 1
         self.restarted += 1
         print(f"rank 0: coordinator process {self.proc.pid} exited with code {rc}; starting generation "

@@ -93,9 +93,9 @@ class PoolGate:
                 write_member(self.paths, self.job, self.rank, {"state": "parked", "pool": self.pool,
                                                                "slot": self.slot, "iteration": k})
                 return False
-            status = read_coordinator_status(self.paths) or {}
-            if status.get("state") in ("failed", "finished"):
-                raise GroupFailed(f"{self._who()}: the group scheduler is {status.get('state')} "
+            status = read_coordinator_status(self.paths)
+            if status is not None and status.state in ("failed", "finished"):
+                raise GroupFailed(f"{self._who()}: the group scheduler is {status.state} "
                                   f"({status.get('error', 'no error recorded')}) while waiting for {self.pool} "
                                   f"of iteration {k}")
             if time.monotonic() > deadline:

@@ -541,8 +541,8 @@ class _Cutter:
             return False
         if now - self.boundary_at > BOUNDARY_WAIT_S:
             return True
-        status = read_coordinator_status(self.it.p.paths) or {}
-        return float(status.get("checked_at", 0.0)) >= self.boundary_at
+        status = read_coordinator_status(self.it.p.paths)
+        return status is not None and (status.checked_at or 0.0) >= self.boundary_at
 
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         if self.cut >= self.it.minibatches:
