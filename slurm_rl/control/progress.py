@@ -27,7 +27,8 @@ PROGRESS_FIELDS = {"host": "str", "state": "str", "iteration": "int?", "epoch": 
 @dataclass(frozen=True)
 class RankProgress(Mapping[str, Any]):
     """What one rank reported last: its state, iteration, epoch and roles, where it waits
-    (``gate``, ``checkpointed``), why it failed (``error``) and its per-iteration counters.
+    (``gate``, ``checkpointed``), its startup ``phase``, why it failed (``error``) and its
+    per-iteration counters.
 
     Field names are the file's; absent optional fields are None (``roles``: empty). As a mapping
     it is the document as written (counters such as ``rollout_finished`` by name)."""
@@ -42,6 +43,7 @@ class RankProgress(Mapping[str, Any]):
     gate: int | None = None
     checkpointed: str | None = None
     error: str | None = None
+    phase: str | None = None
     boundary_at: float | None = None
     document: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -56,7 +58,7 @@ class RankProgress(Mapping[str, Any]):
         return cls(rank=doc["rank"], time=float(doc["time"]), host=doc.get("host"), state=doc.get("state"),
                    iteration=doc.get("iteration"), epoch=doc.get("epoch"), roles=tuple(doc.get("roles") or ()),
                    gate=doc.get("gate"), checkpointed=doc.get("checkpointed"), error=doc.get("error"),
-                   boundary_at=doc.get("boundary_at"), document=MappingProxyType(dict(doc)))
+                   phase=doc.get("phase"), boundary_at=doc.get("boundary_at"), document=MappingProxyType(dict(doc)))
 
     def to_json(self) -> dict[str, Any]:
         """The document to write (the fields read, unchanged)."""
