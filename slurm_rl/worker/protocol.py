@@ -55,11 +55,11 @@ from slurm_rl.data.migration import claim_pending, write_pending
 from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, ROLLOUTS, count_tokens, inference_table
 from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
+from slurm_rl.errors import WorkerError
 from slurm_rl.faults import fault_point
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
 from slurm_rl.scheduler.history import length_bucket
-from slurm_rl.errors import WorkerError
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
 from slurm_rl.worker.pool_gate import PoolGate
