@@ -34,9 +34,10 @@ from slurm_rl.placement import (
 )
 
 __all__ = [
-    "COMPONENTS", "ClusterConfig", "ComponentPlacement", "Config", "ConfigError", "ConfigIssue",
-    "EmulatedConfig", "MuxMemberConfig", "Placement", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
-    "TrainConfig", "config_from_yaml_text", "load_config", "parse_placement",
+    "COMPONENTS", "TASKS", "ActorSection", "AlgorithmSection", "ClusterConfig", "ComponentPlacement", "Config",
+    "ConfigError", "ConfigIssue", "DataSection", "EmulatedConfig", "InferenceSection", "ModelSection",
+    "MuxMemberConfig", "Placement", "RolloutSection", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
+    "TaskConfig", "TrainConfig", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
     "placement_from_ranks", "resolve_gpus_per_node",
 ]
 
@@ -46,7 +47,10 @@ LENGTH_DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 POLICIES = ("static", "scripted", "auto", "plan")
 MINIBATCH_ORDERS = ("arrival", "index")
 PHASES = ("start", "rollout", "train", "end")  # as scheduler.state.PHASES: start applies at the gate, the others mid-iteration
-FREE_FORM_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
+TASKS = ("add", "copy", "reverse")  # toy tasks of slurm_rl.rl.tasks
+ROLLOUT_BACKENDS = ("hf", "vllm")
+LR_DECAY_STYLES = ("cosine", "linear", "constant")  # as engines.actor.lr_schedule.DECAY_STYLES
+ENGINE_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
 
 
 @dataclass
@@ -126,6 +130,7 @@ class SchedulerConfig:
     switch_latency_s: float = 0.5  # simulator: publish-to-applied latency of one epoch
     tick_s: float = 0.5  # simulator: simulated seconds between policy calls when idle
     seed: int = 0  # simulator: seed of the response-length sampler
+    iteration_overhead_s: float = 0.0  # simulator: idle seconds at each iteration start (fitted by calibrate)
 
 
 @dataclass
@@ -157,8 +162,94 @@ class MuxMemberConfig:
 
 
 @dataclass
+class ModelSection:
+    """Llama-style GPT of the real engines (``engines.model_config.ModelConfig``)."""
+
+    vocab_size: Optional[int] = None  # null: the tokenizer's vocabulary
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4  # head size hidden_size / num_attention_heads: even and >= 32
+    num_query_groups: Optional[int] = None  # KV heads (GQA); null: one per query head
+    ffn_hidden_size: Optional[int] = None  # null: 8/3 * hidden_size rounded up to a multiple of 64
+    max_position_embeddings: int = 256
+    rotary_base: float = 10000.0
+    norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = False
+
+
+@dataclass
+class ActorSection:
+    """Actor engine: AdamW, the sample-driven LR schedule (``engines.actor.optimizer.OptimConfig``)."""
+
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float = 0.0  # learning rate at the end of the decay
+    lr_warmup_samples: int = 0  # samples of linear warmup
+    lr_decay_samples: Optional[int] = None  # samples of decay after warmup; null: constant
+    lr_decay_style: str = "cosine"  # cosine | linear | constant
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_grad: Optional[float] = 1.0  # global gradient-norm clip; null: none
+    zero1: bool = False  # shard the optimizer state over the DP ranks
+    threads: int = 1  # torch CPU threads per rank
+    # a rank that may join the actor holds a warm model skeleton (~16 bytes per parameter) so that
+    # joining costs the transfer only; false saves that memory at the cost of a build on join
+    warm_joiners: bool = True
+
+
+@dataclass
+class RolloutSection:
+    """Rollout engine."""
+
+    backend: str = "hf"  # hf | vllm
+    sub_batch: Optional[int] = None  # requests generated together; null: scheduler.max_running_requests
+
+
+@dataclass
+class InferenceSection:
+    """Inference (reference-policy scoring) engine; it takes no settings yet."""
+
+
+@dataclass
+class AlgorithmSection:
+    """GRPO loss."""
+
+    clip_eps: float = 0.2  # PPO ratio clip
+    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy
+    temperature: float = 1.0  # sampling temperature of the rollout
+
+
+@dataclass
+class TaskConfig:
+    """Which verifiable toy task (``slurm_rl.rl.tasks``) and its size."""
+
+    name: str = "add"  # add | copy | reverse
+    max_operand: int = 9  # add: operands in [0, max_operand]
+    length: int = 3  # copy / reverse: letters per string
+    alphabet: int = 8  # copy / reverse: the first N lower-case letters
+
+    @property
+    def max_answer_chars(self) -> int:
+        """Longest target in characters."""
+        if self.name == "add":
+            return len(str(2 * self.max_operand))
+        return self.length
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Generation budget: longest answer plus ``<eos>``."""
+        return self.max_answer_chars + 1
+
+
+@dataclass
+class DataSection:
+    """Dataset settings; prompts come from ``task``, so it takes no settings yet."""
+
+
+@dataclass
 class RootSchema:
-    """Top-level schema; free-form sections belong to other modules and are not validated here."""
+    """Top-level schema: every section is typed; unknown keys are refused."""
 
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -166,13 +257,13 @@ class RootSchema:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     emulated: EmulatedConfig = field(default_factory=EmulatedConfig)
     mux: MuxMemberConfig = field(default_factory=MuxMemberConfig)
-    model: Dict[str, Any] = field(default_factory=dict)  # model definition (engines)
-    actor: Dict[str, Any] = field(default_factory=dict)  # actor engine settings
-    rollout: Dict[str, Any] = field(default_factory=dict)  # rollout engine settings
-    inference: Dict[str, Any] = field(default_factory=dict)  # inference engine settings
-    algorithm: Dict[str, Any] = field(default_factory=dict)  # RL algorithm settings
-    task: Dict[str, Any] = field(default_factory=dict)  # task / reward settings
-    data: Dict[str, Any] = field(default_factory=dict)  # dataset settings
+    model: ModelSection = field(default_factory=ModelSection)
+    actor: ActorSection = field(default_factory=ActorSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    inference: InferenceSection = field(default_factory=InferenceSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataSection = field(default_factory=DataSection)
 
 
 @dataclass(frozen=True)
@@ -193,13 +284,13 @@ class Config:
     mux: MuxMemberConfig
     placement: Placement
     script_placements: tuple[Placement, ...]
-    model: Dict[str, Any]
-    actor: Dict[str, Any]
-    rollout: Dict[str, Any]
-    inference: Dict[str, Any]
-    algorithm: Dict[str, Any]
-    task: Dict[str, Any]
-    data: Dict[str, Any]
+    model: ModelSection
+    actor: ActorSection
+    rollout: RolloutSection
+    inference: InferenceSection
+    algorithm: AlgorithmSection
+    task: TaskConfig
+    data: DataSection
 
     @property
     def num_slots(self) -> int:
@@ -253,6 +344,11 @@ def _hints(node: DictConfig) -> dict[str, Any] | None:
     if obj_type is None or not dataclasses.is_dataclass(obj_type):
         return None
     return typing.get_type_hints(obj_type)
+
+
+def _keys_text(hints: Mapping[str, Any]) -> str:
+    """The 'allowed' text of an unknown key: the keys of its section."""
+    return "one of the keys " + ", ".join(hints) if hints else "no keys (this section takes none yet)"
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -310,7 +406,7 @@ def _merge_into(node: DictConfig, update: Any, prefix: str, issues: list[ConfigI
     for key, value in update.items():
         full_key = _join(prefix, key)
         if hints is not None and key not in hints:
-            issues.append(ConfigIssue(full_key, _plain(value), "one of the keys " + ", ".join(hints)))
+            issues.append(ConfigIssue(full_key, _plain(value), _keys_text(hints)))
             continue
         tp = hints.get(key) if hints is not None else None
         # _get_node: the child node itself, without resolving interpolations on access
@@ -353,7 +449,7 @@ def _apply_override(root: DictConfig, item: str, issues: list[ConfigIssue]) -> N
             continue
         hints = _hints(node)
         if hints is not None and part not in hints:
-            issues.append(ConfigIssue(full_key, value, "one of the keys " + ", ".join(hints)))
+            issues.append(ConfigIssue(full_key, value, _keys_text(hints)))
             return
         if part not in node or not isinstance(node._get_node(part), (DictConfig, ListConfig)):
             if hints is not None:
@@ -368,7 +464,7 @@ def _apply_override(root: DictConfig, item: str, issues: list[ConfigIssue]) -> N
         return
     hints = _hints(node)
     if hints is not None and last not in hints:
-        issues.append(ConfigIssue(full_key, value, "one of the keys " + ", ".join(hints)))
+        issues.append(ConfigIssue(full_key, value, _keys_text(hints)))
         return
     tp = hints.get(last) if hints is not None else None
     child = node._get_node(last) if last in node else None
@@ -480,7 +576,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _positive(issues, "mux", m, "park_s", allow_zero=True)
     _positive(issues, "scheduler", s, "max_running_requests", "rollout_ranks_per_instance",
               "actor_ranks_per_instance", "tick_s")
-    _positive(issues, "scheduler", s, "switch_latency_s", "seed", allow_zero=True)
+    _positive(issues, "scheduler", s, "switch_latency_s", "seed", "iteration_overhead_s", allow_zero=True)
     if not 0.0 <= s.pre_process_threshold <= 1.0:
         issues.append(ConfigIssue("scheduler.pre_process_threshold", s.pre_process_threshold,
                                   "a number in [0, 1]"))
@@ -506,9 +602,9 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
                 f"is also at {when}")))
         seen.setdefault(when, i)
     _positive(issues, "emulated", e, "rollout_s_per_token", "inference_s_per_token",
-              "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma",
-              "prompt_len", "model_params")
-    _positive(issues, "emulated", e, "reshard_s_per_gb", allow_zero=True)
+              "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma")
+    # 0 leaves a cost out (prompt tokens; reshard bytes), as the cost models allow
+    _positive(issues, "emulated", e, "reshard_s_per_gb", "prompt_len", "model_params", allow_zero=True)
     if e.response_len_dist not in LENGTH_DISTRIBUTIONS:
         issues.append(ConfigIssue("emulated.response_len_dist", e.response_len_dist,
                                   "one of " + ", ".join(LENGTH_DISTRIBUTIONS)))
@@ -522,6 +618,46 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
                                   f"at least emulated.response_len_mean ({e.response_len_mean})"))
     if not 0.0 < e.scaling <= 1.0:
         issues.append(ConfigIssue("emulated.scaling", e.scaling, "a number in (0, 1]"))
+
+
+def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
+    """Checks of the engine sections (model, actor, rollout, algorithm, task) by the user's keys."""
+    m, a, ro, al, tk = root.model, root.actor, root.rollout, root.algorithm, root.task
+    _positive(issues, "model", m, "vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+              "num_query_groups", "ffn_hidden_size", "max_position_embeddings", "rotary_base", "norm_epsilon")
+    if m.hidden_size > 0 and m.num_attention_heads > 0:
+        head = m.hidden_size // m.num_attention_heads
+        if m.hidden_size % m.num_attention_heads:
+            issues.append(ConfigIssue("model.hidden_size", m.hidden_size,
+                                      f"a multiple of model.num_attention_heads ({m.num_attention_heads})"))
+        elif head < 32 or head % 2:
+            issues.append(ConfigIssue("model.num_attention_heads", m.num_attention_heads, (
+                f"a count that gives an even head size >= 32 (model.hidden_size {m.hidden_size} / "
+                f"{m.num_attention_heads} = {head}; vLLM CPU kernels need >= 32, RoPE an even size)")))
+        if m.num_query_groups and m.num_query_groups > 0 and m.num_attention_heads % m.num_query_groups:
+            issues.append(ConfigIssue("model.num_query_groups", m.num_query_groups,
+                                      f"a divisor of model.num_attention_heads ({m.num_attention_heads}) or null"))
+    _positive(issues, "actor", a, "lr", "eps", "clip_grad", "threads")
+    _positive(issues, "actor", a, "min_lr", "lr_warmup_samples", "weight_decay", allow_zero=True)
+    _positive(issues, "actor", a, "lr_decay_samples")
+    if 0 < a.lr < a.min_lr:
+        issues.append(ConfigIssue("actor.min_lr", a.min_lr, f"a number in [0, actor.lr ({a.lr})]"))
+    if a.lr_decay_style not in LR_DECAY_STYLES:
+        issues.append(ConfigIssue("actor.lr_decay_style", a.lr_decay_style, "one of " + ", ".join(LR_DECAY_STYLES)))
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(a, key) < 1.0:
+            issues.append(ConfigIssue(f"actor.{key}", getattr(a, key), "a number in [0, 1)"))
+    if ro.backend not in ROLLOUT_BACKENDS:
+        issues.append(ConfigIssue("rollout.backend", ro.backend, "one of " + ", ".join(ROLLOUT_BACKENDS)))
+    _positive(issues, "rollout", ro, "sub_batch")
+    _positive(issues, "algorithm", al, "temperature")
+    _positive(issues, "algorithm", al, "clip_eps", "kl_coef", allow_zero=True)
+    if tk.name not in TASKS:
+        issues.append(ConfigIssue("task.name", tk.name, "one of " + ", ".join(TASKS)))
+    _positive(issues, "task", tk, "max_operand", allow_zero=True)
+    _positive(issues, "task", tk, "length")
+    if not 1 <= tk.alphabet <= 26:
+        issues.append(ConfigIssue("task.alphabet", tk.alphabet, "an int in 1-26 (lower-case letters)"))
 
 
 def _node_layout(
@@ -685,6 +821,7 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
         if not _groups_cover_all_nodes(typed.cluster):
             issues.extend(err.issues)
     _validate(typed, issues)
+    _validate_engines(typed, issues)
     placement, scripted = _placements(typed, gpus, issues)
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
@@ -693,7 +830,7 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
         root.cluster.gpus_per_node = gpus
         typed.cluster.gpus_per_node = gpus
     OmegaConf.set_readonly(root, True)
-    sections = {name: getattr(typed, name) for name in FREE_FORM_SECTIONS}
+    sections = {name: getattr(typed, name) for name in ENGINE_SECTIONS}
     return Config(raw=root, cluster=typed.cluster, runtime=typed.runtime, train=typed.train,
                   scheduler=typed.scheduler, emulated=typed.emulated, mux=typed.mux, placement=placement,
                   script_placements=scripted, **sections)
@@ -755,6 +892,14 @@ def config_from_yaml_text(
 ) -> Config:
     """Build a :class:`Config` from YAML text (e.g. the output of :meth:`Config.to_yaml`)."""
     return _build([("<yaml>", _read_yaml(text, "<yaml>"))], overrides, env)
+
+
+def config_from_mapping(
+    data: Mapping[str, Any], overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Config:
+    """Build a :class:`Config` from a config document built in code (e.g. a simulator profile),
+    validated exactly like a YAML file."""
+    return _build([("<mapping>", data)], overrides, env)
 
 
 def load_config(

@@ -361,3 +361,14 @@ def test_torn_progress_file_fails_the_reader_not_the_writer(tmp_path: Path) -> N
     write_progress(paths, 2, {"state": "working", "iteration": 0})
     assert read_all_progress(paths, [2])[2]["state"] == "working"
 
+
+
+def test_unknown_engine_key_is_refused_at_launch_with_exit_2(tmp_path: Path) -> None:
+    """``algorithm.*`` typos were once ignored until a rank built its engines: now refused up front."""
+    run_dir = tmp_path / "run"
+    doc = emulated_config(run_dir) | {"algorithm": {"kl_coeff": 0.1}, "actor": {"lr": -1}}
+    proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "algorithm.kl_coeff: got 0.1; allowed: one of the keys clip_eps, kl_coef, temperature" in proc.stderr
+    assert "actor.lr: got -1" in proc.stderr, proc.stderr
+    assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from slurm_rl.config import (
     COMPONENTS,
+    AlgorithmSection,
     Config,
     ConfigError,
     ConfigIssue,
+    ModelSection,
     Placement,
     config_from_yaml_text,
     load_config,
@@ -309,8 +311,8 @@ def test_quickstart_sections_and_defaults() -> None:
     assert cfg.scheduler.policy == "auto" and cfg.cluster.auto_scheduler and cfg.scheduler.script == []
     assert cfg.train.minibatch_order == "arrival"  # default: stream whole groups as they complete
     assert ranks(cfg.placement) == {"actor": (0,), "rollout": (1, 2), "inference": (3,)}
-    assert cfg.model["num_attention_heads"] == 2 and cfg.task["name"] == "add"
-    assert cfg.algorithm["kl_coef"] == 0.05
+    assert cfg.model.num_attention_heads == 2 and cfg.task.name == "add" and cfg.task.max_operand == 4
+    assert cfg.algorithm.kl_coef == 0.05 and cfg.actor.beta2 == 0.99 and cfg.rollout.backend == "hf"
     with pytest.raises(Exception):
         cfg.raw.train.num_iterations = 9  # read-only
 
@@ -322,13 +324,13 @@ def test_emulated_example_sections() -> None:
     assert cfg.scheduler.policy == "scripted" and 2 <= len(cfg.scheduler.script) <= 3
     assert len(cfg.script_placements) == len(cfg.scheduler.script)
     assert ranks(cfg.placement) == {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)}
-    assert cfg.model == {} and cfg.algorithm == {}
+    assert cfg.model == ModelSection() and cfg.algorithm == AlgorithmSection()  # defaults
 
 
-def test_free_form_sections_kept() -> None:
-    cfg = config_from_yaml_text(BASE_YAML + "model: {name: tiny, layers: [1, 2]}\nalgorithm: {kl: 0.1}\n")
-    assert cfg.model == {"name": "tiny", "layers": [1, 2]} and cfg.algorithm == {"kl": 0.1}
-    assert cfg.raw.model.name == "tiny"
+def test_engine_sections_typed() -> None:
+    cfg = config_from_yaml_text(BASE_YAML + "model: {hidden_size: 64, num_attention_heads: 2}\nalgorithm: {kl_coef: 0.1}\n")
+    assert cfg.model.hidden_size == 64 and cfg.model.num_layers == 2 and cfg.algorithm.kl_coef == 0.1
+    assert cfg.raw.model.hidden_size == 64
 
 
 def test_overrides() -> None:
@@ -338,14 +340,14 @@ def test_overrides() -> None:
         "runtime.heartbeat_timeout_s=5",
         "cluster.component_placement.rollout=2-4",
         "runtime.device=cpu",
-        "model.name=tiny",
+        "model.hidden_size=256",
     ])
     assert cfg.train.num_iterations == 6
     assert cfg.emulated.rollout_s_per_token == 1e-5
     assert cfg.runtime.heartbeat_timeout_s == 5.0 and isinstance(cfg.runtime.heartbeat_timeout_s, float)
     assert cfg.placement.components["rollout"].ranks == (2, 3, 4)
     assert cfg.placement.components["inference"].ranks == (6, 7)
-    assert cfg.runtime.device == "cpu" and cfg.model == {"name": "tiny"}
+    assert cfg.runtime.device == "cpu" and cfg.model.hidden_size == 256
 
 
 def test_override_replaces_whole_placement_mapping() -> None:
@@ -392,7 +394,7 @@ def test_now_resolver_in_run_dir() -> None:
 
 
 def test_round_trip_via_yaml(tmp_path: Path) -> None:
-    cfg = load_config(REPO / "configs/examples/placement_forms.yaml", ["model.name=tiny"])
+    cfg = load_config(REPO / "configs/examples/placement_forms.yaml", ["model.hidden_size=256"])
     text = cfg.to_yaml()
     assert "${now" not in text
     (tmp_path / "config.yaml").write_text(text)
@@ -734,3 +736,108 @@ def test_collocated_components_in_separate_keys() -> None:
         with pytest.raises(ConfigError) as exc:
             parse_placement(raw, 8)
         assert_issue(exc.value, "cluster.component_placement.rollout", raw["rollout"], allowed)
+
+
+# --------------------------------------------------------------------------- engine sections
+
+ENGINE_KEYS = {
+    "model": "vocab_size, hidden_size, num_layers, num_attention_heads",
+    "actor": "lr, min_lr, lr_warmup_samples",
+    "rollout": "backend, sub_batch",
+    "algorithm": "clip_eps, kl_coef, temperature",
+    "task": "name, max_operand, length, alphabet",
+}
+
+
+@pytest.mark.parametrize("section", sorted(ENGINE_KEYS))
+def test_unknown_engine_key_refused_with_allowed_keys(section: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML + f"{section}: {{bogus: 1}}\n")
+    assert_issue(exc.value, f"{section}.bogus", 1, "one of the keys " + ENGINE_KEYS[section])
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, [f"{section}.bogus=1"])
+    assert_issue(exc.value, f"{section}.bogus", 1, "one of the keys " + ENGINE_KEYS[section])
+
+
+@pytest.mark.parametrize("section", ["inference", "data"])
+def test_sections_without_settings_refuse_any_key(section: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML + f"{section}: {{bogus: 1}}\n")
+    assert_issue(exc.value, f"{section}.bogus", 1, "no keys")
+
+
+def test_engine_defaults_are_the_engines_defaults() -> None:
+    cfg = config_from_yaml_text(BASE_YAML)
+    assert (cfg.actor.lr, cfg.actor.beta1, cfg.actor.threads, cfg.actor.warm_joiners) == (1e-3, 0.9, 1, True)
+    assert (cfg.algorithm.clip_eps, cfg.algorithm.kl_coef, cfg.algorithm.temperature) == (0.2, 0.0, 1.0)
+    assert (cfg.rollout.backend, cfg.rollout.sub_batch) == ("hf", None)
+    assert (cfg.task.name, cfg.task.max_operand, cfg.task.length, cfg.task.alphabet) == ("add", 9, 3, 8)
+    assert cfg.model.vocab_size is None and cfg.model.hidden_size == 128 and cfg.model.num_attention_heads == 4
+
+
+def test_one_task_config_type() -> None:
+    from slurm_rl.config import TaskConfig
+    from slurm_rl.rl.tasks import TaskConfig as TasksTaskConfig
+
+    assert TasksTaskConfig is TaskConfig
+    assert type(config_from_yaml_text(BASE_YAML).task) is TaskConfig
+
+
+def test_bad_engine_values_named_with_the_users_keys() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, [
+            "actor.lr=-1", "actor.beta1=1.5", "actor.lr_decay_style=step", "actor.threads=0",
+            "actor.clip_grad=0",
+            "rollout.backend=sglang", "rollout.sub_batch=0", "algorithm.temperature=0", "algorithm.kl_coef=-0.1",
+            "task.name=sort", "task.alphabet=27", "task.length=0",
+            "model.hidden_size=130", "model.num_layers=0",
+        ])
+    err = exc.value
+    assert_issue(err, "actor.lr", -1.0, "a positive number")
+    assert_issue(err, "actor.beta1", 1.5, "a number in [0, 1)")
+    assert_issue(err, "actor.lr_decay_style", "step", "one of cosine, linear, constant")
+    assert_issue(err, "actor.threads", 0, "a positive int")
+    assert_issue(err, "actor.clip_grad", 0.0, "a positive number")
+    assert_issue(err, "rollout.backend", "sglang", "one of hf, vllm")
+    assert_issue(err, "rollout.sub_batch", 0, "a positive int")
+    assert_issue(err, "algorithm.temperature", 0.0, "a positive number")
+    assert_issue(err, "algorithm.kl_coef", -0.1, "a non-negative number")
+    assert_issue(err, "task.name", "sort", "one of add, copy, reverse")
+    assert_issue(err, "task.alphabet", 27, "an int in 1-26")
+    assert_issue(err, "task.length", 0, "a positive int")
+    assert_issue(err, "model.hidden_size", 130, "a multiple of model.num_attention_heads (4)")
+    assert_issue(err, "model.num_layers", 0, "a positive int")
+    assert not any(k.startswith(("optim.", "actor.batch.")) for k in issues_of(exc))
+
+
+def test_engine_value_types_and_head_size() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["actor.lr=abc", "model.num_attention_heads=8", "actor.min_lr=0.1"])
+    assert_issue(exc.value, "actor.lr", "abc", "float")
+    assert_issue(exc.value, "model.num_attention_heads", 8, "even head size >= 32")
+    assert_issue(exc.value, "actor.min_lr", 0.1, "a number in [0, actor.lr (0.001)]")
+
+
+def test_engine_errors_raised_by_load_config(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE_YAML + "algorithm: {clip_eps: 0.2, kl: 0.1}\nactor: {lr: -1}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, env={})
+    assert_issue(exc.value, "algorithm.kl", 0.1, "one of the keys clip_eps, kl_coef, temperature")
+    assert_issue(exc.value, "actor.lr", -1.0, "a positive number")
+
+
+def test_engine_sections_match_the_engine_types() -> None:
+    """``model`` and ``actor`` carry exactly the engines' fields with the engines' defaults."""
+    import dataclasses
+
+    from slurm_rl.config import ActorSection
+    from slurm_rl.engines.actor.optimizer import OptimConfig
+    from slurm_rl.engines.model_config import ModelConfig
+
+    def defaults(dc: Any) -> dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(dc)}
+
+    assert defaults(ModelSection) == defaults(ModelConfig) | {"vocab_size": None}  # null: the tokenizer's
+    assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True}
+    assert list(defaults(ActorSection))[:len(defaults(OptimConfig))] == list(defaults(OptimConfig))

@@ -247,6 +247,7 @@ def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     ``slurm-rl simulate`` on the very same config agrees within 10 % on end-to-end time. The
     control plane's own latency (~0.1 s per placement switch) does not shrink with the time
     scale: at 1/100 time auto ran 4-13 % above the model, at 1/30 5-7 %, at 1/20 -0.1 to +1 %."""
+    from slurm_rl.config import config_from_mapping
     from slurm_rl.scheduler.profiles import math_rl, scaled_for_live
     from slurm_rl.scheduler.simulate import simulate
 
@@ -257,7 +258,7 @@ def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
         cfg["cluster"]["auto_scheduler"] = policy == "auto"
         cfg["runtime"] = live_config(tmp_path / policy, policy)["runtime"]
         live = sum(iteration_times(_run(tmp_path, policy, cfg)))
-        simulated = simulate(cfg, policy=policy).total_time_s
+        simulated = simulate(config_from_mapping(cfg), policy=policy).total_time_s
         assert abs(live / simulated - 1) < 0.10, (policy, live, simulated)
         totals[policy] = live
     assert totals["auto"] < totals["static"]

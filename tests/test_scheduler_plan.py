@@ -20,6 +20,7 @@ from slurm_rl.scheduler.history import (
 from slurm_rl.scheduler.placement_ops import placement_problems
 from slurm_rl.scheduler.policies import decide_plan, make_policy
 from slurm_rl.scheduler.policies.plan import plan_start_placement
+from slurm_rl.config import config_from_mapping
 from slurm_rl.scheduler.profiles import PROFILES, math_rl
 from slurm_rl.scheduler.simulate import simulate
 from slurm_rl.scheduler.state import (
@@ -226,7 +227,7 @@ def test_make_policy_knows_plan() -> None:
 
 @pytest.fixture(scope="module")
 def math8_runs() -> dict:
-    cfg = math_rl(8, num_iterations=3)
+    cfg = config_from_mapping(math_rl(8, num_iterations=3))
     return {p: simulate(cfg, policy=p) for p in ("static", "auto+pre_process", "plan")}
 
 
@@ -252,7 +253,7 @@ def test_plan_decisions_are_usable_and_timed(math8_runs: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_every_profile_runs_under_plan(profile: str) -> None:
-    cfg = PROFILES[profile](8, num_iterations=2)
+    cfg = config_from_mapping(PROFILES[profile](8, num_iterations=2))
     report = simulate(cfg, policy="plan")
     assert len(report.iterations) == 2
     world = range(8)

@@ -8,14 +8,16 @@ import random
 
 import pytest
 
+from slurm_rl.config import Config, ConfigError, config_from_mapping
+from slurm_rl.placement import parse_placement
 from slurm_rl.scheduler.cost_model import SimCostModel
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.policies import make_policy
 from slurm_rl.scheduler.profiles import math_rl
 from slurm_rl.scheduler.report import print_report
 from slurm_rl.scheduler.simulate import (
+    SimulationSetupError,
     build_setup,
-    parse_placement,
     parse_policy,
     scale_placement,
     simulate,
@@ -25,17 +27,17 @@ from slurm_rl.scheduler.state import PolicyConfig
 
 
 @pytest.fixture(scope="module")
-def math8() -> dict:
-    return math_rl(8, num_iterations=2)
+def math8() -> Config:
+    return config_from_mapping(math_rl(8, num_iterations=2))
 
 
 @pytest.fixture(scope="module")
-def static8(math8: dict):
+def static8(math8: Config):
     return simulate(math8, policy="static")
 
 
 @pytest.fixture(scope="module")
-def auto8(math8: dict):
+def auto8(math8: Config):
     return simulate(math8, policy="auto")
 
 
@@ -45,12 +47,12 @@ def test_auto_beats_static_on_math_profile(static8, auto8) -> None:
     assert all(it.placement_changes >= 2 for it in auto8.iterations)
 
 
-def test_options_also_beat_static(math8: dict, static8) -> None:
+def test_options_also_beat_static(math8: Config, static8) -> None:
     for policy in ("auto+pre_process", "auto+wait_before_last_iter"):
         assert simulate(math8, policy=policy).total_time_s < 0.85 * static8.total_time_s
 
 
-def test_deterministic_given_seed(math8: dict, auto8) -> None:
+def test_deterministic_given_seed(math8: Config, auto8) -> None:
     again = simulate(math8, policy="auto")
     assert again.to_json() == auto8.to_json()
     other = simulate(math8, policy="auto", seed=7)
@@ -96,7 +98,7 @@ def _tiny(policy: str, **cluster) -> dict:
 
 def test_fixed_workload_matches_hand_computation() -> None:
     # 32 requests of 100 tokens on 2 instances x 8 slots: two waves of 100 / (1/(0.01*8)) = 8 s.
-    report = simulate(_tiny("static"))
+    report = simulate(config_from_mapping(_tiny("static")))
     it = report.iterations[0]
     # The first wave ends at 8 s, its first 8 samples go through inference (8 x 100 x 0.001 =
     # 0.8 s), then the actor is the bottleneck: 4 mini-batches of 8 x 100 x 0.01 = 8 s on one GPU.
@@ -105,7 +107,7 @@ def test_fixed_workload_matches_hand_computation() -> None:
 
 
 def test_migration_keeps_generated_tokens() -> None:
-    setup, _ = build_setup(_tiny("static"))
+    setup, _ = build_setup(config_from_mapping(_tiny("static")))
     sim = Simulation(setup, make_policy("static", setup.policy_cfg))
     sim._start_iteration(0)
     sim._new_report(0)
@@ -125,15 +127,14 @@ def test_migration_keeps_generated_tokens() -> None:
 def test_scripted_policy_in_simulator() -> None:
     cfg = _tiny("scripted")
     cfg["scheduler"]["script"] = [{"at_phase": "rollout", "at_iteration": 0,
-                                   "placement": {"actor": [0], "rollout": [1],
-                                                 "inference": [2, 3]}}]
-    it = simulate(cfg).iterations[0]
+                                   "placement": {"actor": 0, "rollout": 1, "inference": "2-3"}}]
+    it = simulate(config_from_mapping(cfg)).iterations[0]
     assert it.placement_changes == 1
     assert it.migrated_requests > 0
 
 
 def test_gpus_override_scales_placement() -> None:
-    cfg = math_rl(8, num_iterations=1)
+    cfg = config_from_mapping(math_rl(8, num_iterations=1))
     setup, name = build_setup(cfg, gpus=16, policy="auto+pre_process")
     assert name == "auto" and setup.policy_cfg.use_pre_process_policy
     assert setup.initial == {"actor": tuple(range(4)), "rollout": tuple(range(4, 12)),
@@ -144,14 +145,33 @@ def test_gpus_override_scales_placement() -> None:
 def test_config_errors_name_the_key() -> None:
     cfg = _tiny("static")
     cfg["cluster"]["component_placement"] = {"actor": "0-2", "rollout": "1-2", "inference": 3}
-    with pytest.raises(ValueError, match="cluster.component_placement"):
-        simulate(cfg)
-    with pytest.raises(ValueError, match="allowed"):
+    with pytest.raises(ConfigError, match="cluster.component_placement"):
+        simulate(config_from_mapping(cfg))
+    with pytest.raises(SimulationSetupError, match="allowed"):
         parse_policy("auto+turbo")
-    with pytest.raises(ValueError, match="placed twice"):
+    with pytest.raises(ConfigError, match="each component in one entry only"):
         parse_placement({"actor,rollout": "0-1", "actor": 2}, 4)
-    assert parse_placement({"actor,inference": "0-1,3", "rollout": "all"}, 2)["inference"] == (
+    assert parse_placement({"actor,inference": "0-1,3", "rollout": "2"}, 4).components["inference"].ranks == (
         0, 1, 3)
+    with pytest.raises(TypeError, match="validated Config"):
+        simulate(_tiny("static"))  # type: ignore[arg-type]
+
+
+def test_setup_the_simulator_cannot_run_is_a_named_error() -> None:
+    """An actor on 3 GPUs cannot split a mini-batch of 8 (bad input, exit 2 from the CLI)."""
+    cfg = config_from_mapping(_tiny("static"))
+    with pytest.raises(SimulationSetupError, match="cluster.component_placement"):
+        simulate(cfg, placement={"actor": (0, 1, 2), "rollout": (3,), "inference": (3,)})
+
+
+def test_gpus_per_node_and_placement_come_from_the_config() -> None:
+    """Not 8 GPUs per node: the validated placement (node groups, slots) is the simulated one."""
+    cfg = _tiny("static")
+    cfg["cluster"].update(num_nodes=2, gpus_per_node=2,
+                          component_placement={"actor": "0", "rollout": "1-2", "inference": 3})
+    setup, _ = build_setup(config_from_mapping(cfg))
+    assert setup.gpus == 4
+    assert setup.initial == {"actor": (0,), "rollout": (1, 2), "inference": (3,)}
 
 
 def test_length_model_is_long_tailed() -> None:
@@ -178,3 +198,24 @@ def test_cost_model_matches_emulated_runtime() -> None:
     # A full instance decodes at the component law.
     full = ours.decode_tokens_per_s(2, 64, 64) * 64
     assert 1 / full == pytest.approx(ours.seconds("rollout", 1, 2))
+
+
+def test_cli_exit_2_only_for_bad_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``slurm-rl simulate``: a setup the simulator cannot run exits 2; a bug is not disguised as bad input."""
+    from slurm_rl.scheduler import cli_bridge
+
+    cfg = config_from_mapping(_tiny("static"))
+    assert cli_bridge.run_simulation(cfg, gpus=None, policy="auto+turbo", as_json=True) == 2
+    assert "cannot simulate 4 GPUs: policy option" in capsys.readouterr().err
+    assert cli_bridge.run_simulation(cfg, gpus=3, policy=None, as_json=True) == 2
+    assert "inference would get 0" in capsys.readouterr().err
+
+    assert cli_bridge.run_simulation(cfg, gpus=None, policy=None, as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "static"
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(cli_bridge, "simulate", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        cli_bridge.run_simulation(cfg, gpus=None, policy=None, as_json=True)

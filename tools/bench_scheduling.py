@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_rl.scheduler import defaults
+from slurm_rl.config import config_from_mapping
 from slurm_rl.scheduler.profiles import PROFILES, math_rl, scaled_for_live
 from slurm_rl.scheduler.simulate import simulate
 
@@ -50,7 +51,7 @@ TARGET_POINTS = 0.05  # plan's reduction over the best rule's, every profile and
 def _one(task: tuple[str, int, int, str, int]) -> tuple[tuple[str, int, str], dict[str, Any]]:
     profile, gpus, iterations, policy, seed = task
     t0 = time.perf_counter()
-    report = simulate(PROFILES[profile](gpus, num_iterations=iterations), policy=policy, seed=seed)
+    report = simulate(config_from_mapping(PROFILES[profile](gpus, num_iterations=iterations)), policy=policy, seed=seed)
     return (profile, gpus, policy), {"report": report.as_dict(with_decisions=False),
                                      "decide_s": report.decide_s, "wall_s": time.perf_counter() - t0}
 
@@ -199,7 +200,7 @@ def live(ranks: list[int], iterations: int, time_scales: list[float], token_scal
             t0 = time.perf_counter()
             times = run_live(cfg, root)
             wall = time.perf_counter() - t0
-            sim = simulate(cfg, policy=policy)
+            sim = simulate(config_from_mapping(cfg), policy=policy)
             sim_times = [it.time_s for it in sim.iterations]
             row[policy] = {
                 "live_iteration_s": [round(t, 3) for t in times],

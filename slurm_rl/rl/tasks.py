@@ -22,38 +22,10 @@ import string
 from dataclasses import dataclass
 from typing import Sequence
 
+from slurm_rl.config import TASKS, TaskConfig  # the ``task`` section, validated by load_config
 from slurm_rl.rl.tokenizer import CharTokenizer
 
-TASKS = ("add", "copy", "reverse")
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Which toy task and its size."""
-
-    name: str = "add"
-    max_operand: int = 9
-    length: int = 3
-    alphabet: int = 8
-
-    def __post_init__(self) -> None:
-        if self.name not in TASKS:
-            raise ValueError(f"task.name: got {self.name!r}, allowed: {list(TASKS)}")
-        if self.max_operand < 0 or self.length < 1 or not 1 <= self.alphabet <= 26:
-            raise ValueError(f"task: bad size max_operand={self.max_operand} length={self.length}"
-                             f" alphabet={self.alphabet} (need >=0, >=1, 1..26)")
-
-    @property
-    def max_answer_chars(self) -> int:
-        """Longest target in characters."""
-        if self.name == "add":
-            return len(str(2 * self.max_operand))
-        return self.length
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Generation budget: longest answer plus ``<eos>``."""
-        return self.max_answer_chars + 1
+__all__ = ["TASKS", "Problem", "TaskConfig", "make_problem", "sample_problems", "score_answer"]
 
 
 @dataclass(frozen=True)

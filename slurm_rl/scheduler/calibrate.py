@@ -23,12 +23,12 @@ configured value (and say so).
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from slurm_rl.config import Config, ConfigError, load_config
 from slurm_rl.errors import InputError
 from slurm_rl.scheduler.forecast import LengthForecast
 from slurm_rl.scheduler.history import History, bucket_edges
@@ -56,12 +56,12 @@ def _length_fit(h: History) -> dict[str, float]:
             "response_len_sigma": sigma, "response_len_max": float(h.longest or 0)}
 
 
-def fit_costs(cfg: dict[str, Any], h: History, switch_latencies: list[float]) -> tuple[dict[str, Any], list[str]]:
+def fit_costs(cfg: Config, h: History, switch_latencies: list[float]) -> tuple[dict[str, Any], list[str]]:
     """Calibrated ``emulated`` / ``scheduler`` values, and the names of those kept as configured."""
-    emu, sched = cfg["emulated"], cfg.get("scheduler") or {}
-    scaling = float(emu.get("scaling", 1.0))
-    m = int(sched.get("max_running_requests", 64))
-    g = int(sched.get("rollout_ranks_per_instance", 1))
+    emu = cfg.emulated
+    scaling = emu.scaling
+    m = cfg.scheduler.max_running_requests
+    g = cfg.scheduler.rollout_ranks_per_instance
     out: dict[str, Any] = {}
     kept: list[str] = []
     line = h.decode.line()
@@ -82,9 +82,10 @@ def fit_costs(cfg: dict[str, Any], h: History, switch_latencies: list[float]) ->
             kept.append("response_len_max")
     else:
         kept += ["response_len_mean", "response_len_sigma", "response_len_max"]
-    mean_len = float(out.get("response_len_mean", emu["response_len_mean"]))
-    per_sample = mean_len + float(emu.get("prompt_len", 0))
-    inf_ranks = _ranks(cfg, "inference")
+    mean_len = float(out.get("response_len_mean", emu.response_len_mean))
+    per_sample = mean_len + emu.prompt_len
+    inference = cfg.placement.components.get("inference")
+    inf_ranks = len(inference.ranks) if inference is not None else 0
     if h.inference[0] > 0 and inf_ranks:
         out["inference_s_per_token"] = (h.inference[1] / (h.inference[0] * per_sample)
                                         / inf_ranks ** (1.0 - scaling))
@@ -102,18 +103,8 @@ def fit_costs(cfg: dict[str, Any], h: History, switch_latencies: list[float]) ->
     return out, kept
 
 
-def _ranks(cfg: dict[str, Any], component: str) -> int:
-    from slurm_rl.scheduler.simulate import parse_placement
-
-    cluster = cfg["cluster"]
-    world = int(cluster.get("num_nodes", 1)) * int(cluster.get("gpus_per_node", 8))
-    return len(parse_placement(cluster["component_placement"], world).get(component, ()))
-
-
 def calibrate(run_dir: Path) -> dict[str, Any]:
     """Fit, simulate and compare (see the module docstring); a JSON-able report."""
-    from omegaconf import OmegaConf
-
     from slurm_rl.control.atomic import read_json
     from slurm_rl.control.events import read_events
     from slurm_rl.control.paths import RunPaths
@@ -126,10 +117,7 @@ def calibrate(run_dir: Path) -> dict[str, Any]:
     if not paths.history.is_file():
         raise CalibrationError(f"calibrate: {paths.history} does not exist (the run finished no "
                                "iteration, or predates the coordinator's history)")
-    cfg = OmegaConf.to_container(OmegaConf.load(config_path), resolve=True)
-    assert isinstance(cfg, dict)
-    if "emulated" not in cfg:
-        raise CalibrationError("calibrate: the run's config has no emulated section to calibrate")
+    cfg = _load(config_path)
     history = History.from_json(read_json(paths.history))
     decisions = [e for e in read_events(paths, "decision") if e.get("mid_iteration")]
     released = [float(e["released_at"]) for e in read_events(paths, "release")]
@@ -137,26 +125,24 @@ def calibrate(run_dir: Path) -> dict[str, Any]:
     if not live:
         raise CalibrationError("calibrate: the run released fewer than two iterations")
     fitted, kept = fit_costs(cfg, history, [float(e["switch_latency_s"]) for e in decisions])
-    calibrated = copy.deepcopy(cfg)
-    sched = calibrated.setdefault("scheduler", {})
-    for key, value in fitted.items():
-        (sched if key in ("switch_latency_s", "iteration_overhead_s") else calibrated["emulated"])[key] = (
-            int(round(value)) if key == "response_len_max" else value)
-    calibrated["train"]["num_iterations"] = len(live)
+    # an int-typed key (response_len_max, response_len_mean) takes the fit rounded
+    changes = {(f"scheduler.{k}" if k == "switch_latency_s" else f"emulated.{k}"):
+               int(round(v)) if isinstance(getattr(cfg.emulated, k, None), int) else v for k, v in fitted.items()}
+    changes["train.num_iterations"] = len(live)
     policy = _policy_name(cfg)
-    configured = simulate(_with_iterations(cfg, len(live)), policy=policy)
-    costs_only = simulate(calibrated, policy=policy)
+    configured = simulate(_load(config_path, {"train.num_iterations": len(live)}), policy=policy)
+    costs_only = simulate(_load(config_path, changes), policy=policy)
     # what the cost model leaves out (gate handshake, weight sync, polling and hand-off latencies)
     # is the residual: one number per iteration, the median over the run's iterations
     overhead = max(0.0, statistics.median(a - b.time_s for a, b in zip(live, costs_only.iterations)))
-    sched["iteration_overhead_s"] = overhead
+    changes["scheduler.iteration_overhead_s"] = overhead
     fitted["iteration_overhead_s"] = overhead
-    sim = simulate(calibrated, policy=policy)
+    sim = simulate(_load(config_path, changes), policy=policy)
     sim_s = [it.time_s for it in sim.iterations]
     return {
         "run_dir": str(run_dir), "policy": policy,
         "fitted": {k: round(v, 9) for k, v in fitted.items()}, "kept_as_configured": kept,
-        "configured": {k: cfg["emulated"].get(k) for k in fitted
+        "configured": {k: getattr(cfg.emulated, k, None) for k in fitted
                        if k not in ("switch_latency_s", "iteration_overhead_s")},
         "live_iteration_s": [round(t, 3) for t in live],
         "simulated_iteration_s": [round(t, 3) for t in sim_s],
@@ -169,16 +155,18 @@ def calibrate(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _with_iterations(cfg: dict[str, Any], n: int) -> dict[str, Any]:
-    out = copy.deepcopy(cfg)
-    out["train"]["num_iterations"] = n
-    return out
+def _load(config_path: Path, changes: dict[str, Any] | None = None) -> Config:
+    """The run's validated config with ``changes`` (full key -> value) applied as overrides."""
+    overrides = [f"{key}={value!r}" for key, value in (changes or {}).items()]
+    try:
+        return load_config(config_path, overrides, env={})
+    except ConfigError as exc:
+        raise CalibrationError(f"calibrate: {config_path} with {overrides}: {exc}") from None
 
 
-def _policy_name(cfg: dict[str, Any]) -> str:
-    cluster, sched = cfg.get("cluster", {}), cfg.get("scheduler") or {}
-    base = sched.get("policy") or "static"
+def _policy_name(cfg: Config) -> str:
+    base = cfg.scheduler.policy
     opts = [name for name, key in (("pre_process", "use_pre_process_policy"),
                                    ("wait_before_last_iter", "use_wait_before_last_iter_policy"))
-            if base == "auto" and cluster.get(key)]
+            if base == "auto" and getattr(cfg.cluster, key)]
     return "+".join([base, *opts])

@@ -1,32 +1,24 @@
-"""``slurm-rl simulate``: run the simulator on a resolved config (placements parsed by config.py)."""
+"""``slurm-rl simulate``: run the simulator on a validated config (placements parsed by config.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from omegaconf import OmegaConf
-
-from slurm_rl.config import Config
-from slurm_rl.scheduler.live_state import policy_config
+from slurm_rl.config import Config, ConfigError
 from slurm_rl.scheduler.report import print_report
-from slurm_rl.scheduler.simulate import scale_placement, simulate
+from slurm_rl.scheduler.simulate import SimulationSetupError, simulate
 
 
 def run_simulation(cfg: Config, gpus: int | None, policy: str | None, as_json: bool) -> int:
-    """Simulate ``cfg`` (optionally on ``gpus`` GPUs / under ``policy``); print a table or JSON."""
-    doc = OmegaConf.to_container(cfg.raw, resolve=True)
-    assert isinstance(doc, dict)
-    pcfg = policy_config(cfg)
-    doc["scheduler"]["script"] = list(pcfg.script)  # parsed steps (RLinf forms resolved to ranks)
-    world = cfg.placement.world_size
-    placement = {name: tuple(comp.ranks) for name, comp in cfg.placement.components.items()}
-    if gpus is not None and gpus != world:
-        placement = scale_placement(placement, world, gpus, pcfg)
+    """Simulate ``cfg`` (optionally on ``gpus`` GPUs / under ``policy``); print a table or JSON.
+
+    Exit 2 for bad input only (a config or a setup the simulator cannot run); any other error
+    is a bug and propagates."""
     try:
-        report = simulate(doc, gpus=gpus, policy=policy, placement=placement)
-    except (ValueError, RuntimeError) as exc:  # a setup the model cannot run: bad input, exit 2
-        print(f"error: cannot simulate {gpus or world} GPUs: {exc}", file=sys.stderr)
+        report = simulate(cfg, gpus=gpus, policy=policy)
+    except (ConfigError, SimulationSetupError) as exc:
+        print(f"error: cannot simulate {gpus or cfg.placement.world_size} GPUs: {exc}", file=sys.stderr)
         return 2
     if as_json:
         print(json.dumps(report.as_dict(), indent=1))

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from slurm_rl.errors import InputError
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import SimCostModel
 from slurm_rl.scheduler.errors import SimulationError
@@ -47,6 +48,10 @@ from slurm_rl.scheduler.state import (
 )
 
 
+class SimulationSetupError(InputError):
+    """A setup the simulator cannot run (placement, batch or policy name): bad input, not a bug."""
+
+
 @dataclass(frozen=True)
 class SimSetup:
     """Everything one simulated run needs."""
@@ -71,9 +76,9 @@ class SimSetup:
         problems = setup_problems(self.initial, range(self.gpus), self.policy_cfg,
                                   self.batch.global_batch_size, self.batch.micro_batch_size)
         if problems:
-            raise ValueError("cluster.component_placement: " + "; ".join(problems))
+            raise SimulationSetupError("cluster.component_placement: " + "; ".join(problems))
         if self.batch.samples_per_iteration % self.group_size:
-            raise ValueError(f"train.group_size: {self.group_size} does not divide "
+            raise SimulationSetupError(f"train.group_size: {self.group_size} does not divide "
                              f"{self.batch.samples_per_iteration} samples")
 
 

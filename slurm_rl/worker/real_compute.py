@@ -71,6 +71,27 @@ def _group_gpu(cfg: Config, info: RankInfo) -> int | None:
     return int(slot) % int(group.get("gpus_per_node", 8))
 
 
+def engine_model_config(cfg: Config, vocab_size: int) -> Any:
+    """The engines' ``ModelConfig`` of the validated ``model`` section (``vocab_size`` when it is null)."""
+    import dataclasses
+
+    from slurm_rl.engines.model_config import ModelConfig
+
+    fields = dataclasses.asdict(cfg.model)
+    fields["vocab_size"] = fields["vocab_size"] or vocab_size
+    return ModelConfig(**fields)
+
+
+def engine_optim_config(cfg: Config) -> Any:
+    """The actor's ``OptimConfig`` of the validated ``actor`` section (its optimizer keys)."""
+    import dataclasses
+
+    from slurm_rl.engines.actor.optimizer import OptimConfig
+
+    section = dataclasses.asdict(cfg.actor)
+    return OptimConfig(**{f.name: section[f.name] for f in dataclasses.fields(OptimConfig)})
+
+
 class RealDecoder:
     """Synchronous generation: admitted requests are generated as one sub-batch by ``advance``.
 
@@ -120,42 +141,31 @@ class RealCompute:
 
         from slurm_rl.engines.actor.groups import GroupCache
         from slurm_rl.engines.actor.microbatch import BatchConfig
-        from slurm_rl.engines.actor.optimizer import OptimConfig
         from slurm_rl.engines.actor.trainer import ActorTrainer
-        from slurm_rl.engines.model_config import ModelConfig
-        from slurm_rl.rl.tasks import TaskConfig
         from slurm_rl.rl.tokenizer import CharTokenizer
 
         self.cfg, self.info, self.rank, self.run_dir = cfg, info, info.rank, paths.run_dir
         self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
-        torch.set_num_threads(int(cfg.actor.get("threads", 1)))
+        torch.set_num_threads(cfg.actor.threads)
         init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s, gpu=_group_gpu(cfg, info))
         self.tok = CharTokenizer()
-        self.task = TaskConfig(**dict(cfg.task))
-        model = dict(cfg.model)
-        model.setdefault("vocab_size", self.tok.vocab_size)
-        self.model_cfg = ModelConfig.from_dict(model)
-        actor = dict(cfg.actor)
-        actor.pop("threads", None)
-        # A rank that may join the actor holds a warm skeleton (params, grads, Adam state: ~16 bytes
-        # per parameter) so that joining costs the transfer only; false saves that memory.
-        warm_joiners = bool(actor.pop("warm_joiners", True))
-        optim_cfg = OptimConfig.from_dict(actor)
+        self.task = cfg.task
+        self.model_cfg = engine_model_config(cfg, self.tok.vocab_size)
+        optim_cfg = engine_optim_config(cfg)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
                                 micro_batch_size=cfg.train.micro_batch_size,
                                 max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch)
-        algo = dict(cfg.algorithm)
-        self.clip_eps = float(algo.get("clip_eps", 0.2))
-        self.kl_coef = float(algo.get("kl_coef", 0.0))
-        self.temperature = float(algo.get("temperature", 1.0))
-        self.backend = str(cfg.rollout.get("backend", "hf"))
-        self.sub_batch = int(cfg.rollout.get("sub_batch", cfg.scheduler.max_running_requests))
+        self.clip_eps = cfg.algorithm.clip_eps
+        self.kl_coef = cfg.algorithm.kl_coef
+        self.temperature = cfg.algorithm.temperature
+        self.backend = cfg.rollout.backend
+        self.sub_batch = cfg.rollout.sub_batch or cfg.scheduler.max_running_requests
         self.seed = cfg.runtime.seed
         self.groups = GroupCache(timeout=cfg.runtime.wait_timeout_s)
         initial = sorted(cfg.placement.components["actor"].ranks)
         self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device)
         self.warm_s = 0.0
-        if warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
+        if cfg.actor.warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
             self.warm_s = self.trainer.warm()
         self.engine: Any = None
         self.ref: Any = None

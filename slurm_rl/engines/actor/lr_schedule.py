@@ -29,16 +29,16 @@ class LRScheduleConfig:
 
     def __post_init__(self) -> None:
         if self.lr_decay_style not in DECAY_STYLES:
-            raise ValueError(f"optim.lr_decay_style: got {self.lr_decay_style!r}, "
+            raise ValueError(f"actor.lr_decay_style: got {self.lr_decay_style!r}, "
                              f"allowed: {list(DECAY_STYLES)}")
         if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"optim.min_lr: got lr={self.lr}, min_lr={self.min_lr}; "
+            raise ValueError(f"actor.min_lr: got lr={self.lr}, min_lr={self.min_lr}; "
                              "expected 0 <= min_lr <= lr")
         if self.lr_warmup_samples < 0:
-            raise ValueError(f"optim.lr_warmup_samples: got {self.lr_warmup_samples}, "
+            raise ValueError(f"actor.lr_warmup_samples: got {self.lr_warmup_samples}, "
                              "expected >= 0")
         if self.lr_decay_samples is not None and self.lr_decay_samples <= 0:
-            raise ValueError(f"optim.lr_decay_samples: got {self.lr_decay_samples}, "
+            raise ValueError(f"actor.lr_decay_samples: got {self.lr_decay_samples}, "
                              "expected a positive integer or null")
 
 

@@ -32,9 +32,9 @@ class BatchConfig:
         for name in ("global_batch_size", "micro_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"actor.batch.{name}: got {value!r}, expected a positive int")
+                raise ValueError(f"train.{name}: got {value!r}, expected a positive int")
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch <= 0:
-            raise ValueError("actor.batch.max_tokens_per_microbatch: got "
+            raise ValueError("train.max_tokens_per_microbatch: got "
                              f"{self.max_tokens_per_microbatch!r}, expected positive or null")
 
     @classmethod

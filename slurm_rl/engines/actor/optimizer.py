@@ -38,10 +38,10 @@ class OptimConfig:
     def __post_init__(self) -> None:
         self.schedule()  # validates the schedule fields
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
-            raise ValueError(f"optim.beta1/beta2: got {self.beta1}, {self.beta2}; "
+            raise ValueError(f"actor.beta1/beta2: got {self.beta1}, {self.beta2}; "
                              "expected values in [0, 1)")
         if self.clip_grad is not None and self.clip_grad <= 0:
-            raise ValueError(f"optim.clip_grad: got {self.clip_grad}, expected > 0 or null")
+            raise ValueError(f"actor.clip_grad: got {self.clip_grad}, expected > 0 or null")
 
     def schedule(self) -> LRScheduleConfig:
         """The LR schedule part of this config."""
@@ -56,7 +56,7 @@ class OptimConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"optim.{unknown[0]}: unknown key; allowed: {sorted(known)}")
+            raise ValueError(f"actor.{unknown[0]}: unknown key; allowed: {sorted(known)}")
         return cls(**dict(data))
 
 

@@ -27,8 +27,10 @@ def model_params(job: GroupJob) -> int:
     cfg = job.cfg
     if cfg.runtime.device == "emulated":
         return int(cfg.emulated.model_params)
-    m = dict(cfg.model)
-    h, layers, vocab = int(m.get("hidden_size", 64)), int(m.get("num_layers", 1)), int(m.get("vocab_size", 256))
+    from slurm_rl.rl.tokenizer import CharTokenizer
+
+    m = cfg.model
+    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size or CharTokenizer().vocab_size
     return 12 * layers * h * h + 2 * vocab * h
 
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from omegaconf import OmegaConf
-
 from slurm_rl.config import Config
 from slurm_rl.scheduler.mux.group_sim import simulate_group, solo_time
 from slurm_rl.scheduler.mux.model import JobProfile, Pools, SwitchCosts
@@ -63,11 +61,7 @@ def _pipelined(inference_s: float, actor_s: float, minibatches: int, shared: boo
 def job_profile(cfg: Config, name: str, tail_fraction: float = 0.8, switch: SwitchCosts = SwitchCosts(),
                 seed: int | None = None) -> tuple[JobProfile, dict[str, Any]]:
     """(profile, figures) of one emulated config, from its single-job simulation."""
-    doc = OmegaConf.to_container(cfg.raw, resolve=True)
-    assert isinstance(doc, dict)
-    doc.setdefault("scheduler", {})["script"] = []
-    placement = {c: tuple(comp.ranks) for c, comp in cfg.placement.components.items()}
-    setup, _ = build_setup(doc, policy="static", placement=placement, seed=seed)
+    setup, _ = build_setup(cfg, policy="static", seed=seed)  # the configured placement, held
     sim = _Recording(setup)
     report = sim.run()
     pc = setup.policy_cfg
