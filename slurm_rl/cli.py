@@ -1,14 +1,17 @@
 """``slurm-rl run | mux | submit | prepare | validate | inspect | simulate``.
 
-Bad config or arguments: a message naming the key, the value and what is allowed, exit code 2,
-nothing launched.
+Exit codes: 0 done; 2 bad config or arguments (a message naming the key, the value and what is
+allowed; nothing launched); 1 any other failure (its message, no traceback); 3 a run stopped at a
+gate with a checkpoint. ``--debug`` (or ``SLURM_RL_DEBUG=1``) prints the traceback of a failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -16,6 +19,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 3  # the run stopped at a gate with a checkpoint (preemption, time limit, slurm-rl stop): resumable
+DEBUG_ENV = "SLURM_RL_DEBUG"  # =1: like --debug
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +29,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slurm-rl", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help=f"print the traceback of a failure (or {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run locally: one process per rank on this machine (no Slurm)")
@@ -77,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", type=Path, default=None, metavar="RUN_DIR",
                    help="fit the cost model to a live run's files and compare the simulation with it")
     p.add_argument("--json", action="store_true")
+    for p in sub.choices.values():  # --debug after the command too (SUPPRESS: keeps a --debug given before it)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -150,10 +157,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from slurm_rl.control.paths import RunPaths
     from slurm_rl.control.status import read_coordinator_status
 
-    status = read_coordinator_status(RunPaths(run_dir)) or {}
-    if status.get("state") == "stopped":
-        print(f"run stopped at the gate of iteration {status.get('stopped_at_iteration')} after {result.seconds:.1f}s "
-              f"({(status.get('stop') or {}).get('reason')}); checkpoint {status.get('checkpoint')}\n"
+    status = read_coordinator_status(RunPaths(run_dir))
+    if status is not None and status.state == "stopped":
+        print(f"run stopped at the gate of iteration {status.stopped_at_iteration} after {result.seconds:.1f}s "
+              f"({(status.stop or {}).get('reason')}); checkpoint {status.get('checkpoint')}\n"
               f"resume with: slurm-rl run --resume {run_dir}", flush=True)
         return EXIT_STOPPED
     print(f"run finished in {result.seconds:.1f}s", flush=True)
@@ -285,22 +292,34 @@ COMMANDS = {
 }
 
 
+def _debug(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") == "1"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit code."""
+    """Console entry point; returns the exit code (see the module docstring)."""
     from slurm_rl.config import ConfigError
-    from slurm_rl.launch.submit import SubmitError
+    from slurm_rl.errors import InputError, SlurmRLError
 
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except ConfigError as exc:
-        print(f"invalid config:\n{exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (FileNotFoundError, FileExistsError) as exc:
-        return _bad(str(exc))
-    except SubmitError as exc:
-        return _bad(str(exc))
+    except Exception as exc:
+        if _debug(args):
+            traceback.print_exc()
+        if isinstance(exc, ConfigError):
+            print(f"invalid config:\n{exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if isinstance(exc, (InputError, FileNotFoundError, FileExistsError)):
+            return _bad(str(exc))
+        if isinstance(exc, SlurmRLError):
+            print(f"error: {exc}", file=sys.stderr)
+        else:  # not one of ours: name its type, which says more than the message alone
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if not _debug(args):
+                print(f"(slurm-rl --debug or {DEBUG_ENV}=1 prints the traceback)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, NoReturn
 
+from slurm_rl.errors import SlurmRLError
+
 FAULTS_ENV = "SLURM_RL_FS_FAULTS"
 TEMP_SUFFIX = ".tmp"
 OPS = ("open", "write", "fsync", "read", "rename", "link", "unlink", "stat", "mkdir")
@@ -44,7 +46,7 @@ OPS = ("open", "write", "fsync", "read", "rename", "link", "unlink", "stat", "mk
 PathLike = str | os.PathLike[str]
 
 
-class StorageError(OSError):
+class StorageError(SlurmRLError, OSError):
     """A file operation on shared storage failed (ENOSPC, EIO, ...); names the file and the step.
 
     ``errno`` is the original one; ``filename`` the final path the caller asked for.

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_rl.errors import InputError
+
 COMPONENTS: tuple[str, ...] = ("actor", "rollout", "inference")
 """Known components, in pipeline order (also the order the auto scheduler requires)."""
 
@@ -51,7 +53,7 @@ class ConfigIssue:
         return f"{self.key}: got {self.value!r}; allowed: {self.allowed}"
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """Invalid configuration; ``issues`` lists every problem found, one per line in ``str()``."""
 
     def __init__(self, issues: Sequence[ConfigIssue]) -> None:

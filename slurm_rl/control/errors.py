@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+from slurm_rl.errors import ControlError, WaitTimeout
 
-class ControlError(Exception):
-    """Base class of all control-plane errors."""
-
-
-class WaitTimeout(ControlError, TimeoutError):
-    """A bounded wait on a control file ran out of time."""
+__all__ = ["AckTimeout", "ControlError", "DeadRankError", "EpochOrderError", "FencedEpochError", "LeaseHeldError",
+           "TornFileError", "UnsafePathError", "WaitTimeout"]
 
 
-class AckTimeout(WaitTimeout):
+class AckTimeout(ControlError, WaitTimeout):
     """Not every rank acknowledged an epoch in time."""
 
 

@@ -12,6 +12,7 @@ _KINDS = {
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
     "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative int"),
     "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "a boolean"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "object": (lambda v: isinstance(v, dict), "an object"),
     "list": (lambda v: isinstance(v, list), "a list"),
@@ -20,8 +21,8 @@ _KINDS = {
 
 def check_fields(doc: Mapping[str, Any], path: str | os.PathLike[str], required: Mapping[str, str],
                  optional: Mapping[str, str] | None = None) -> Mapping[str, Any]:
-    """Check ``doc``'s fields against kinds (``int``, ``count``, ``number``, ``str``, ``object``,
-    ``list``; a ``?`` suffix also allows null). Raises :class:`TornFileError` naming ``path``, the
+    """Check ``doc``'s fields against kinds (``int``, ``count``, ``number``, ``bool``, ``str``,
+    ``object``, ``list``; a ``?`` suffix also allows null). Raises :class:`TornFileError` naming ``path``, the
     field, its value and what it must be. Returns ``doc``."""
     for name, kind in required.items():
         if name not in doc:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from slurm_rl.errors import DataPlaneError, WaitTimeout
 
-class DataPlaneError(RuntimeError):
-    """Base class for every data-plane failure (bad manifest, bad name, schema mismatch...)."""
+__all__ = ["CorruptShardError", "DataPlaneError", "InvalidManifestError", "ManifestTimeout"]
 
 
 class InvalidManifestError(DataPlaneError):
@@ -23,7 +23,7 @@ class CorruptShardError(DataPlaneError):
         self.reason = reason
 
 
-class ManifestTimeout(DataPlaneError, TimeoutError):
+class ManifestTimeout(DataPlaneError, WaitTimeout):
     """Waiting for producers of a stage made no progress within the timeout."""
 
     def __init__(self, message: str, *, iteration: int, stage: str, missing_ranks: list[int]) -> None:

@@ -19,6 +19,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
+from slurm_rl.engines.errors import EngineStateError
 from slurm_rl.scheduler.cost_model import CostModel
 
 __all__ = ["DecodeBatch", "emulate"]
@@ -62,7 +63,7 @@ class DecodeBatch:
     def admit(self, request_id: int, generated: int, length: int, now: float) -> None:
         """Start decoding a request of ``length`` tokens of which ``generated`` exist already."""
         if len(self.running) >= self.max_running:
-            raise RuntimeError(f"decode batch full ({self.max_running} running requests)")
+            raise EngineStateError(f"decode batch full ({self.max_running} running requests)")
         if not self.running:
             self.t = now
         finish = self.counter + max(1e-9, float(length - generated))

@@ -27,8 +27,10 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
+from slurm_rl.engines.errors import EngineError, EngineStateError
 
-class ParkedError(RuntimeError):
+
+class ParkedError(EngineError, RuntimeError):
     """A call that needs an engine's device memory while its state is parked in host memory."""
 
 
@@ -206,11 +208,11 @@ class HostParking:
     def host_view(self, t: Tensor) -> Tensor:
         """While parked: the host copy of ``t`` (same dtype, shape, strides and offset).
 
-        Writes into it are what :meth:`unpark` restores. Raises ``RuntimeError`` when not
+        Writes into it are what :meth:`unpark` restores. Raises ``EngineStateError`` when not
         parked and ``KeyError`` when ``t``'s storage was not parked with a host copy.
         """
         if not self._active:
-            raise RuntimeError(f"{self.what}: host_view called while not parked")
+            raise EngineStateError(f"{self.what}: host_view called while not parked")
         entry = self._parked.get(t.untyped_storage()._cdata)
         if entry is None or entry.host is None:
             raise KeyError(f"{self.what}: tensor of shape {tuple(t.shape)} was not parked "

@@ -22,10 +22,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from slurm_rl.errors import EngineError
+
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(EngineError, RuntimeError):
     """A weight sync did not complete (missing rank, timeout, mismatched tensors)."""
 
 

@@ -91,7 +91,7 @@ def follow(run_dir: Path, interval_s: float = 2.0, timeout_s: float = 24 * 3600.
     except Exception:  # a half-written run dir: follow what is there
         world = 0
     while True:
-        status = read_coordinator_status(paths) or {}
+        status = read_coordinator_status(paths)
         text = format_summary(run_dir, columns=columns)
         if console.is_terminal:
             console.clear()
@@ -99,7 +99,7 @@ def follow(run_dir: Path, interval_s: float = 2.0, timeout_s: float = 24 * 3600.
             console.print(f"──── {time.strftime('%H:%M:%S')} · following {run_dir} (every {interval_s:g}s) ────")
         console.print(text, markup=False)
         sys.stdout.flush()
-        state = status.get("state")
+        state = status.state if status is not None else None
         if state in ("finished", "failed"):
             console.print(f"the run {state}; stopped following. Full view: slurm-rl inspect {run_dir}", markup=False)
             return 0 if state == "finished" else 1

@@ -202,13 +202,13 @@ def _job_status(name: str, paths: GroupPaths, events: list[dict[str, Any]],
         why = str(out[name])
         return ("finished", None) if why == "finished" else ("failed", _why(why))
     try:
-        own = read_coordinator_status(RunPaths(paths.job_dir(name))) or {}
+        own = read_coordinator_status(RunPaths(paths.job_dir(name)))
     except _READ_ERRORS:
-        own = {}
-    if own.get("state") == "finished":
+        own = None
+    if own is not None and own.state == "finished":
         return "finished", "its coordinator says finished; the group log has no job_finished record"
-    if own.get("state") == "failed":
-        return "failed", f"{own.get('error')} (its coordinator; no job_failed record in the group log)"
+    if own is not None and own.failed:
+        return "failed", f"{own.error} (its coordinator; no job_failed record in the group log)"
     return "running?", "no job_finished / job_failed record (still running, or the group scheduler stopped)"
 
 

@@ -22,6 +22,7 @@ from slurm_rl.control.atomic import read_json
 from slurm_rl.control.epochs import read_epoch_file
 from slurm_rl.control.errors import ControlError
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import RankProgress
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.inspect.epoch_log import compress_ranks
 from slurm_rl.metrics import read_metrics
@@ -79,28 +80,28 @@ class RunMonitor:
         lines += self._startup(progress)
         lines += self._iterations()
         try:
-            status = read_coordinator_status(self.paths) or {}
+            status = read_coordinator_status(self.paths)
         except _READ_ERRORS:
-            status = {}
-        state = status.get("state")
-        if state != self.state:
+            status = None
+        state = status.state if status is not None else None
+        if state != self.state:  # (a state implies a status)
             if state == "finished":
                 lines.append(f"run finished: {self.rows_seen}/{self.iterations} iterations in "
                              f"{time.time() - self.started:.0f}s")
             elif state == "failed":
-                lines.append(f"run failed: the coordinator says {status.get('error')}")
+                lines.append(f"run failed: the coordinator says {status.error}")
             elif state == "checkpointing":
                 gate = (status.get("checkpoint") or {}).get("iteration")
                 lines.append(f"checkpoint before iteration {gate + 1 if isinstance(gate, int) else '?'}/{self.iterations}")
             elif state == "stopped":
-                gate = status.get("stopped_at_iteration")
+                gate = status.stopped_at_iteration
                 lines.append(f"run stopped before iteration {gate + 1 if isinstance(gate, int) else '?'}/{self.iterations} "
-                             f"with a checkpoint ({(status.get('stop') or {}).get('reason')}); it resumes from there")
+                             f"with a checkpoint ({(status.stop or {}).get('reason')}); it resumes from there")
             self.state = state
-        failed = {r: d for r, d in progress.items() if d.get("state") == "failed"}
+        failed = {r: d for r, d in progress.items() if d.state == "failed"}
         if failed and not self.done:
             rank, doc = min(failed.items())
-            lines.append(f"rank {rank} failed: {doc.get('error')}")
+            lines.append(f"rank {rank} failed: {doc.error}")
             self.state = "failed"
         if lines:
             self.last_said = time.monotonic()
@@ -109,21 +110,22 @@ class RunMonitor:
             self.last_said = time.monotonic()
         return lines
 
-    def _progress(self) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
+    def _progress(self) -> dict[int, RankProgress]:
+        out: dict[int, RankProgress] = {}
         for rank in range(self.world_size):
+            path = self.paths.progress(rank)
             try:
-                out[rank] = read_json(self.paths.progress(rank))
+                out[rank] = RankProgress.from_json(read_json(path), path, rank=rank)
             except _READ_ERRORS:
                 continue
         return out
 
-    def _startup(self, progress: dict[int, dict[str, Any]]) -> list[str]:
+    def _startup(self, progress: dict[int, RankProgress]) -> list[str]:
         """A line per startup phase whose set of ranks changed (ranks grouped: short at 64)."""
         phases: dict[str, list[int]] = {}
         for rank, doc in sorted(progress.items()):
-            if doc.get("state") == "starting":
-                phases.setdefault(str(doc.get("phase", "starting")), []).append(rank)
+            if doc.state == "starting":
+                phases.setdefault(doc.phase or "starting", []).append(rank)
         lines = []
         now = time.monotonic()
         for phase, ranks in phases.items():
@@ -183,12 +185,12 @@ class RunMonitor:
         seconds = row.get("seconds")
         return float(seconds) if isinstance(seconds, (int, float)) else None
 
-    def _still(self, progress: dict[int, dict[str, Any]]) -> str:
+    def _still(self, progress: dict[int, RankProgress]) -> str:
         """What the run is doing now, for a line when nothing else happened for a while."""
         starting: dict[str, list[int]] = {}
         for rank, doc in sorted(progress.items()):
-            if doc.get("state") == "starting":
-                starting.setdefault(str(doc.get("phase", "starting")), []).append(rank)
+            if doc.state == "starting":
+                starting.setdefault(doc.phase or "starting", []).append(rank)
         if starting:
             return "still starting: " + "; ".join(f"ranks {compress_ranks(r)} {p}" for p, r in starting.items()) \
                 + f" ({time.time() - self.started:.0f}s)"
@@ -196,9 +198,8 @@ class RunMonitor:
             started = len(progress)
             return (f"waiting for the ranks: {started}/{self.world_size} wrote progress, no epoch yet "
                     f"({time.time() - self.started:.0f}s)")
-        k = max([self.rows_seen, *(int(d["iteration"]) for d in progress.values()
-                                    if isinstance(d.get("iteration"), int))])
-        docs = [d for d in progress.values() if d.get("iteration") == k]
+        k = max([self.rows_seen, *(d.iteration for d in progress.values() if d.iteration is not None)])
+        docs = [d for d in progress.values() if d.iteration == k]
         finished = sum(int(d.get("rollout_finished", 0) or 0) for d in docs)
         minibatches = max((int(d.get("actor_minibatches_done", 0) or 0) for d in docs), default=0)
         return (f"still in iteration {k + 1}/{self.iterations}: {finished} rollouts finished, "

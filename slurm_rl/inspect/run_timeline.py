@@ -152,21 +152,21 @@ def build_timeline(run_dir: str | Path, now: float | None = None) -> RunTimeline
     decisions = {int(d["epoch"]): d for d in events if d.get("kind") == "decision" and isinstance(d.get("epoch"), int)}
     gates = sorted((int(e["iteration"]), float(e["released_at"])) for e in events
                    if e.get("kind") == "release" and isinstance(e.get("released_at"), (int, float)))
-    status = {}
+    status = None
     try:
-        status = read_coordinator_status(paths) or {}
+        status = read_coordinator_status(paths)
     except _READ_ERRORS as exc:
         missing.append(f"{paths.control / 'coordinator.json'}: unreadable ({exc})")
-    state = str(status.get("state") or "unknown")
-    if not status:
+    state = status.state if status is not None else "unknown"
+    if status is None:
         missing.append(f"{paths.control / 'coordinator.json'}: no coordinator status")
-    elif state == "failed":
-        missing.append(f"the coordinator failed: {status.get('error')}")
+    elif status.failed:
+        missing.append(f"the coordinator failed: {status.error}")
     latest, progress = _last_seen(paths, world)
     observed = [t for t in (latest, *(t for _, t in gates)) if t is not None]
     if state == "running" or state == "starting":
         observed.append(now if now is not None else time.time())
-    end = float(status["time"]) if state in ("finished", "failed") and isinstance(status.get("time"), (int, float)) \
+    end = float(status.time) if status is not None and state in ("finished", "failed") and status.time is not None \
         else max(observed, default=None)
     tl = RunTimeline(run_dir=str(root), world=world, t0=None, end=end, state=state, iterations=iterations,
                      gates=gates, missing=missing)

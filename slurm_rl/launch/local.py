@@ -14,9 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class LaunchError(RuntimeError):
-    """A rank failed or the run did not finish in time (names the ranks and their exit codes)."""
+from slurm_rl.errors import LaunchError  # the launch family; importable from here as before
 
 
 @dataclass(frozen=True)

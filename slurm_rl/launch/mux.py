@@ -131,7 +131,7 @@ def run_group_task(group_dir: str) -> dict[str, str]:
     """What the one submitit task of ``submit_group`` runs; raises when a job failed."""
     result = run_group_local(Path(group_dir))
     if not result.ok:
-        raise RuntimeError(f"group {group_dir}: {result.jobs} (group scheduler exit {result.scheduler_rc})")
+        raise LaunchError(f"group {group_dir}: {result.jobs} (group scheduler exit {result.scheduler_rc})")
     return result.jobs
 
 
@@ -202,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _scheduler_state(group_dir: Path) -> str | None:
     """``finished`` once the group scheduler saw every job leave (exit 1: some job failed)."""
-    return (read_coordinator_status(GroupPaths(group_dir)) or {}).get("state")
+    status = read_coordinator_status(GroupPaths(group_dir))
+    return status.state if status is not None else None
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

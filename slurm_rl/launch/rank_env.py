@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping, MutableMapping
 
+from slurm_rl.errors import LaunchError
+
 if TYPE_CHECKING:
     from slurm_rl.placement import Placement
 
@@ -21,7 +23,7 @@ PORT_BASE = 20000
 PORT_SPAN = 20000
 
 
-class RankDiscoveryError(RuntimeError):
+class RankDiscoveryError(LaunchError):
     """The environment does not describe a rank (names the variables that were missing)."""
 
 

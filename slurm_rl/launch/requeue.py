@@ -40,21 +40,22 @@ class RequeueDecision:
 
 def decide(run_dir: Path, srun_exit: int) -> RequeueDecision:
     """Whether the job should be requeued, from the run's files and the ranks' exit code."""
-    status = read_coordinator_status(RunPaths(run_dir)) or {}
-    state = status.get("state")
+    status = read_coordinator_status(RunPaths(run_dir))
+    state = status.state if status is not None else None
     if state == "finished":  # (ranks may still exit non-zero: a signal arriving while they shut down)
         return RequeueDecision(False, "the run finished")
     if state == "stopped":
-        return RequeueDecision(True, f"stopped at the gate of iteration {status.get('stopped_at_iteration')} "
-                                     f"({(status.get('stop') or {}).get('reason')})")
+        return RequeueDecision(True, f"stopped at the gate of iteration {status.stopped_at_iteration} "
+                                     f"({(status.stop or {}).get('reason')})")
     policy = load_config(run_dir / "config.yaml").runtime.on_rank_failure
     if policy != "checkpoint_and_requeue":
         return RequeueDecision(False, f"ranks exited with code {srun_exit}, coordinator state {state!r}; "
                                       f"runtime.on_rank_failure is {policy!r}")
-    if state == "failed" and not status.get("requeue"):
-        return RequeueDecision(False, f"the run failed for a reason other than a rank: {status.get('error')}")
+    if status is not None and status.failed and not status.requeue:
+        return RequeueDecision(False, f"the run failed for a reason other than a rank: {status.error}")
     return RequeueDecision(True, f"rank failure (ranks exited with code {srun_exit}; coordinator: "
-                                 f"{status.get('error') or state})", list(status.get("exclude") or []))
+                                 f"{(status.error if status else None) or state})",
+                           list(status.exclude) if status is not None else [])
 
 
 def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:

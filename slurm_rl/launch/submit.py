@@ -16,12 +16,13 @@ from typing import Any, Sequence
 import submitit
 
 from slurm_rl.config import Config
+from slurm_rl.errors import InputError, LaunchError
 from slurm_rl.launch.prepare import prepare_run
 
 EXECUTORS = ("slurm", "local")
 
 
-class SubmitError(ValueError):
+class SubmitError(InputError):
     """Bad submit arguments (names the argument, the value and what is allowed)."""
 
 
@@ -43,7 +44,7 @@ class RankTask(submitit.helpers.Checkpointable):
         self.child = subprocess.Popen([sys.executable, "-m", "slurm_rl.worker", run_dir], env=env)
         code = self.child.wait()
         if code != 0:
-            raise RuntimeError(f"rank failed with exit code {code}; see {run_dir}/logs")
+            raise LaunchError(f"rank failed with exit code {code}; see {run_dir}/logs")
         return code
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
@@ -58,7 +59,8 @@ class RankTask(submitit.helpers.Checkpointable):
         deadline = time.monotonic() + STOP_WAIT_S
         child = getattr(self, "child", None)
         while time.monotonic() < deadline:
-            stopped = (read_coordinator_status(RunPaths(root)) or {}).get("state") == "stopped"
+            status = read_coordinator_status(RunPaths(root))
+            stopped = status is not None and status.state == "stopped"
             if stopped and (child is None or child.poll() is not None):
                 break
             time.sleep(0.2)

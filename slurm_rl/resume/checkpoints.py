@@ -29,6 +29,7 @@ import xxhash
 from slurm_rl.control.atomic import atomic_write_json, fsync_dir, read_json
 from slurm_rl.control.errors import TornFileError, UnsafePathError
 from slurm_rl.control.paths import safe_join
+from slurm_rl.errors import InputError
 from slurm_rl.faults import fault_point
 
 FORMAT = "slurm_rl.run_checkpoint/1"
@@ -40,7 +41,7 @@ _REQUIRED = {"format": str, "iteration": int, "epoch": int, "generation": int, "
              "metrics_rows": int, "files": dict}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint is missing, incomplete or damaged (names the directory and the file)."""
 
 

@@ -145,9 +145,10 @@ def prepare_resume(run_dir: str | Path, overrides: Sequence[str] = (),
     k = checkpoint.iteration if checkpoint is not None else 0
     previous = read_resume_point(root)
     try:
-        status = read_coordinator_status(paths) or {}
+        status = read_coordinator_status(paths)
     except TornFileError:  # a coordinator killed mid-write of a non-atomic copy: nothing to keep from it
-        status = {}
+        status = None
+    previous_state = status.state if status is not None else None
     latest = EpochStore(paths).latest()
     # Nothing of iterations >= k survives: they are re-run from their start.
     for it in list_iterations(root):
@@ -165,11 +166,11 @@ def prepare_resume(run_dir: str | Path, overrides: Sequence[str] = (),
                         checkpoint=None if checkpoint is None else os.path.relpath(checkpoint.path, root),
                         incarnation=(previous.incarnation if previous else 0) + 1)
     atomic_write_json(resume_path(root), {**point.__dict__, "resumed_at": time.time(),
-                                          "previous_state": status.get("state"), "overrides": list(overrides)})
+                                          "previous_state": previous_state, "overrides": list(overrides)})
     write_coordinator_status(paths, {"state": "resuming", "released_iteration": k - 1, "released_epoch": None,
-                                     "generation": int(status.get("generation") or 0), "time": time.time()})
+                                     "generation": status.generation if status is not None else 0, "time": time.time()})
     append_event(paths, "resumed", {"iteration": k, "checkpoint": point.checkpoint, "incarnation": point.incarnation,
-                                    "previous_state": status.get("state"), "metrics_rows": rows,
+                                    "previous_state": previous_state, "metrics_rows": rows,
                                     "overrides": list(overrides)})
     log(f"resuming {root} at iteration {k} (" + (f"checkpoint {point.checkpoint}" if checkpoint else "no checkpoint: "
                                                   "from the start") + f", incarnation {point.incarnation})")

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm_rl.config import Config, ConfigError, load_config
+from slurm_rl.errors import InputError
 from slurm_rl.scheduler.forecast import LengthForecast
 from slurm_rl.scheduler.history import History, bucket_edges
 
 
-class CalibrationError(ValueError):
+class CalibrationError(InputError):
     """The run directory lacks what calibration needs."""
 
 

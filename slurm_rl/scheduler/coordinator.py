@@ -37,7 +37,7 @@ from slurm_rl.control.events import append_event
 from slurm_rl.control.heartbeats import stale_ranks
 from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.control.progress import read_all_progress
+from slurm_rl.control.progress import RankProgress, read_all_progress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.control.errors import ControlError, DeadRankError, WaitTimeout
 from slurm_rl.metrics import read_metrics
@@ -45,6 +45,7 @@ from slurm_rl.resume import checkpoints
 from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.resume.stop import install_stop_handlers, read_stop
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.errors import CheckpointFailed
 from slurm_rl.scheduler.history import History, HistoryRecorder
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
@@ -88,11 +89,12 @@ class CoordinatorLoop:
         self.first_iteration = self.resume.iteration if self.resume is not None else 0
         self.released = self.first_iteration - 1
         if not self.fresh:  # a restarted coordinator carries on from what its predecessor released
-            previous = read_coordinator_status(self.paths) or {}
-            if previous.get("state") in ("starting", "running", "checkpointing"):
-                self.released = int(previous.get("released_iteration", self.released))
-                self.released_epoch = previous.get("released_epoch")
-                self.checked_at = float(previous.get("checked_at") or 0.0)
+            previous = read_coordinator_status(self.paths)
+            if previous is not None and previous.state in ("starting", "running", "checkpointing"):
+                if previous.released_iteration is not None:
+                    self.released = previous.released_iteration
+                self.released_epoch = previous.released_epoch
+                self.checked_at = float(previous.checked_at or 0.0)
         # what the run measured about itself (the plan policy's forecast reads it); a restarted or
         # resumed coordinator goes on from the history its predecessor wrote
         self.recorder = HistoryRecorder()
@@ -109,7 +111,7 @@ class CoordinatorLoop:
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
         progress = read_all_progress(self.paths, self.world)
-        return {r: str(doc.get("host", "?")) for r, doc in progress.items()}
+        return {r: doc.host or "?" for r, doc in progress.items()}
 
     def publish(self, decision: Decision, iteration: int, state_read_at: float,
                 state: SchedState | None = None) -> Epoch:
@@ -186,7 +188,7 @@ class CoordinatorLoop:
                                   self.cfg.train.global_batch_size, self.cfg.train.micro_batch_size,
                                   allow_empty_actor=True)
 
-    def decide_mid_iteration(self, iteration: int, progress: Mapping[int, dict], read_at: float) -> Epoch | None:
+    def decide_mid_iteration(self, iteration: int, progress: Mapping[int, RankProgress], read_at: float) -> Epoch | None:
         """Consult the policy inside ``iteration`` (level-triggered); publish what it decides.
 
         Decisions for the iteration boundary wait for the gate; a placement that fails validation
@@ -213,7 +215,7 @@ class CoordinatorLoop:
             return None
         return self.publish(decision, iteration=iteration, state_read_at=read_at, state=state)
 
-    def _observe(self, state: SchedState, progress: Mapping[int, dict]) -> History:
+    def _observe(self, state: SchedState, progress: Mapping[int, RankProgress]) -> History:
         """Record what the ranks report into the run's history (``scheduler.history``)."""
         mb = last_minibatch(progress, state.iteration)
         seen = None
@@ -270,7 +272,7 @@ class CoordinatorLoop:
                 append_event(self.paths, "release", {"iteration": gate, "released_at": time.time()})
                 self.status("running")
                 continue
-            boundary = max((float(d.get("boundary_at") or 0.0) for d in progress.values()), default=0.0)
+            boundary = max((d.boundary_at or 0.0 for d in progress.values()), default=0.0)
             asked = boundary > self.checked_at  # the actor waits at a mini-batch boundary for a decision
             if not dynamic and 0 <= self.released < num_iterations and time.monotonic() - last_tick >= self.tick_s:
                 last_tick = time.monotonic()  # static: nothing to decide, the history is still recorded
@@ -297,7 +299,7 @@ class CoordinatorLoop:
         self.status("finished")
 
     # -- checkpoints and stop requests ----------------------------------------------------------
-    def at_gate_checkpoint(self, gate: int, progress: Mapping[int, dict]) -> bool:
+    def at_gate_checkpoint(self, gate: int, progress: Mapping[int, RankProgress]) -> bool:
         """Every rank waits at ``gate``: take the checkpoint that is due (every
         ``runtime.checkpoint_every`` gates, or asked for by a stop request), then stop if asked.
         Returns True when the run stopped."""
@@ -339,12 +341,12 @@ class CoordinatorLoop:
         deadline = time.monotonic() + self.runtime.wait_timeout_s
         while True:
             progress = read_all_progress(self.paths, self.world)
-            missing = [r for r in self.world if progress.get(r, {}).get("checkpointed") != str(staging)]
+            missing = [r for r in self.world if r not in progress or progress[r].checkpointed != str(staging)]
             if not missing:
                 break
-            failed = {r: d.get("error") for r, d in progress.items() if d.get("state") == "failed"}
+            failed = {r: d.error for r, d in progress.items() if d.state == "failed"}
             if failed:
-                raise RuntimeError(f"checkpoint of iteration {gate}: ranks failed while writing it: {failed}")
+                raise CheckpointFailed(f"checkpoint of iteration {gate}: ranks failed while writing it: {failed}")
             self.check_alive()
             if time.monotonic() > deadline:
                 hosts = self._hosts()
@@ -373,14 +375,14 @@ def _progress_summary(state: SchedState) -> dict[str, Any]:
             "minibatches_done": state.actor.minibatches_done, "actor_busy": state.actor.busy}
 
 
-def _all_at_gate(progress: Mapping[int, dict], world: list[int]) -> int | None:
+def _all_at_gate(progress: Mapping[int, RankProgress], world: list[int]) -> int | None:
     """The gate every rank waits at, or None while some rank is elsewhere."""
     gates = set()
     for rank in world:
         doc = progress.get(rank)
-        if doc is None or doc.get("state") != "at_gate":
+        if doc is None or doc.state != "at_gate" or doc.gate is None:
             return None
-        gates.add(int(doc["gate"]))
+        gates.add(doc.gate)
     return gates.pop() if len(gates) == 1 else None
 
 

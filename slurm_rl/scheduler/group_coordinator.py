@@ -31,6 +31,7 @@ from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
+from slurm_rl.scheduler.errors import GroupTimeout
 from slurm_rl.scheduler.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
                                              grant_to_json, initial_grant)
 
@@ -65,15 +66,15 @@ class GroupLoop:
     def _job_health(self, job: str) -> str | None:
         """Why ``job`` is out of the rotation (finished / failed: ...), or None while it runs."""
         jpaths = RunPaths(self.paths.job_dir(job))
-        status = read_coordinator_status(jpaths) or {}
-        if status.get("state") == "finished":
+        status = read_coordinator_status(jpaths)
+        if status is not None and status.state == "finished":
             return "finished"
-        if status.get("state") == "failed":
-            return f"failed: {status.get('error')}"
+        if status is not None and status.failed:
+            return f"failed: {status.error}"
         world = range(int(self.group["jobs"][job]["world_size"]))
         for rank, doc in read_all_progress(jpaths, world).items():
-            if doc.get("state") == "failed":
-                return f"failed: rank {rank} (host {doc.get('host', '?')}): {doc.get('error')}"
+            if doc.state == "failed":
+                return f"failed: rank {rank} (host {doc.host or '?'}): {doc.error}"
         timeout = float(self.group["jobs"][job].get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S))
         now = time.time()
         for rank in world:
@@ -85,8 +86,8 @@ class GroupLoop:
     def _rollout_finished(self, job: str, k: int) -> int:
         spec = self.group["jobs"][job]
         progress = read_all_progress(RunPaths(self.paths.job_dir(job)), range(int(spec["world_size"])))
-        finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.get("iteration") == k)
-        received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.get("iteration") == k), default=0)
+        finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.iteration == k)
+        received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.iteration == k), default=0)
         return max(finished, received)
 
     def observe(self) -> GroupView:
@@ -154,7 +155,7 @@ class GroupLoop:
                 self.status("running")
                 continue
             if time.monotonic() > deadline:
-                raise TimeoutError(f"group did not finish within group.timeout_s={timeout_s:.0f}s; jobs still "
+                raise GroupTimeout(f"group did not finish within group.timeout_s={timeout_s:.0f}s; jobs still "
                                    f"running: {[j for j in self.members if j not in self.out]}")
             time.sleep(self.poll_s)
         failed = {j: why for j, why in self.out.items() if why != "finished"}

@@ -84,16 +84,17 @@ def build_policy(cfg: Config) -> PolicyFn:
     return make_policy(cfg.scheduler.policy, policy_config(cfg))
 
 
-def _current(progress: Mapping[int, dict], iteration: int) -> list[dict]:
-    """Progress documents of ranks working on (or done with: waiting at the next gate) ``iteration``."""
+def _current(progress: Mapping[int, Mapping[str, Any]], iteration: int) -> list[Mapping[str, Any]]:
+    """Progress documents of ranks working on (or done with: waiting at the next gate) ``iteration``
+    (``control.progress.RankProgress`` records, or their JSON documents: counters are read by name)."""
     return [d for d in progress.values() if d.get("iteration") == iteration]
 
 
-def _sum(docs: list[dict], key: str) -> int:
+def _sum(docs: list[Mapping[str, Any]], key: str) -> int:
     return sum(int(doc.get(key, 0) or 0) for doc in docs)
 
 
-def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], iteration: int, at_gate: bool,
+def build_state(cfg: Config, current: Epoch, progress: Mapping[int, Mapping[str, Any]], iteration: int, at_gate: bool,
                 elapsed_s: float = 0.0, history: History | None = None) -> SchedState:
     """A ``SchedState`` of the live run: at an iteration gate phase ``start``; otherwise from
     the ranks' progress counters of ``iteration`` (rollout finished/running, inference done,
@@ -138,7 +139,7 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, dict], itera
     )
 
 
-def live_tick(state: SchedState, progress: Mapping[int, dict], minibatch: tuple[int, float, int] | None,
+def live_tick(state: SchedState, progress: Mapping[int, Mapping[str, Any]], minibatch: tuple[int, float, int] | None,
               switch_s: float | None) -> Tick:
     """The ``Tick`` the history records from a live state and the ranks' progress (see
     ``scheduler.history``): length histograms, decode step times and inference busy time summed
@@ -165,7 +166,7 @@ def live_tick(state: SchedState, progress: Mapping[int, dict], minibatch: tuple[
                 decode=tuple(decode), minibatch=minibatch, switch_s=switch_s, longest=longest)
 
 
-def last_minibatch(progress: Mapping[int, dict], iteration: int) -> dict[str, Any] | None:
+def last_minibatch(progress: Mapping[int, Mapping[str, Any]], iteration: int) -> dict[str, Any] | None:
     """The actor's most recently cut mini-batch of ``iteration`` (index, dp, seconds, tokens,
     resharded), as its cutter reports it."""
     for d in _current(progress, iteration):
@@ -174,5 +175,5 @@ def last_minibatch(progress: Mapping[int, dict], iteration: int) -> dict[str, An
     return None
 
 
-def _sum_float(docs: list[dict], key: str) -> float:
+def _sum_float(docs: list[Mapping[str, Any]], key: str) -> float:
     return sum(float(doc.get(key, 0.0) or 0.0) for doc in docs)

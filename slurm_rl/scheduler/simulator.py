@@ -21,9 +21,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from slurm_rl.errors import InputError
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import CostModel
+from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.placement_ops import (
@@ -47,7 +49,7 @@ from slurm_rl.scheduler.state import (
 )
 
 
-class SimulationSetupError(ValueError):
+class SimulationSetupError(InputError):
     """A setup the simulator cannot run (placement, batch or policy name): bad input, not a bug."""
 
 
@@ -400,8 +402,8 @@ class Simulation:
                                       self.s.batch.global_batch_size,
                                       self.s.batch.micro_batch_size, allow_empty_actor=True)
         if problems:
-            raise RuntimeError(f"policy {self.policy_name} at t={self.t:.1f}s iteration "
-                               f"{self.it}: unusable placement: {'; '.join(problems)}")
+            raise SimulationError(f"policy {self.policy_name} at t={self.t:.1f}s iteration "
+                                  f"{self.it}: unusable placement: {'; '.join(problems)}")
         if new == self.placement:
             return
         old = self.placement
@@ -472,14 +474,14 @@ class Simulation:
         total_mb = self.s.batch.minibatches_per_iteration
         while self.mb_done < total_mb:
             if not self.events:
-                raise RuntimeError(
+                raise SimulationError(
                     f"simulation stalled at t={self.t:.1f}s, iteration {self.it}: "
                     f"placement {self.placement}, {len(self.pending)} pending, "
                     f"{self.finished} finished, inference done {self.inf_done}, "
                     f"actor mini-batches {self.mb_done}/{total_mb}")
             t, _, kind, key, version = heapq.heappop(self.events)
             if t > self.s.max_sim_s:
-                raise RuntimeError(f"simulation passed max_sim_s={self.s.max_sim_s}")
+                raise SimulationError(f"simulation passed max_sim_s={self.s.max_sim_s}")
             self._advance(t)
             force = kind in ("inf", "actor")
             if kind == "inst":

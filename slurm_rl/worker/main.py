@@ -18,6 +18,7 @@ from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.launch.rank_env import RankInfo, bind_accelerators, check_node, discover_rank
 from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.resume.stop import install_stop_handlers
+from slurm_rl.worker.errors import CoordinatorFailed
 from slurm_rl.worker.runtime import Roles, RunStopped, WorkerRuntime
 
 COORDINATOR_RANK = 0
@@ -75,10 +76,10 @@ class CoordinatorSupervisor:
         rc = self.proc.poll()
         if rc in (None, 0):
             return
-        status = read_coordinator_status(RunPaths(self.run_dir)) or {}
-        if status.get("state") == "failed" or self.restarts_left <= 0:
-            raise RuntimeError(f"coordinator process {self.proc.pid} exited with code {rc} "
-                               f"({self.restarted} restarts; see logs/coordinator.log): {status.get('error', '')}")
+        status = read_coordinator_status(RunPaths(self.run_dir))
+        if (status is not None and status.failed) or self.restarts_left <= 0:
+            raise CoordinatorFailed(f"coordinator process {self.proc.pid} exited with code {rc} "
+                                    f"({self.restarted} restarts; see logs/coordinator.log): {(status.error if status else None) or ''}")
         self.restarts_left -= 1
         self.restarted += 1
         print(f"rank 0: coordinator process {self.proc.pid} exited with code {rc}; starting generation "

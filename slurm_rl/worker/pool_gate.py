@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 from slurm_rl.config import Config
 from slurm_rl.control.atomic import read_json
-from slurm_rl.control.errors import WaitTimeout
 from slurm_rl.control.grants import GrantWatcher, GroupPaths, write_member, write_release
 from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.errors import WaitTimeout, WorkerError
 from slurm_rl.launch.rank_env import RankInfo
 
 
-class GroupFailed(RuntimeError):
+class GroupFailed(WorkerError, RuntimeError):
     """The group scheduler failed or stopped; the job's ranks stop too."""
 
 
@@ -93,9 +93,9 @@ class PoolGate:
                 write_member(self.paths, self.job, self.rank, {"state": "parked", "pool": self.pool,
                                                                "slot": self.slot, "iteration": k})
                 return False
-            status = read_coordinator_status(self.paths) or {}
-            if status.get("state") in ("failed", "finished"):
-                raise GroupFailed(f"{self._who()}: the group scheduler is {status.get('state')} "
+            status = read_coordinator_status(self.paths)
+            if status is not None and status.state in ("failed", "finished"):
+                raise GroupFailed(f"{self._who()}: the group scheduler is {status.state} "
                                   f"({status.get('error', 'no error recorded')}) while waiting for {self.pool} "
                                   f"of iteration {k}")
             if time.monotonic() > deadline:

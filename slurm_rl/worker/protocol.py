@@ -55,12 +55,14 @@ from slurm_rl.data.migration import claim_pending, write_pending
 from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, INFERENCE, PENDING, ROLLOUTS, count_tokens, inference_table
 from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
+from slurm_rl.errors import WorkerError
 from slurm_rl.faults import fault_point
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
 from slurm_rl.rl.formulas import k3
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
+from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
 from slurm_rl.worker.pool_gate import PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
 
@@ -79,7 +81,7 @@ FLUSH_EVERY_S = 0.05  # finished samples wait at most this long before they are 
 REVOKE_TAG = 1_000_000  # pending tickets of a revoked group slot: tag = this + grant number (epochs stay below)
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(WorkerError, RuntimeError):
     """A collective (reshard, weight sync, training step, checkpoint) failed or timed out on this
     rank; names the rank, host, epoch, iteration and what was awaited."""
 
@@ -540,8 +542,8 @@ class _Cutter:
             return False
         if now - self.boundary_at > BOUNDARY_WAIT_S:
             return True
-        status = read_coordinator_status(self.it.p.paths) or {}
-        return float(status.get("checked_at", 0.0)) >= self.boundary_at
+        status = read_coordinator_status(self.it.p.paths)
+        return status is not None and (status.checked_at or 0.0) >= self.boundary_at
 
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         if self.cut >= self.it.minibatches:
@@ -581,7 +583,7 @@ class _Cutter:
         if self.cut >= self.it.minibatches:
             left = sum(t.num_rows for t in self.buffer)
             if left:
-                raise RuntimeError(
+                raise ProtocolError(
                     f"iteration {self.it.k}: {left} samples left over after "
                     f"cutting {self.cut} mini-batches of {self.gbs} (train.rollout_batch_size x train.group_size must be "
                     "a multiple of train.global_batch_size)")
@@ -793,7 +795,7 @@ class _Iteration:
                 last_progress, deadline = marker, time.monotonic() + self.p.timeout
             elif time.monotonic() > deadline:
                 assert rt.epoch is not None
-                raise TimeoutError(
+                raise NoProgressTimeout(
                     f"rank {self.rank} (host {self.p.info.host}) made no progress in iteration {self.k} for "
                     f"{self.p.timeout:.0f}s (epoch {rt.epoch.epoch}, roles {list(rt.roles)}, mini-batches "
                     f"{self.actor.next}/{self.minibatches} seen; waiting for {self._waiting_for()})")
@@ -801,10 +803,8 @@ class _Iteration:
                 rt.watchdog()
             if time.monotonic() >= next_status_check:  # a failed coordinator stops every rank
                 next_status_check = time.monotonic() + STATUS_CHECK_EVERY_S
-                status = read_coordinator_status(rt.paths) or {}
-                if status.get("state") == "failed":
-                    raise RuntimeError(f"coordinator failed: {status.get('error')}; rank {self.rank} "
-                                       f"(host {self.p.info.host}) stops in iteration {self.k}")
+                CoordinatorFailed.check(read_coordinator_status(rt.paths), f"rank {self.rank} (host {self.p.info.host})",
+                                        f" in iteration {self.k}")
             # Wake for the next event, but not more often than every poll interval: events due in
             # between (e.g. several decode finishes) are handled together, in virtual time.
             time.sleep(max(self.p.poll, min(wakes) - time.time()))
@@ -834,8 +834,8 @@ class _Iteration:
     def _finish(self) -> None:
         for part in (self.rollout, self.inference):
             if part is not None and not part.done:
-                raise RuntimeError(f"rank {self.rank}: iteration {self.k} ended with its "
-                                   f"{type(part).__name__.strip('_').lower()} work unfinished")
+                raise ProtocolError(f"rank {self.rank}: iteration {self.k} ended with its "
+                                    f"{type(part).__name__.strip('_').lower()} work unfinished")
         self._report(time.time(), force=True)
         if self.cutter is not None:
             self._record_metrics()

@@ -31,6 +31,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.resume.checkpoints import ACTOR_DIR
+from slurm_rl.worker.errors import ProtocolError
 
 
 def init_world(info: RankInfo, device: str, timeout_s: float, gpu: int | None = None) -> None:
@@ -99,10 +100,10 @@ class RealDecoder:
 
     def __init__(self, compute: "RealCompute", k: int, sub_batch: int) -> None:
         if compute.engine is None:
-            raise RuntimeError(f"rank {compute.rank}: rollout in iteration {k} without a rollout engine")
+            raise ProtocolError(f"rank {compute.rank}: rollout in iteration {k} without a rollout engine")
         if compute.engine.weight_version != k:
-            raise RuntimeError(f"rank {compute.rank}: rollout engine holds weights v{compute.engine.weight_version}, "
-                               f"iteration {k} needs v{k} (on-policy)")
+            raise ProtocolError(f"rank {compute.rank}: rollout engine holds weights v{compute.engine.weight_version}, "
+                                f"iteration {k} needs v{k} (on-policy)")
         self.c, self.k, self.sub_batch = compute, k, sub_batch
         self.admitted: pa.Table | None = None
 
@@ -265,7 +266,7 @@ class RealCompute:
     # -- inference ------------------------------------------------------------------------------
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         if self.ref is None:
-            raise RuntimeError(f"rank {self.rank}: inference in iteration {k} without a reference scorer")
+            raise ProtocolError(f"rank {self.rank}: inference in iteration {k} without a reference scorer")
         prompts = rollouts.column("prompt_ids").to_pylist()
         responses = rollouts.column("response_ids").to_pylist()
         scores = self.ref.score([p + r for p, r in zip(prompts, responses)])

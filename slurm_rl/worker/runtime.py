@@ -15,12 +15,13 @@ from typing import Any, Callable, Protocol
 
 from slurm_rl.control.acks import write_ack
 from slurm_rl.control.epochs import Epoch, EpochWatcher
-from slurm_rl.control.errors import WaitTimeout
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import write_progress
-from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.control.status import CoordinatorStatus, read_coordinator_status
+from slurm_rl.errors import WaitTimeout, WorkerError
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.placement import COMPONENTS
+from slurm_rl.worker.errors import CoordinatorFailed
 
 
 
@@ -45,7 +46,7 @@ class Roles(Protocol):
         """Free what the roles hold (``finished``: the run is complete, save its final state)."""
 
 
-class RunStopped(Exception):
+class RunStopped(WorkerError):
     """The coordinator stopped the run at an iteration gate (after its checkpoint)."""
 
 
@@ -118,18 +119,17 @@ class WorkerRuntime:
         doc.update(extra)
         write_progress(self.paths, self.info.rank, doc)
 
-    def check(self) -> dict[str, Any] | None:
+    def check(self) -> CoordinatorStatus | None:
         """Apply due epochs, then raise if what this rank depends on failed (watchdog, coordinator);
         the coordinator status."""
         self.safe_point()
         status = read_coordinator_status(self.paths)
         if self.watchdog is not None:
             self.watchdog()
-        if status is not None and status.get("state") == "failed":
-            raise RuntimeError(f"coordinator failed: {status.get('error')}; {self._describe()} stops")
+        CoordinatorFailed.check(status, self._describe())
         return status
 
-    def _wait_until(self, done: Callable[[dict[str, Any] | None], bool], what: str) -> None:
+    def _wait_until(self, done: Callable[[CoordinatorStatus | None], bool], what: str) -> None:
         """Poll epochs (applying them) until ``done()``; fail on a coordinator failure or timeout."""
         deadline = time.monotonic() + self.wait_timeout_s
         while True:
@@ -153,21 +153,21 @@ class WorkerRuntime:
         when the coordinator stops the run here."""
         self.report("at_gate", gate=iteration, checkpointed=self._checkpointed)
 
-        def released(status: dict[str, Any] | None) -> bool:
+        def released(status: CoordinatorStatus | None) -> bool:
             if status is None:
                 return False
-            if status.get("state") == "stopped":
+            if status.state == "stopped":
                 raise RunStopped(f"{self._describe()}: the coordinator stopped the run at the gate of iteration "
-                                 f"{status.get('stopped_at_iteration')} ({(status.get('stop') or {}).get('reason')})")
-            request = status.get("checkpoint")
-            if (status.get("state") == "checkpointing" and isinstance(request, dict)
+                                 f"{status.stopped_at_iteration} ({(status.stop or {}).get('reason')})")
+            request = status.get("checkpoint")  # checkpointing: {"iteration", "dir"}
+            if (status.state == "checkpointing" and isinstance(request, dict)
                     and request.get("iteration") == iteration and request.get("dir") != self._checkpointed):
                 self.roles_impl.save_checkpoint(Path(str(request["dir"])), iteration)
                 self._checkpointed = str(request["dir"])
                 self.report("at_gate", gate=iteration, checkpointed=self._checkpointed)
-            if status.get("released_iteration", -1) < iteration:
+            if status.released_iteration is None or status.released_iteration < iteration:
                 return False
-            self.released_epoch = status.get("released_epoch")
+            self.released_epoch = status.released_epoch
             return True
 
         self.at_gate, self._gate_iteration = True, iteration

@@ -29,10 +29,12 @@ from typing import Iterable, Sequence
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from slurm_rl.errors import EngineError, WaitTimeout
+
 RankSet = tuple[int, ...]
 
 
-class GroupTimeoutError(TimeoutError):
+class GroupTimeoutError(EngineError, WaitTimeout):
     """Members of a process group did not arrive within the timeout."""
 
 

@@ -18,9 +18,15 @@ from typing import Any, Callable, Sequence
 
 import torch.multiprocessing as mp
 
+from slurm_rl.errors import EngineError, WaitTimeout
 
-class LocalRankError(RuntimeError):
+
+class LocalRankError(EngineError, RuntimeError):
     """A local rank raised; the message carries its traceback."""
+
+
+class LocalRanksTimeout(EngineError, WaitTimeout):
+    """Local ranks did not finish within the timeout (names them)."""
 
 
 def _child(rank: int, world_size: int, init_file: str, timeout_s: float,
@@ -56,7 +62,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
     ``dist_checkpointing`` saves through a ``multiprocessing`` manager, which a daemonic
     process may not start); the ranks are still terminated on return or timeout.
 
-    Raises ``LocalRankError`` with every failing rank's traceback, or ``TimeoutError`` naming
+    Raises ``LocalRankError`` with every failing rank's traceback, or ``LocalRanksTimeout`` naming
     the ranks that did not finish within ``timeout_s`` (those processes are terminated).
     """
     ctx = mp.get_context("spawn")
@@ -75,8 +81,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
                 left = (deadline - datetime.datetime.now()).total_seconds()
                 if left <= 0:
                     missing = sorted(set(range(world_size)) - set(outcome))
-                    raise TimeoutError(f"local ranks {missing} did not finish within "
-                                       f"{timeout_s:.0f}s")
+                    raise LocalRanksTimeout(f"local ranks {missing} did not finish within "
+                                            f"{timeout_s:.0f}s")
                 try:
                     rank, status, value = results.get(timeout=min(left, 1.0))
                 except queue.Empty:

@@ -13,10 +13,11 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from slurm_rl.errors import EngineError
 from slurm_rl.scheduler.state import valid_dp_sizes as dp_sizes_rule
 
 
-class InvalidDPSizeError(ValueError):
+class InvalidDPSizeError(EngineError, ValueError):
     """A data-parallel size that does not divide the mini-batch evenly."""
 
 

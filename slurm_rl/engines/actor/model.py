@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from slurm_rl.engines.errors import EngineStateError
 from slurm_rl.engines.model_config import ModelConfig
 
 from .cpu_shim import apply_cpu_shim
@@ -147,7 +148,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise RuntimeError(
+        raise EngineStateError(
             "build_gpt_model: torch.distributed is not initialised; megatron-core needs it "
             "(call init_local_process_group() for a single process)")
     if device.startswith("cpu"):

@@ -21,8 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from slurm_rl.engines.errors import ReshardError
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.parking import HostParking, ParkedError  # noqa: F401 (re-exported)
+from slurm_rl.errors import EngineError, WaitTimeout
 
 from .groups import GroupCache
 from .lr_schedule import SampleLRScheduler
@@ -38,11 +40,11 @@ LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 ``batch["loss_mask"]``, sums, and divides by the mini-batch's global token count."""
 
 
-class ReshardTimeoutError(TimeoutError):
+class ReshardTimeoutError(EngineError, WaitTimeout):
     """Ranks of a reshard did not all arrive within the timeout."""
 
 
-class InactiveActorError(RuntimeError):
+class InactiveActorError(EngineError, RuntimeError):
     """A training call on a rank that does not hold the actor."""
 
 
@@ -507,8 +509,8 @@ class ActorTrainer:
         if self.optim_cfg.zero1:
             return flat.data
         if flat.slots < 3:
-            raise RuntimeError(f"rank {self.me}: parameters were built without room for the "
-                               "Adam moments (FlatParams slots < 3)")
+            raise ReshardError(f"rank {self.me}: parameters were built without room for the "
+                              "Adam moments (FlatParams slots < 3)")
         for index, buf in ((1, opt.exp_avg), (2, opt.exp_avg_sq)):
             if buf.data_ptr() != flat.slot(index).data_ptr():
                 flat.slot(index).copy_(buf)
@@ -529,8 +531,8 @@ class ActorTrainer:
             if self.me in bcast:
                 buf = self._replicated_buffer()
                 if buf.numel() * buf.element_size() != nbytes:
-                    raise RuntimeError(f"rank {self.me}: {what}: replicated state has "
-                                       f"{buf.numel()} elements, the source has {nbytes // 4}")
+                    raise ReshardError(f"rank {self.me}: {what}: replicated state has "
+                                      f"{buf.numel()} elements, the source has {nbytes // 4}")
                 dist.broadcast(buf, src=src,
                                group=self.group_cache.get(bcast, f"{what} broadcast"))
                 if self.me == src:

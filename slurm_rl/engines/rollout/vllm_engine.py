@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from slurm_rl.engines.convert import hf_llama_config
+from slurm_rl.engines.errors import EngineStateError
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.rollout.base import Generation, RolloutEngine, SamplingParams
 
@@ -95,7 +96,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _check_live(self, what: str) -> None:
         if self._released:
-            raise RuntimeError(f"VLLMRolloutEngine.{what}: engine is released; call resume()")
+            raise EngineStateError(f"VLLMRolloutEngine.{what}: engine is released; call resume()")
 
     @staticmethod
     def _prompt(ids: Sequence[int]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
+from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.mux.model import POOLS, JobProfile, Pools, solo_pools
 from slurm_rl.scheduler.mux.rotation import (
     NONE_DONE,
@@ -316,7 +317,7 @@ class GroupSim:
         if t_stop is not None:
             self.now = max(self.now, t_stop)
         elif any(not j.out for j in self.jobs.values()):
-            raise RuntimeError(f"group stalled at t={self.now:.1f}s: " + self._describe())
+            raise SimulationError(f"group stalled at t={self.now:.1f}s: " + self._describe())
 
     def result(self, solo_s: Mapping[str, float] | None = None, end_s: float | None = None) -> GroupResult:
         """Outcome so far; ``solo_s`` gives each job's time alone (computed when missing)."""
@@ -374,7 +375,7 @@ class GroupSim:
             if not self._dirty:
                 return
             self._decide()
-        raise RuntimeError(f"group did not settle at t={self.now:.1f}s")
+        raise SimulationError(f"group did not settle at t={self.now:.1f}s")
 
     def _decide(self) -> None:
         self._dirty = False
@@ -388,7 +389,7 @@ class GroupSim:
             for e in events:
                 self._log(e)
             self._apply(old, new)
-        raise RuntimeError(f"rotation did not settle at t={self.now:.1f}s")
+        raise SimulationError(f"rotation did not settle at t={self.now:.1f}s")
 
     def _apply(self, old: GroupGrant, new: GroupGrant) -> None:
         for pool in POOLS:
