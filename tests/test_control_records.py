@@ -79,6 +79,15 @@ def test_progress_round_trip_keeps_the_file_field_names(paths: RunPaths) -> None
     assert read_all_progress(paths, [1])[1].to_json() == written
 
 
+def test_a_record_built_directly_writes_its_fields_that_are_not_defaults() -> None:
+    record = RankProgress(rank=2, time=1.5e9, state="working", iteration=0,
+                          counters=IterationCounters(rollout_finished=5, rollout_len_hist={3: 5}))
+    doc = record.to_json()
+    assert doc == {"rank": 2, "time": 1.5e9, "state": "working", "iteration": 0, "rollout_finished": 5,
+                   "rollout_len_hist": {"3": 5}}
+    assert RankProgress.from_json(doc, "rank-0002.json") == record
+
+
 def test_unknown_progress_fields_are_refused_on_write_and_ignored_on_read(paths: RunPaths) -> None:
     with pytest.raises(TornFileError, match=r"rank-0001\.json: field 'rollout_finshed' is not a known field"):
         write_progress(paths, 1, {"state": "working", "rollout_finshed": 3})
@@ -104,6 +113,8 @@ def test_progress_written_through_the_record(paths: RunPaths) -> None:
     ("inference_busy_s", None, "field 'inference_busy_s' must be a number, got None"),
     ("rollout_step_s", "fast", "field 'rollout_step_s' must be a number or null, got 'fast'"),
     ("rollout_len_hist", {"a": 1}, "field 'rollout_len_hist' must be an object of bucket numbers to non-negative ints"),
+    ("rollout_len_hist", {"\u00b2": 1}, "field 'rollout_len_hist' must be an object of bucket numbers"),
+    ("rollout_len_hist", {"3": 1.5}, "field 'rollout_len_hist' must be an object of bucket numbers"),
     ("actor_last_minibatch", [0], "field 'actor_last_minibatch' must be an object or null, got [0]"),
     ("actor_last_minibatch", {"index": 0, "dp": "2"}, "field 'actor_last_minibatch.dp' must be a non-negative int"),
     ("actor_last_minibatch", {"dp": 2}, "field 'actor_last_minibatch.index' is missing"),

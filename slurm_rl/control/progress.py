@@ -28,6 +28,7 @@ COUNTER_FIELDS = {"rollout_finished": "count", "rollout_running": "count", "migr
                   "actor_busy": "bool", "rollout_len_hist": "histogram", "rollout_longest": "count",
                   "rollout_step_s": "number?", "rollout_decoding": "count", "inference_busy_s": "number",
                   "actor_last_minibatch": "object?"}
+KNOWN_FIELDS = frozenset({*PROGRESS_REQUIRED, *PROGRESS_FIELDS, *COUNTER_FIELDS})
 MINIBATCH_REQUIRED = {"index": "count", "dp": "count"}
 MINIBATCH_FIELDS = {"seconds": "number?", "tokens": "count?", "resharded": "bool"}
 
@@ -109,8 +110,8 @@ class RankProgress:
     cutter saw a mini-batch boundary (``boundary_at``) and its per-iteration ``counters``.
 
     Field names are the file's; absent optional fields are None (``roles``: empty; counters: their
-    defaults). ``keys``: the fields the document had, in order (None: every field), so that
-    :meth:`to_json` writes back what was given."""
+    defaults). ``present``: the fields the document had, in order, so that :meth:`to_json` writes
+    back what was read."""
 
     rank: int
     time: float
@@ -125,7 +126,7 @@ class RankProgress:
     phase: str | None = None
     boundary_at: float | None = None
     counters: IterationCounters = field(default_factory=IterationCounters)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+    present: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], path: str | os.PathLike[str],
@@ -141,17 +142,23 @@ class RankProgress:
                    iteration=doc.get("iteration"), epoch=doc.get("epoch"), roles=tuple(doc.get("roles") or ()),
                    gate=doc.get("gate"), checkpointed=doc.get("checkpointed"), error=doc.get("error"),
                    phase=doc.get("phase"), boundary_at=None if boundary is None else float(boundary),
-                   counters=IterationCounters.from_json(doc, path), keys=tuple(name for name in doc if name in KNOWN_FIELDS))
+                   counters=IterationCounters.from_json(doc, path),
+                   present=tuple(name for name in doc if name in KNOWN_FIELDS))
 
     def to_json(self) -> dict[str, Any]:
-        """The document: the fields read (or every field), under the file's names."""
+        """The document under the file's names: the fields read (a record built directly: those
+        that differ from their defaults, with ``rank`` and ``time``)."""
+        values = self._values()
+        if self.present is not None:
+            return {name: values[name] for name in self.present}
+        defaults = RankProgress(rank=self.rank, time=self.time)._values()
+        return {name: value for name, value in values.items() if name in PROGRESS_REQUIRED or value != defaults[name]}
+
+    def _values(self) -> dict[str, Any]:
         values = {name: getattr(self, name) for name in (*PROGRESS_REQUIRED, *PROGRESS_FIELDS)}
         values["roles"] = list(self.roles)
         values.update(self.counters.to_json())
-        return {name: values[name] for name in (self.keys if self.keys is not None else values)}
-
-
-KNOWN_FIELDS = frozenset({*PROGRESS_REQUIRED, *PROGRESS_FIELDS, *COUNTER_FIELDS})
+        return values
 
 
 def write_progress(paths: RunPaths, rank: int, doc: Mapping[str, Any]) -> None:

@@ -17,7 +17,7 @@ _KINDS = {
     "object": (lambda v: isinstance(v, dict), "an object"),
     "list": (lambda v: isinstance(v, list), "a list"),
     "histogram": (lambda v: isinstance(v, dict) and all(
-        isinstance(b, str) and b.isdigit() and str(int(b)) == b and isinstance(n, int) and not isinstance(n, bool)
+        isinstance(b, str) and b.isascii() and b.isdigit() and str(int(b)) == b and isinstance(n, int) and not isinstance(n, bool)
         and n >= 0 for b, n in v.items()), "an object of bucket numbers to non-negative ints"),
 }
 
