@@ -359,7 +359,7 @@ def test_torn_progress_file_fails_the_reader_not_the_writer(tmp_path: Path) -> N
     with pytest.raises(TornFileError, match="rank-0002.json: not a complete JSON document"):
         read_all_progress(paths, [2])
     write_progress(paths, 2, {"state": "working", "iteration": 0})
-    assert read_all_progress(paths, [2])[2]["state"] == "working"
+    assert read_all_progress(paths, [2])[2].state == "working"
 
 
 

@@ -115,11 +115,12 @@ def test_heartbeat_writer_and_stale_ranks(paths: RunPaths) -> None:
 
 
 def test_progress_round_trip(paths: RunPaths) -> None:
-    write_progress(paths, 0, {"role": "rollout", "iteration": 4, "samples_done": 128})
-    write_progress(paths, 2, {"role": "actor", "iteration": 4, "micro_steps_done": 3})
+    write_progress(paths, 0, {"roles": ["rollout"], "iteration": 4, "rollout_finished": 128})
+    write_progress(paths, 2, {"roles": ["actor"], "iteration": 4, "actor_minibatches_done": 3})
     progress = read_all_progress(paths, range(4))
     assert sorted(progress) == [0, 2]
-    assert progress[0]["samples_done"] == 128 and progress[0]["rank"] == 0 and "time" in progress[0]
+    assert progress[0].counters.rollout_finished == 128 and progress[0].rank == 0 and progress[0].time > 0
+    assert progress[2].counters.actor_minibatches_done == 3 and progress[2].roles == ("actor",)
 
 
 def test_decision_log_skips_an_unfinished_record(paths: RunPaths) -> None:

@@ -120,13 +120,13 @@ def _ack_case() -> Case:
 
 def _progress_case() -> Case:
     def before(root: Path) -> None:
-        write_progress(RunPaths(root).ensure(), 2, {"state": "working", "iteration": 1, "samples_done": 7})
+        write_progress(RunPaths(root).ensure(), 2, {"state": "working", "iteration": 1, "rollout_finished": 7})
 
     def write(root: Path) -> None:
-        write_progress(RunPaths(root), 2, {"state": "working", "iteration": 1, "samples_done": 8, "pad": "x" * 300})
+        write_progress(RunPaths(root), 2, {"state": "working", "iteration": 1, "rollout_finished": 8, "host": "x" * 300})
 
     def after(root: Path) -> None:
-        assert read_all_progress(RunPaths(root), [2])[2]["samples_done"] == 7  # the previous complete document
+        assert read_all_progress(RunPaths(root), [2])[2].counters.rollout_finished == 7  # the previous complete document
     return before, write, after, "control/progress/rank-0002.json"
 
 

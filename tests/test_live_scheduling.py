@@ -19,6 +19,7 @@ from slurm_rl.config import load_config
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import RankProgress
 from slurm_rl.data.migration import pending_dir
 from slurm_rl.data.reader import StageReader
 from slurm_rl.engines.emulated import DecodeBatch
@@ -150,6 +151,12 @@ def test_decode_batch_follows_the_simulator_law() -> None:
     assert batch.free_slots == 16
 
 
+def _records(docs: dict[int, dict]) -> dict[int, RankProgress]:
+    """Progress records of ``docs`` (rank -> the fields a rank writes besides ``rank`` and ``time``)."""
+    return {r: RankProgress.from_json({"rank": r, "time": 0.0, **d}, f"rank-{r:04d}.json", rank=r)
+            for r, d in docs.items()}
+
+
 def test_live_state_from_progress_drives_auto(tmp_path: Path) -> None:
     cfg_path = write_config(tmp_path / "c.yaml", live_config(tmp_path / "run", "auto"))
     cfg = load_config(cfg_path)
@@ -160,19 +167,19 @@ def test_live_state_from_progress_drives_auto(tmp_path: Path) -> None:
                 "inference_done": 0, "actor_minibatches_done": 0, "actor_busy": False} for r in (2, 3, 4, 5)}
     docs[0] = {"iteration": 0, "state": "working", "actor_minibatches_done": 1, "actor_busy": False}
     docs[7] = {"iteration": -1, "state": "at_gate", "rollout_finished": 999}  # an older iteration: ignored
-    state = build_state(cfg, epoch, docs, 0, at_gate=False)
+    state = build_state(cfg, epoch, _records(docs), 0, at_gate=False)
     assert (state.rollout.finished, state.rollout.running, state.rollout.pending) == (224, 16, 16)
     assert state.phase == "train" and state.actor.minibatches_done == 1 and not state.actor.busy
     decision = decide_auto(state)
     assert decision is not None and decision.boundary == "minibatch"
     assert len(decision.placement["actor"]) == 4 and set(decision.migrate_from) == {2, 3}
-    busy = build_state(cfg, epoch, {**docs, 0: {**docs[0], "actor_busy": True}}, 0, at_gate=False)
+    busy = build_state(cfg, epoch, _records({**docs, 0: {**docs[0], "actor_busy": True}}), 0, at_gate=False)
     assert busy.actor.busy and decide_auto(busy) is None  # the actor changes only between mini-batches
-    assert build_state(cfg, epoch, docs, 1, at_gate=True).phase == "start"
+    assert build_state(cfg, epoch, _records(docs), 1, at_gate=True).phase == "start"
     # The actor leader has received every sample while rank 5 has not reported its last finishes:
     # what the actor holds is a floor, so the policy sees rollout and inference done.
     stale = {**docs, 0: {**docs[0], "actor_minibatches_done": 3, "actor_received": 256}}
-    tail = build_state(cfg, epoch, stale, 0, at_gate=False)
+    tail = build_state(cfg, epoch, _records(stale), 0, at_gate=False)
     assert (tail.rollout.finished, tail.rollout.running, tail.inference.done) == (256, 0, 256)
     grown = decide_auto(tail)
     assert grown is not None and len(grown.placement["actor"]) == 8, grown
@@ -195,10 +202,10 @@ def _coordinator(tmp_path: Path, policy_fn=None, **runtime):
     return loop, paths
 
 
-def _rollout_tail_progress() -> dict[int, dict]:
+def _rollout_tail_progress() -> dict[int, RankProgress]:
     docs = {r: {"iteration": 0, "state": "working", "rollout_finished": 60, "rollout_running": 2} for r in (2, 3, 4, 5)}
     docs[0] = {"iteration": 0, "state": "working", "actor_minibatches_done": 1, "actor_busy": False}
-    return docs
+    return _records(docs)
 
 
 def test_decision_without_acks_ends_in_a_clear_error(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def _config(backend: str, tmp_path: Path, **runtime) -> tuple[Path, Path]:
 
 def _in_iteration(run_dir: Path, k: int) -> bool:
     docs = read_all_progress(RunPaths(run_dir), range(4)).values()
-    return any(d.get("iteration") == k and d.get("state") == "working" for d in docs)
+    return any(d.iteration == k and d.state == "working" for d in docs)
 
 
 def _finish(cluster, job_id: str, run_dir: Path, log: Path) -> str:

@@ -64,7 +64,7 @@ def test_run_whose_ranks_are_killed_resumes_from_its_last_checkpoint(backend: st
         def inside_iteration_2() -> bool:
             assert job.poll() is None, "the run ended before it could be killed"
             docs = read_all_progress(RunPaths(run_dir), range(4)).values()
-            return any(d.get("iteration") == 2 and d.get("state") == "working" for d in docs)
+            return any(d.iteration == 2 and d.state == "working" for d in docs)
 
         wait_until("iteration 2 to start", inside_iteration_2)
     finally:
@@ -92,7 +92,7 @@ def test_coordinator_killed_mid_iteration_is_replaced(backend: str, reference, t
         def inside_iteration_1() -> bool:
             assert proc.poll() is None, "the run ended before its coordinator could be killed"
             docs = read_all_progress(RunPaths(run_dir), range(4)).values()
-            return any(d.get("iteration") == 1 and d.get("state") == "working" for d in docs)
+            return any(d.iteration == 1 and d.state == "working" for d in docs)
 
         wait_until("iteration 1 to start", inside_iteration_1)
         victim = read_lease(RunPaths(run_dir))["holder"]["pid"]

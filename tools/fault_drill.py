@@ -188,7 +188,7 @@ def launch(run_dir: Path, env: dict[str, str], timeout: float, external: tuple[s
 
 
 def _working(run_dir: Path) -> bool:
-    return any(d.get("state") == "working" for d in read_all_progress(RunPaths(run_dir), range(WORLD)).values())
+    return any(d.state == "working" for d in read_all_progress(RunPaths(run_dir), range(WORLD)).values())
 
 
 def _victim(run_dir: Path, target: str, job: LocalJob, rng: random.Random) -> int | None:

@@ -199,9 +199,9 @@ class RunMonitor:
             return (f"waiting for the ranks: {started}/{self.world_size} wrote progress, no epoch yet "
                     f"({time.time() - self.started:.0f}s)")
         k = max([self.rows_seen, *(d.iteration for d in progress.values() if d.iteration is not None)])
-        docs = [d for d in progress.values() if d.iteration == k]
-        finished = sum(int(d.get("rollout_finished", 0) or 0) for d in docs)
-        minibatches = max((int(d.get("actor_minibatches_done", 0) or 0) for d in docs), default=0)
+        counters = [d.counters for d in progress.values() if d.iteration == k]
+        finished = sum(c.rollout_finished for c in counters)
+        minibatches = max((c.actor_minibatches_done for c in counters), default=0)
         return (f"still in iteration {k + 1}/{self.iterations}: {finished} rollouts finished, "
                 f"{minibatches} mini-batches trained ({time.time() - self.started:.0f}s since start)")
 

@@ -30,6 +30,7 @@ from slurm_rl.control.epochs import Epoch, EpochStore, read_epoch_file
 from slurm_rl.control.errors import ControlError
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import RankProgress
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.placement import COMPONENTS
 
@@ -117,20 +118,24 @@ def read_epochs(paths: RunPaths, missing: list[str]) -> list[Epoch]:
             return out
 
 
-def _last_seen(paths: RunPaths, world: Iterable[int]) -> tuple[float | None, dict[int, dict[str, Any]]]:
-    """The latest time any file says something happened, and each rank's progress document."""
+def _last_seen(paths: RunPaths, world: Iterable[int]) -> tuple[float | None, dict[int, RankProgress]]:
+    """The latest time any file says something happened, and each rank's progress (a progress file
+    that is not a valid one is left out)."""
     latest: list[float] = []
-    progress: dict[int, dict[str, Any]] = {}
+    progress: dict[int, RankProgress] = {}
     for rank in world:
-        for path in (paths.progress(rank), paths.heartbeat(rank)):
-            try:
-                doc = read_json(path)
-            except _READ_ERRORS:
-                continue
-            if isinstance(doc.get("time"), (int, float)):
-                latest.append(float(doc["time"]))
-            if path == paths.progress(rank):
-                progress[rank] = doc
+        path = paths.progress(rank)
+        try:
+            progress[rank] = RankProgress.from_json(read_json(path), path, rank=rank)
+            latest.append(progress[rank].time)
+        except _READ_ERRORS:
+            pass
+        try:
+            beat = read_json(paths.heartbeat(rank))
+        except _READ_ERRORS:
+            continue
+        if isinstance(beat.get("time"), (int, float)):
+            latest.append(float(beat["time"]))
     return max(latest, default=None), progress
 
 
@@ -185,9 +190,9 @@ def build_timeline(run_dir: str | Path, now: float | None = None) -> RunTimeline
             missing.append(f"activity of rank {rank}: unreadable ({exc})")
     if epochs and not any(tl.spans.values()):
         missing.append(f"{paths.control / 'activity'}: no activity spans (busy time and bubbles unknown)")
-    failed = sorted(r for r, d in progress.items() if d.get("state") == "failed")
+    failed = sorted(r for r, d in progress.items() if d.state == "failed")
     if failed:
-        why = progress[failed[0]].get("error")
+        why = progress[failed[0]].error
         missing.append(f"ranks {failed} failed" + (f" (rank {failed[0]}: {why})" if why else ""))
     if iterations is not None and not any(k == iterations for k, _ in gates):
         done = max((k for k, _ in gates), default=0)
@@ -196,7 +201,7 @@ def build_timeline(run_dir: str | Path, now: float | None = None) -> RunTimeline
     return tl
 
 
-def _add_bars(tl: RunTimeline, paths: RunPaths, epochs: list[Epoch], progress: dict[int, dict[str, Any]]) -> None:
+def _add_bars(tl: RunTimeline, paths: RunPaths, epochs: list[Epoch], progress: dict[int, RankProgress]) -> None:
     """One bar per (rank, epoch) from the rank's ack of it; a rank's last bar ends when it finished."""
     unacked: dict[int, list[int]] = {}
     for rank in tl.world:
@@ -216,11 +221,11 @@ def _add_bars(tl: RunTimeline, paths: RunPaths, epochs: list[Epoch], progress: d
             roles = tuple(roles) if isinstance(roles, list) else tuple(e.role_of(rank))
             starts.append((float(ack["applied_at"]), e.epoch, tuple(c for c in COMPONENTS if c in roles)))
         starts.sort()
-        doc = progress.get(rank, {})
-        finished = doc.get("state") in ("finished", "failed") and isinstance(doc.get("time"), (int, float))
+        doc = progress.get(rank)
+        finished = doc is not None and doc.state in ("finished", "failed")
         for i, (start, epoch, roles) in enumerate(starts):
             last = i + 1 == len(starts)
-            end = starts[i + 1][0] if not last else (float(doc["time"]) if finished else tl.end or start)
+            end = starts[i + 1][0] if not last else (doc.time if doc is not None and finished else tl.end or start)
             tl.bars.append(RoleBar(rank, epoch, roles, start, max(start, end), open=last and not finished))
     if unacked:
         tl.missing.append("epochs not acknowledged by every rank: " + "; ".join(

@@ -219,11 +219,10 @@ class CoordinatorLoop:
         """Record what the ranks report into the run's history (``scheduler.history``)."""
         mb = last_minibatch(progress, state.iteration)
         seen = None
-        if mb is not None and int(mb["index"]) > self.seen_minibatch:
-            self.seen_minibatch = int(mb["index"])
-            if mb.get("seconds") and not mb.get("resharded"):  # a reshard's time is not training
-                seen = (int(mb["dp"]) // self.cfg.scheduler.actor_ranks_per_instance, float(mb["seconds"]),
-                        int(mb.get("tokens") or 0))
+        if mb is not None and mb.index > self.seen_minibatch:
+            self.seen_minibatch = mb.index
+            if mb.seconds and not mb.resharded:  # a reshard's time is not training
+                seen = (mb.dp // self.cfg.scheduler.actor_ranks_per_instance, mb.seconds, mb.tokens or 0)
         switch, self.seen_switch = self.seen_switch, None
         return self.recorder.observe(live_tick(state, progress, seen, switch))
 

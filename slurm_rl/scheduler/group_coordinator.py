@@ -86,8 +86,9 @@ class GroupLoop:
     def _rollout_finished(self, job: str, k: int) -> int:
         spec = self.group["jobs"][job]
         progress = read_all_progress(RunPaths(self.paths.job_dir(job)), range(int(spec["world_size"])))
-        finished = sum(int(d.get("rollout_finished") or 0) for d in progress.values() if d.iteration == k)
-        received = max((int(d.get("actor_received") or 0) for d in progress.values() if d.iteration == k), default=0)
+        counters = [d.counters for d in progress.values() if d.iteration == k]
+        finished = sum(c.rollout_finished for c in counters)
+        received = max((c.actor_received for c in counters), default=0)
         return max(finished, received)
 
     def observe(self) -> GroupView:

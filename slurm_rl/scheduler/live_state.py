@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 
 from slurm_rl.config import Config
 from slurm_rl.control.epochs import Epoch
+from slurm_rl.control.progress import IterationCounters, LastMinibatch, RankProgress
 from slurm_rl.scheduler.history import NUM_BUCKETS, History, Tick
 from slurm_rl.scheduler.placement_ops import rollout_instances, setup_problems
 from slurm_rl.scheduler.policies import make_policy
@@ -84,17 +85,12 @@ def build_policy(cfg: Config) -> PolicyFn:
     return make_policy(cfg.scheduler.policy, policy_config(cfg))
 
 
-def _current(progress: Mapping[int, Mapping[str, Any]], iteration: int) -> list[Mapping[str, Any]]:
-    """Progress documents of ranks working on (or done with: waiting at the next gate) ``iteration``
-    (``control.progress.RankProgress`` records, or their JSON documents: counters are read by name)."""
-    return [d for d in progress.values() if d.get("iteration") == iteration]
+def _current(progress: Mapping[int, RankProgress], iteration: int) -> list[IterationCounters]:
+    """Counters of the ranks working on (or done with: waiting at the next gate) ``iteration``."""
+    return [d.counters for d in progress.values() if d.iteration == iteration]
 
 
-def _sum(docs: list[Mapping[str, Any]], key: str) -> int:
-    return sum(int(doc.get(key, 0) or 0) for doc in docs)
-
-
-def build_state(cfg: Config, current: Epoch, progress: Mapping[int, Mapping[str, Any]], iteration: int, at_gate: bool,
+def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress], iteration: int, at_gate: bool,
                 elapsed_s: float = 0.0, history: History | None = None) -> SchedState:
     """A ``SchedState`` of the live run: at an iteration gate phase ``start``; otherwise from
     the ranks' progress counters of ``iteration`` (rollout finished/running, inference done,
@@ -108,18 +104,18 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, Mapping[str,
         inference = InferenceProgress(done=0, total=inf_total)
         actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration)
     else:
-        docs = _current(progress, iteration)
+        counters = _current(progress, iteration)
         # Samples the actor leader received have finished rollout (and inference): a floor that
         # does not lag the data as the producers' own reports may.
-        received = max((int(d.get("actor_received", 0) or 0) for d in docs), default=0)
-        finished = min(samples, max(received, _sum(docs, "rollout_finished")))
-        running = min(samples - finished, _sum(docs, "rollout_running"))
+        received = max((c.actor_received for c in counters), default=0)
+        finished = min(samples, max(received, sum(c.rollout_finished for c in counters)))
+        running = min(samples - finished, sum(c.rollout_running for c in counters))
         rollout = RolloutProgress(running=running, pending=samples - finished - running, finished=finished, total=samples)
-        inference = InferenceProgress(done=min(inf_total, max(received if inf_total else 0, _sum(docs, "inference_done"))),
+        inference_done = sum(c.inference_done for c in counters)
+        inference = InferenceProgress(done=min(inf_total, max(received if inf_total else 0, inference_done)),
                                       total=inf_total)
-        steps = min(batch.minibatches_per_iteration,
-                    max((int(d.get("actor_minibatches_done", 0) or 0) for d in docs), default=0))
-        busy = any(bool(d.get("actor_busy")) for d in docs)
+        steps = min(batch.minibatches_per_iteration, max((c.actor_minibatches_done for c in counters), default=0))
+        busy = any(c.actor_busy for c in counters)
         actor = ActorProgress(steps * cfg.train.global_batch_size, samples, steps,
                               batch.minibatches_per_iteration, busy=busy)
     return SchedState(
@@ -139,22 +135,22 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, Mapping[str,
     )
 
 
-def live_tick(state: SchedState, progress: Mapping[int, Mapping[str, Any]], minibatch: tuple[int, float, int] | None,
+def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch: tuple[int, float, int] | None,
               switch_s: float | None) -> Tick:
     """The ``Tick`` the history records from a live state and the ranks' progress (see
     ``scheduler.history``): length histograms, decode step times and inference busy time summed
     over the ranks working on the state's iteration. Complete groups are not reported by the
     ranks, so the samples ready for inference are taken as the finished ones."""
-    docs = _current(progress, state.iteration)
+    counters = _current(progress, state.iteration)
     hist = [0] * NUM_BUCKETS
     longest = 0
     decode: list[tuple[float, float]] = []
-    for d in docs:
-        for b, n in (d.get("rollout_len_hist") or {}).items():
-            hist[min(NUM_BUCKETS - 1, int(b))] += int(n)
-        longest = max(longest, int(d.get("rollout_longest") or 0))
-        if d.get("rollout_step_s") and d.get("rollout_decoding"):
-            decode.append((float(d["rollout_decoding"]), float(d["rollout_step_s"])))
+    for c in counters:
+        for b, n in c.rollout_len_hist.items():
+            hist[min(NUM_BUCKETS - 1, b)] += n
+        longest = max(longest, c.rollout_longest)
+        if c.rollout_step_s and c.rollout_decoding:
+            decode.append((float(c.rollout_decoding), c.rollout_step_s))
     inf_gpus = len(state.current["inference"])
     return Tick(iteration=state.iteration, elapsed_s=state.elapsed_s, samples=state.rollout.total,
                 finished=state.rollout.finished, inference_done=state.inference.done,
@@ -162,18 +158,13 @@ def live_tick(state: SchedState, progress: Mapping[int, Mapping[str, Any]], mini
                 inference_gpus=inf_gpus, max_running=state.cfg.max_running_requests,
                 running=state.rollout.running,
                 instances=len(rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)),
-                inference_busy_gpu_s=_sum_float(docs, "inference_busy_s"), lengths=tuple(hist),
+                inference_busy_gpu_s=sum(c.inference_busy_s for c in counters), lengths=tuple(hist),
                 decode=tuple(decode), minibatch=minibatch, switch_s=switch_s, longest=longest)
 
 
-def last_minibatch(progress: Mapping[int, Mapping[str, Any]], iteration: int) -> dict[str, Any] | None:
-    """The actor's most recently cut mini-batch of ``iteration`` (index, dp, seconds, tokens,
-    resharded), as its cutter reports it."""
-    for d in _current(progress, iteration):
-        if d.get("actor_last_minibatch"):
-            return dict(d["actor_last_minibatch"])
+def last_minibatch(progress: Mapping[int, RankProgress], iteration: int) -> LastMinibatch | None:
+    """The actor's most recently cut mini-batch of ``iteration``, as its cutter reports it."""
+    for c in _current(progress, iteration):
+        if c.actor_last_minibatch is not None:
+            return c.actor_last_minibatch
     return None
-
-
-def _sum_float(docs: list[Mapping[str, Any]], key: str) -> float:
-    return sum(float(doc.get(key, 0.0) or 0.0) for doc in docs)
