@@ -160,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = read_coordinator_status(RunPaths(run_dir))
     if status is not None and status.state == "stopped":
         print(f"run stopped at the gate of iteration {status.stopped_at_iteration} after {result.seconds:.1f}s "
-              f"({(status.stop or {}).get('reason')}); checkpoint {status.get('checkpoint')}\n"
+              f"({(status.stop or {}).get('reason')}); checkpoint {status.checkpoint}\n"
               f"resume with: slurm-rl run --resume {run_dir}", flush=True)
         return EXIT_STOPPED
     print(f"run finished in {result.seconds:.1f}s", flush=True)

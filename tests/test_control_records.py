@@ -13,7 +13,7 @@ import pytest
 from slurm_rl.control import RunPaths, TornFileError
 from slurm_rl.control.progress import (IterationCounters, LastMinibatch, RankProgress, read_all_progress,
                                       write_progress)
-from slurm_rl.control.status import CoordinatorStatus, read_coordinator_status, status_path, write_coordinator_status
+from slurm_rl.control.status import CheckpointRequest, CoordinatorStatus, read_coordinator_status, status_path, write_coordinator_status
 from slurm_rl.worker.errors import CoordinatorFailed
 
 AT_GATE = {"rank": 3, "host": "n1", "state": "at_gate", "iteration": 4, "epoch": 7, "roles": ["rollout"], "gate": 5,
@@ -149,8 +149,22 @@ def test_status_record_types_its_fields_and_keeps_the_document(paths: RunPaths) 
     assert isinstance(status, CoordinatorStatus) and not status.failed
     assert (status.generation, status.state, status.released_iteration, status.stopped_at_iteration) == (2, "stopped", 4, 5)
     assert status.stop == {"reason": "USR1"} and status.requeue is True and status.exclude == ()
-    assert status["checkpoint"] == "checkpoints/iter-000005"
+    assert status.checkpoint == "checkpoints/iter-000005" and status.checkpoint_request is None
     assert json.loads(status_path(paths).read_text()) == STOPPED == status.to_json()
+
+
+def test_status_checkpoint_request_is_typed(paths: RunPaths) -> None:
+    """While checkpointing, ``checkpoint`` is a request (iteration, staging dir); a bad one is refused."""
+    write_coordinator_status(paths, {"generation": 1, "state": "checkpointing",
+                                     "checkpoint": {"iteration": 3, "dir": "checkpoints/.iter-000003.tmp-1"}})
+    status = read_coordinator_status(paths)
+    assert status is not None and status.checkpoint is None
+    assert status.checkpoint_request == CheckpointRequest(3, "checkpoints/.iter-000003.tmp-1")
+    with pytest.raises(TornFileError, match=r"field 'checkpoint\.iteration' must be a non-negative int"):
+        write_coordinator_status(paths, {"generation": 1, "state": "checkpointing",
+                                         "checkpoint": {"iteration": -1, "dir": "x"}})
+    with pytest.raises(TornFileError, match=r"field 'checkpoint' must be a string or null"):
+        write_coordinator_status(paths, {"generation": 1, "state": "stopped", "checkpoint": 7})
 
 
 @pytest.mark.parametrize("name, value, message", [

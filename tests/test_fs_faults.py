@@ -140,7 +140,7 @@ def _status_case() -> Case:
                                                   "pad": "x" * 300})
 
     def after(root: Path) -> None:
-        assert read_coordinator_status(RunPaths(root))["released_iteration"] == 0
+        assert read_coordinator_status(RunPaths(root)).released_iteration == 0
     return before, write, after, "control/coordinator.json"
 
 

@@ -55,7 +55,8 @@ def _in_iteration(run_dir: Path, k: int) -> bool:
 def _finish(cluster, job_id: str, run_dir: Path, log: Path) -> str:
     wait_until(f"job {job_id} to end", lambda: _job_gone(cluster, job_id), timeout=JOB_TIMEOUT_S)
     text = log.read_text()
-    assert (read_coordinator_status(RunPaths(run_dir)) or {}).get("state") == "finished", text
+    status = read_coordinator_status(RunPaths(run_dir))
+    assert status is not None and status.state == "finished", text
     return text
 
 

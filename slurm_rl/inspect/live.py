@@ -91,8 +91,8 @@ class RunMonitor:
             elif state == "failed":
                 lines.append(f"run failed: the coordinator says {status.error}")
             elif state == "checkpointing":
-                gate = (status.get("checkpoint") or {}).get("iteration")
-                lines.append(f"checkpoint before iteration {gate + 1 if isinstance(gate, int) else '?'}/{self.iterations}")
+                request = status.checkpoint_request
+                lines.append(f"checkpoint before iteration {request.iteration + 1 if request else '?'}/{self.iterations}")
             elif state == "stopped":
                 gate = status.stopped_at_iteration
                 lines.append(f"run stopped before iteration {gate + 1 if isinstance(gate, int) else '?'}/{self.iterations} "

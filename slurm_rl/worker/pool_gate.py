@@ -96,7 +96,7 @@ class PoolGate:
             status = read_coordinator_status(self.paths)
             if status is not None and status.state in ("failed", "finished"):
                 raise GroupFailed(f"{self._who()}: the group scheduler is {status.state} "
-                                  f"({status.get('error', 'no error recorded')}) while waiting for {self.pool} "
+                                  f"({status.error or 'no error recorded'}) while waiting for {self.pool} "
                                   f"of iteration {k}")
             if time.monotonic() > deadline:
                 raise WaitTimeout(f"{self._who()} waited {self.timeout_s:.0f}s (group.timeout_s) for the grant of "

@@ -159,11 +159,11 @@ class WorkerRuntime:
             if status.state == "stopped":
                 raise RunStopped(f"{self._describe()}: the coordinator stopped the run at the gate of iteration "
                                  f"{status.stopped_at_iteration} ({(status.stop or {}).get('reason')})")
-            request = status.get("checkpoint")  # checkpointing: {"iteration", "dir"}
-            if (status.state == "checkpointing" and isinstance(request, dict)
-                    and request.get("iteration") == iteration and request.get("dir") != self._checkpointed):
-                self.roles_impl.save_checkpoint(Path(str(request["dir"])), iteration)
-                self._checkpointed = str(request["dir"])
+            request = status.checkpoint_request
+            if (status.state == "checkpointing" and request is not None
+                    and request.iteration == iteration and request.dir != self._checkpointed):
+                self.roles_impl.save_checkpoint(Path(request.dir), iteration)
+                self._checkpointed = request.dir
                 self.report("at_gate", gate=iteration, checkpointed=self._checkpointed)
             if status.released_iteration is None or status.released_iteration < iteration:
                 return False
