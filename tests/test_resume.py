@@ -105,7 +105,7 @@ def test_coordinator_killed_mid_iteration_is_replaced(backend: str, reference, t
     assert read_lease(RunPaths(run_dir))["generation"] == 2
     assert any("coordinator restarted (generation 2)" in e.reason for e in EpochStore(RunPaths(run_dir)).all())
     assert "coordinator process" in (run_dir / "logs" / "rank-0000.log").read_text()
-    assert read_coordinator_status(RunPaths(run_dir))["state"] == "finished"
+    assert read_coordinator_status(RunPaths(run_dir)).state == "finished"
     assert_same_outcome(run_dir, reference(backend))
 
 
