@@ -34,8 +34,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.scheduler import defaults
 from slurm_rl.config import config_from_mapping
+from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler.profiles import PROFILES, math_rl, scaled_for_live
 from slurm_rl.scheduler.simulate import simulate
 
@@ -63,7 +63,7 @@ def _mean(values: list[float]) -> float:
 def _summary(gpus: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     its = [it for r in runs for it in r["report"]["iterations"]]
     n_iter = len(runs[0]["report"]["iterations"])
-    comps = defaults.COMPONENTS
+    comps = COMPONENTS
     decide = sorted(x for r in runs for x in r["decide_s"])
     row: dict[str, Any] = {
         "iteration_s": [_mean([r["report"]["iterations"][i]["time_s"] for r in runs]) for i in range(n_iter)],
