@@ -22,6 +22,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slurm_rl.engines.model_config import shape_problems
 from slurm_rl.placement import (
     COMPONENTS,
     MISSING_VALUE,
@@ -628,18 +629,9 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     m, a, ro, al, tk = root.model, root.actor, root.rollout, root.algorithm, root.task
     _positive(issues, "model", m, "vocab_size", "hidden_size", "num_layers", "num_attention_heads",
               "num_query_groups", "ffn_hidden_size", "max_position_embeddings", "rotary_base", "norm_epsilon")
-    if m.hidden_size > 0 and m.num_attention_heads > 0:
-        head = m.hidden_size // m.num_attention_heads
-        if m.hidden_size % m.num_attention_heads:
-            issues.append(ConfigIssue("model.hidden_size", m.hidden_size,
-                                      f"a multiple of model.num_attention_heads ({m.num_attention_heads})"))
-        elif head < 32 or head % 2:
-            issues.append(ConfigIssue("model.num_attention_heads", m.num_attention_heads, (
-                f"a count that gives an even head size >= 32 (model.hidden_size {m.hidden_size} / "
-                f"{m.num_attention_heads} = {head}; vLLM CPU kernels need >= 32, RoPE an even size)")))
-        if m.num_query_groups and m.num_query_groups > 0 and m.num_attention_heads % m.num_query_groups:
-            issues.append(ConfigIssue("model.num_query_groups", m.num_query_groups,
-                                      f"a divisor of model.num_attention_heads ({m.num_attention_heads}) or null"))
+    # num_query_groups <= 0 is reported by _positive above
+    groups = m.num_query_groups if m.num_query_groups is None or m.num_query_groups > 0 else None
+    issues.extend(ConfigIssue(*problem) for problem in shape_problems(m.hidden_size, m.num_attention_heads, groups))
     _positive(issues, "actor", a, "lr", "eps", "clip_grad", "threads")
     _positive(issues, "actor", a, "min_lr", "lr_warmup_samples", "weight_decay", allow_zero=True)
     _positive(issues, "actor", a, "lr_decay_samples")

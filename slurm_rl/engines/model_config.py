@@ -7,6 +7,28 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
+def shape_problems(hidden_size: int, num_attention_heads: int,
+                   num_query_groups: int | None) -> list[tuple[str, Any, str]]:
+    """What is wrong with an attention shape, as (key, value, what is allowed): the hidden size
+    splits into heads of an even size >= 32 (vLLM CPU kernels; RoPE rotates pairs), and the KV
+    groups divide the heads. The one rule for the engines and for ``load_config``."""
+    if hidden_size <= 0 or num_attention_heads <= 0:
+        return []  # a non-positive size is reported on its own
+    problems: list[tuple[str, Any, str]] = []
+    head = hidden_size // num_attention_heads
+    if hidden_size % num_attention_heads:
+        problems.append(("model.hidden_size", hidden_size,
+                         f"a multiple of model.num_attention_heads ({num_attention_heads})"))
+    elif head < 32 or head % 2:
+        problems.append(("model.num_attention_heads", num_attention_heads, (
+            f"a count that gives an even head size >= 32 (model.hidden_size {hidden_size} / "
+            f"{num_attention_heads} = {head}; vLLM CPU kernels need >= 32, RoPE an even size)")))
+    if num_query_groups is not None and (num_query_groups <= 0 or num_attention_heads % num_query_groups):
+        problems.append(("model.num_query_groups", num_query_groups,
+                         f"a positive divisor of model.num_attention_heads ({num_attention_heads}) or null"))
+    return problems
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Llama-style decoder: RMSNorm, SwiGLU, RoPE, no biases.
@@ -33,21 +55,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"model.{name}: got {value!r}, expected a positive integer")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"model.hidden_size: {self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_attention_heads}")
-        if self.head_dim < 32:
-            raise ValueError(
-                f"model.num_attention_heads: head size {self.hidden_size}/"
-                f"{self.num_attention_heads}={self.head_dim} < 32 (vLLM CPU needs >= 32)")
-        if self.head_dim % 2:
-            raise ValueError(f"model.hidden_size: head size {self.head_dim} must be even for RoPE")
-        if self.num_query_groups is not None and (
-                self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups):
-            raise ValueError(
-                f"model.num_query_groups: got {self.num_query_groups!r}, expected a positive "
-                f"divisor of num_attention_heads={self.num_attention_heads} or null")
+        for key, value, allowed in shape_problems(self.hidden_size, self.num_attention_heads,
+                                                  self.num_query_groups)[:1]:
+            raise ValueError(f"{key}: got {value!r}; allowed: {allowed}")
         if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
             raise ValueError(
                 f"model.ffn_hidden_size: got {self.ffn_hidden_size!r}, expected a positive "

@@ -106,7 +106,13 @@ def grow_actor(actor: Ranks, available: Sequence[Sequence[int]], cfg: PolicyConf
     bigger = [dp for dp in valid_dps if dp > cur_dp and (dp - cur_dp) * tp <= total]
     if not bigger:
         return actor, 0
-    need = (max(bigger) - cur_dp) * tp
+    taken, used = take_groups(available, (max(bigger) - cur_dp) * tp)
+    return tuple(sorted(actor + taken)), used
+
+
+def take_groups(available: Sequence[Sequence[int]], need: int) -> tuple[Ranks, int]:
+    """The first ``need`` ranks of the ``available`` groups, taken whole and in order, and how
+    many groups that consumed (fewer ranks when the groups hold fewer)."""
     taken: list[int] = []
     used = 0
     for group in available:
@@ -114,7 +120,7 @@ def grow_actor(actor: Ranks, available: Sequence[Sequence[int]], cfg: PolicyConf
             break
         taken.extend(group)
         used += 1
-    return tuple(sorted(actor + tuple(taken[:need]))), used
+    return tuple(taken[:need]), used
 
 
 def setup_problems(initial: Mapping[str, Sequence[int]], world: Sequence[int], cfg: PolicyConfig,

@@ -35,7 +35,7 @@ from typing import Callable
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.forecast import Forecast
 from slurm_rl.scheduler.history import CURVE_POINTS
-from slurm_rl.scheduler.placement_ops import idle_ranks, iteration_start_placement, rollout_instances
+from slurm_rl.scheduler.placement_ops import idle_ranks, iteration_start_placement, rollout_instances, take_groups
 from slurm_rl.scheduler.policies.auto import decide_auto, starved_components
 from slurm_rl.scheduler.state import Decision, RankMap, SchedState
 
@@ -153,20 +153,14 @@ def _ladder(state: SchedState, held: bool) -> list[_Step]:
     steps = []
     for dp in [cur_dp] + [d for d in state.actor_valid_dp_sizes() if d > cur_dp]:
         need = (dp - cur_dp) * tp
-        taken: list[int] = []
-        used = 0
-        for group in free:
-            if len(taken) >= need:
-                break
-            taken.extend(group)
-            used += 1
+        taken, used = take_groups(free, need)
         if len(taken) < need:
             break
         released = max(0, used - n_fixed)
         if out and released >= len(instances):
             break  # rollout keeps at least one instance while it has work
         placement: RankMap = {
-            "actor": tuple(sorted(base + tuple(taken[:need]))),
+            "actor": tuple(sorted(base + taken)),
             "rollout": tuple(r for inst in instances[released:] for r in inst),
             "inference": keep_inf,
         }
