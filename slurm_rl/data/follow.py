@@ -14,13 +14,16 @@ from slurm_rl.data.shardio import open_shard
 from slurm_rl.fsio import FileSystem, stat
 
 
-def stat_key(path: Path, fs: FileSystem | None = None) -> tuple[int, int] | None:
-    """A cheap change marker of a file (mtime, size + inode), or None when it does not exist."""
+def stat_key(path: Path, fs: FileSystem | None = None) -> tuple[int, int, int] | None:
+    """A cheap change marker of a file (mtime, size, inode), or None when it does not exist.
+
+    Three separate numbers: an atomic rewrite within one coarse mtime tick whose size is one
+    byte shorter on the next inode (``"complete": false`` -> ``true``) must still count as a change."""
     try:
         s = stat(path, fs=fs)
     except FileNotFoundError:
         return None
-    return (s.st_mtime_ns, s.st_size + s.st_ino)
+    return (s.st_mtime_ns, s.st_size, s.st_ino)
 
 
 class StageFollower:
@@ -35,7 +38,7 @@ class StageFollower:
         self.run_dir, self.iteration, self.stage, self.fs = run_dir, iteration, stage, fs
         self.dir = stage_dir(run_dir, iteration, stage)
         self._expected = expected_path(run_dir, iteration, stage)
-        self._expected_key: tuple[int, int] | None = None
+        self._expected_key: tuple[int, int, int] | None = None
         self._final = producers is not None
         self._producers: dict[int, dict[str, Any]] = {}
         for r in producers or ():
