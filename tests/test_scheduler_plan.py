@@ -153,13 +153,17 @@ def test_recorder_folds_an_iteration_into_the_history() -> None:
     for i in range(11):
         rec.observe(tick(0, 2.0 * i, 10 * i, inference_done=10 * i, busy=1.0 * i,
                          decode=((4.0, 0.01),), minibatch=(2, 3.0, 100) if i == 5 else None,
-                         switch_s=0.4 if i == 3 else None, longest=50))
+                         switch_s={3: 0.4, 6: 2.4}.get(i), switch_fraction=0.5 if i == 6 else 0.0,
+                         longest=50))
     h = rec.end_iteration(25.0)
     assert h.iterations_done == 1 and h.iteration_s == (25.0,)
     assert sum(h.lengths) == 100 and h.current_lengths == ()
     assert h.curve == tuple(2.0 * i for i in range(1, 11))
+    assert h.curve_work == tuple(2 * 2.0 * i for i in range(1, 11))  # 2 instances all along
     assert h.inference == (100.0, 10.0)
     assert h.minibatches == ((2, 3.0, 100),) and h.switches == (0.4,)
+    assert h.reshards == ((0.5, 2.4),)  # the growth that moved half the actor's state
+    assert h.state_move_s(h.switch_s) == pytest.approx((2.4 - 0.4) / 0.5)
     assert h.decode.line() == pytest.approx((0.01, 0.0))
     assert h.longest == 50
     again = rec.observe(tick(0, 30.0, 100))  # a late tick of the closed iteration changes nothing
@@ -200,13 +204,38 @@ def test_held_actor_waits_while_it_has_slack_and_starts_when_critical() -> None:
     no_data = state(running=448, pending=476, finished=100, current=lent,
                     history=learned_history(mb_s=400.0), elapsed_s=5.0)
     assert decide_plan(no_data) is None  # its first mini-batch is not in for another ~20 s
-    critical = dataclasses.replace(early, history=learned_history(mb_s=400.0))
+    # an expensive actor and a long rollout ahead (decode 10x slower): start on part of the GPUs
+    critical = dataclasses.replace(early, history=learned_history(mb_s=400.0, alpha=0.06))
     d = decide_plan(critical)
     assert d is not None and "forecast end" in d.reason
     assert set(INITIAL["actor"]) <= set(d.placement["actor"])
     assert set(d.migrate_from) == set(lent["rollout"]) - set(d.placement["rollout"])
     assert d.boundary == "minibatch"
     assert d.placement["inference"] == (7,)  # inference keeps its ranks until it finished
+
+
+def test_held_actor_waits_for_the_data_when_every_gpu_then_wins() -> None:
+    # an expensive actor (400 s a mini-batch at DP 2) and a short rollout ahead: starting on part
+    # of the GPUs would lock a mini-batch onto them, so the actor waits and then takes all 8
+    lent = {"actor": (), "rollout": (0, 1, 2, 3, 4, 5, 6), "inference": (7,)}
+    short = state(running=448, pending=176, finished=400, inference_done=300, current=lent,
+                  history=learned_history(mb_s=400.0), elapsed_s=5.0)
+    assert decide_plan(short) is None
+    # rollout done, inference about to finish: wait for its rank rather than start on DP 4
+    almost = state(finished=TOTAL, inference_done=TOTAL - 8, current={**lent, "rollout": ()},
+                   history=learned_history(mb_s=400.0), elapsed_s=60.0)
+    assert decide_plan(almost) is None
+    done = dataclasses.replace(almost, inference=InferenceProgress(TOTAL, TOTAL))
+    d = decide_plan(done)
+    assert d is not None and d.placement["actor"] == tuple(range(8))
+
+
+def test_switch_forecast_charges_the_state_that_moves() -> None:
+    h = dataclasses.replace(learned_history(), switches=(0.5,), reshards=((0.5, 10.5), (0.75, 15.5)))
+    fc = Forecast.fit(h, TOTAL, 0, 64, 0.1)
+    assert fc is not None and fc.state_move_s == pytest.approx(20.0)
+    assert fc.switch(2, 8) == pytest.approx(0.5 + 20.0 * 0.75)
+    assert fc.switch(8, 2) == pytest.approx(0.5)  # shrinking (or coming back onto holders) moves nothing
 
 
 def test_finished_components_give_every_rank_to_the_actor() -> None:

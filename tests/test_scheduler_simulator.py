@@ -23,7 +23,7 @@ from slurm_rl.scheduler.simulate import (
     simulate,
 )
 from slurm_rl.scheduler.simulator import Simulation
-from slurm_rl.scheduler.state import PolicyConfig
+from slurm_rl.scheduler.state import Decision, PolicyConfig
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +220,25 @@ def test_cli_exit_2_only_for_bad_input(monkeypatch: pytest.MonkeyPatch, capsys: 
     monkeypatch.setattr(cli_bridge, "simulate", broken)
     with pytest.raises(ValueError, match="an internal bug"):
         cli_bridge.run_simulation(cfg, gpus=None, policy=None, as_json=True)
+
+
+def test_held_back_actor_keeps_its_state_where_it_was() -> None:
+    # The runtime leaves the actor's state on the ranks that last held it while the actor holds
+    # none (pre-process), so coming back onto fewer ranks moves nothing and growing moves the
+    # fraction the joiners lack; the simulator charges the same.
+    cfg = _tiny("static")
+    cfg["emulated"].update(reshard_s_per_gb=1.0, model_params=10**9)  # 16 s for the whole state
+    setup, _ = build_setup(config_from_mapping(cfg))
+    sim = Simulation(setup, make_policy("static", setup.policy_cfg))
+    sim._start_iteration(0)
+    sim._new_report(0)
+    assert sim.state_dp == 1
+    sim.placement = {"actor": (), "rollout": (1, 2), "inference": (3,)}
+    sim._apply(Decision({"actor": (0, 1), "rollout": (2,), "inference": (3,)}, "grow from held"))
+    assert sim.ready_at["actor"] == pytest.approx(setup.switch_latency_s + 16 * 0.5)  # 1 -> 2 moves half
+    assert sim.seen_growth == pytest.approx(0.5) and sim.state_dp == 2
+    sim._apply(Decision({"actor": (), "rollout": (1, 2), "inference": (3,)}, "hold back"))
+    assert sim.state_dp == 2  # the state stays on the two ranks
+    sim._apply(Decision({"actor": (1,), "rollout": (2,), "inference": (3,)}, "come back on one"))
+    assert sim.ready_at["actor"] == pytest.approx(setup.switch_latency_s)  # shrinking moves nothing
+    assert sim.state().actor.state_dp == 1

@@ -45,6 +45,7 @@ from slurm_rl.resume import checkpoints
 from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.resume.stop import install_stop_handlers, read_stop
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.cost_model import reshard_fraction
 from slurm_rl.scheduler.errors import CheckpointFailed
 from slurm_rl.scheduler.history import History, HistoryRecorder
 from slurm_rl.scheduler.live_state import (
@@ -107,6 +108,9 @@ class CoordinatorLoop:
         self.measuring = self.fresh  # a restarted generation saw only part of the iteration in flight
         self.seen_minibatch = -1
         self.seen_switch: float | None = None
+        self.seen_growth = 0.0  # fraction of the actor's state the last switch moved
+        # DP of the ranks holding the actor's state (a held-back actor leaves it there)
+        self.actor_state_dp: int | None = None
 
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
@@ -157,8 +161,18 @@ class CoordinatorLoop:
             },
         )
         self.current = epoch
+        tp = self.cfg.scheduler.actor_ranks_per_instance
+        growth = 0.0
+        if decision.placement.get("actor"):
+            new_dp = len(decision.placement["actor"]) // tp
+            old_dp = self.actor_state_dp
+            if old_dp is None:  # not moved yet: the configured actor ranks hold it
+                initial = self.cfg.placement.components.get("actor")
+                old_dp = len(initial.ranks) // tp if initial else 0
+            growth, self.actor_state_dp = reshard_fraction(old_dp, new_dp), new_dp
         if state is not None and state.phase != "start":
             self.seen_switch = max(0.0, last_ack - state_read_at)
+            self.seen_growth = growth
         return epoch
 
     def status(self, state: str, **extra: Any) -> None:
@@ -196,7 +210,7 @@ class CoordinatorLoop:
         """
         assert self.current is not None
         state = build_state(self.cfg, self.current, progress, iteration, at_gate=False,
-                            elapsed_s=max(0.0, read_at - self.released_at))
+                            elapsed_s=max(0.0, read_at - self.released_at), actor_state_dp=self.actor_state_dp)
         state = dataclasses.replace(state, history=self._observe(state, progress))
         decision = self.policy(state)
         if decision is None or decision.boundary == "iteration":
@@ -224,7 +238,7 @@ class CoordinatorLoop:
             if mb.seconds and not mb.resharded:  # a reshard's time is not training
                 seen = (mb.dp // self.cfg.scheduler.actor_ranks_per_instance, mb.seconds, mb.tokens or 0)
         switch, self.seen_switch = self.seen_switch, None
-        return self.recorder.observe(live_tick(state, progress, seen, switch))
+        return self.recorder.observe(live_tick(state, progress, seen, switch, self.seen_growth))
 
     def run(self) -> None:
         """Drive the run from epoch 0 to the release of the final gate."""
@@ -260,7 +274,7 @@ class CoordinatorLoop:
                     return  # stopped after the checkpoint (preemption, time limit, slurm-rl stop)
                 if gate < num_iterations:
                     state = build_state(self.cfg, self.current, progress, gate, at_gate=True,
-                                        history=self.recorder.history)
+                                        history=self.recorder.history, actor_state_dp=self.actor_state_dp)
                     decision = self.policy(state)
                     if decision is not None:
                         self.publish(decision, iteration=gate, state_read_at=read_at, state=state)

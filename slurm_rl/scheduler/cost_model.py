@@ -27,6 +27,14 @@ from slurm_rl.scheduler import defaults
 BYTES_PER_PARAM_STATE = 16  # fp32 param + grad + two Adam moments
 
 
+def reshard_fraction(old_dp: int, new_dp: int) -> float:
+    """Fraction of the actor's state that reaches joining ranks when its DP goes from
+    ``old_dp`` to ``new_dp``: ``(new - old) / new`` when growing, 0 when shrinking."""
+    if new_dp <= old_dp or new_dp <= 0:
+        return 0.0
+    return (new_dp - old_dp) / new_dp
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds per token on one GPU for each component, scaling exponent, reshard cost."""

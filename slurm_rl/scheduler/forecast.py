@@ -13,6 +13,8 @@ here is a per-workload constant. Pure functions, a few hundred float operations 
   running / pending request (the latter starting when the queue drained), whichever is later,
   times the bias learned from the last iteration (``rollout_bias``).
 * Actor: mini-batch seconds ``W / dp ** s`` (``s`` fitted once two DP sizes were seen, else 1);
+  a switch from DP ``a`` to ``b``: the latency of a switch plus the seconds to move the whole
+  state times the fraction that moves (``cost_model.reshard_fraction``), both as seen;
   inference: GPU-seconds per sample (busy time over samples scored).
 """
 
@@ -23,6 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from slurm_rl.scheduler.cost_model import reshard_fraction
 from slurm_rl.scheduler.history import (
     BUCKETS_PER_DOUBLING,
     CURVE_POINTS,
@@ -150,6 +153,7 @@ class Forecast:
     last_iteration_s: float | None
     longest: int = 0
     bias: float = 1.0       # learned correction of the rollout forecast
+    state_move_s: float = 0.0  # seconds to move the actor's whole state (0 before a growth was seen)
 
     @classmethod
     def fit(cls, h: History, total: int, finished: int, max_running: int,
@@ -168,11 +172,11 @@ class Forecast:
         work, scaling = _fit_minibatches(h.minibatches)
         samples, busy = h.inference[0] + h.current_inference[0], h.inference[1] + h.current_inference[1]
         inf = busy / samples if samples >= 1 and busy > 0 else None
+        switch_s = h.switch_s if h.switch_s is not None else default_switch_s
         return cls(lengths=lengths, alpha=line[0], beta=line[1], max_running=max_running,
-                   mb_work=work, mb_scaling=scaling, inf_gpu_s_per_sample=inf,
-                   switch_s=h.switch_s if h.switch_s is not None else default_switch_s,
+                   mb_work=work, mb_scaling=scaling, inf_gpu_s_per_sample=inf, switch_s=switch_s,
                    curve=h.curve, last_iteration_s=h.iteration_s[-1] if h.iteration_s else None,
-                   longest=h.longest, bias=h.rollout_bias)
+                   longest=h.longest, bias=h.rollout_bias, state_move_s=h.state_move_s(switch_s) or 0.0)
 
     # -- rollout ----------------------------------------------------------------------------
     def step_s(self, running: float) -> float:
@@ -195,6 +199,10 @@ class Forecast:
     def minibatch_s(self, dp: int) -> float:
         return self.mb_work / max(1, dp) ** self.mb_scaling
 
+    def switch(self, old_dp: int, new_dp: int) -> float:
+        """Seconds until an actor moved from DP ``old_dp`` to ``new_dp`` can train again."""
+        return self.switch_s + self.state_move_s * reshard_fraction(old_dp, new_dp)
+
     def inference_s(self, samples: int, gpus: int) -> float:
         if samples <= 0 or self.inf_gpu_s_per_sample is None:
             return 0.0
@@ -202,17 +210,19 @@ class Forecast:
             return math.inf
         return samples * self.inf_gpu_s_per_sample / gpus
 
-    def inference_keeps_pace(self, samples: int, gpus: int, rollout_s: float) -> bool:
+    def inference_keeps_pace(self, samples: int, gpus: int, rollout_s: float,
+                             shape: tuple[float, ...] | None = None) -> bool:
         """With ``gpus`` inference GPUs, is inference done by the end of a rollout of
         ``rollout_s`` seconds (plus one switch), if samples arrive as in the last iteration
-        (its completion ``curve``, stretched to ``rollout_s``)?"""
-        if not self.inf_gpu_s_per_sample or len(self.curve) < CURVE_POINTS or rollout_s <= 0 or gpus <= 0:
+        (its completion ``curve``, or ``shape``, stretched to ``rollout_s``)?"""
+        curve = self.curve if shape is None else shape
+        if not self.inf_gpu_s_per_sample or len(curve) < CURVE_POINTS or rollout_s <= 0 or gpus <= 0:
             return False
         rate = gpus / self.inf_gpu_s_per_sample
         if not 0 < rate < math.inf:
             return False
-        scale = rollout_s / self.curve[-1] if self.curve[-1] > 0 else 1.0
-        arrived = [0.0] + [t * scale for t in self.curve]
+        scale = rollout_s / curve[-1] if curve[-1] > 0 else 1.0
+        arrived = [0.0] + [t * scale for t in curve]
         finish = 0.0
         for i in range(CURVE_POINTS):  # tenth i arrives evenly over [arrived[i], arrived[i + 1]]
             finish = max(max(finish, arrived[i]) + samples / CURVE_POINTS / rate, arrived[i + 1])

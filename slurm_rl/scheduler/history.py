@@ -11,7 +11,8 @@ each policy call into it. The two feed it the same kinds of numbers:
   samples;
 * the completion curve of the last iteration (seconds until each tenth of the samples was in
   complete groups, i.e. ready for inference) and switch latencies (publish -> applied, reshard
-  included);
+  included; a switch that grew the actor is kept with the fraction of its state it moved, so the
+  forecast can tell the fixed latency from the reshard, ``cost_model.reshard_fraction``);
 * how far the rollout forecast was off last iteration: the median of actual / forecast
   remaining rollout seconds over snapshots of the iteration (``forecast.rollout_bias``).
 """
@@ -96,8 +97,10 @@ class History:
     inference: tuple[float, float] = (0.0, 0.0)       # (samples, busy GPU-seconds), earlier iterations
     current_inference: tuple[float, float] = (0.0, 0.0)  # ... of the current iteration so far
     curve: tuple[float, ...] = ()          # last iteration: seconds until each tenth finished
+    curve_work: tuple[float, ...] = ()     # ... and rollout instance-seconds spent until then
     iteration_s: tuple[float, ...] = ()    # wall time of earlier iterations
     switches: tuple[float, ...] = ()       # seconds from a decision to the switch being applied
+    reshards: tuple[tuple[float, float], ...] = ()  # (state fraction moved, seconds) of actor growths
     longest: int = 0                       # longest response seen (earlier iterations)
     rollout_bias: float = 1.0              # actual / forecast remaining rollout time, last iteration
 
@@ -110,17 +113,25 @@ class History:
         """Inverse of ``to_json``."""
         fields = dict(doc)
         fields["decode"] = DecodeFit(**fields.get("decode", {}))
-        for key in ("lengths", "current_lengths", "curve", "iteration_s", "switches"):
+        for key in ("lengths", "current_lengths", "curve", "curve_work", "iteration_s", "switches"):
             fields[key] = tuple(fields.get(key, ()))
         for key in ("inference", "current_inference"):
             fields[key] = tuple(fields.get(key, (0.0, 0.0)))
         fields["minibatches"] = tuple(tuple(m) for m in fields.get("minibatches", ()))
+        fields["reshards"] = tuple(tuple(m) for m in fields.get("reshards", ()))
         return cls(**fields)
 
     @property
     def switch_s(self) -> float | None:
-        """Mean switch latency seen (None before the first switch)."""
+        """Mean latency of the switches that moved no actor state (None before the first)."""
         return sum(self.switches) / len(self.switches) if self.switches else None
+
+    def state_move_s(self, latency_s: float) -> float | None:
+        """Seconds to move the actor's whole state, from the growths seen: the mean of
+        ``(seconds - latency_s) / fraction`` (None before the first growth)."""
+        if not self.reshards:
+            return None
+        return max(0.0, sum((sec - latency_s) / frac for frac, sec in self.reshards) / len(self.reshards))
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,7 @@ class Tick:
     minibatch: tuple[int, float, int] | None = None  # (DP, seconds, tokens) of a mini-batch that ended
     longest: int = 0                                 # longest response finished this iteration
     switch_s: float | None = None                 # a switch that was applied since the last tick
+    switch_fraction: float = 0.0                  # ... the fraction of the actor's state it moved
 
 
 class HistoryRecorder:
@@ -152,6 +164,8 @@ class HistoryRecorder:
         self.history = History()
         self._last: Tick | None = None
         self._curve: list[float] = []
+        self._curve_work: list[float] = []
+        self._work = 0.0  # rollout instance-seconds of the current iteration so far
         self._closed = -1  # iterations up to this one are folded in; later ticks of them are ignored
         self._snapshots: list[Tick] = []  # rollout states of the current iteration
         self._rollout_end: float | None = None
@@ -165,13 +179,18 @@ class HistoryRecorder:
             h = self._close(h, last)
             last = None
         dt = 0.0 if last is None else max(0.0, tick.elapsed_s - last.elapsed_s)
+        if last is not None and last.finished < last.samples:
+            self._work += last.instances * dt
         decode = h.decode
         for running, step_s in tick.decode:
             decode = decode.add(running, step_s, dt if dt > 0 else 1e-3)
         minibatches = h.minibatches + ((tick.minibatch,) if tick.minibatch else ())
-        switches = h.switches + ((tick.switch_s,) if tick.switch_s is not None else ())
+        grew = tick.switch_s is not None and tick.switch_fraction > 0
+        switches = h.switches + ((tick.switch_s,) if tick.switch_s is not None and not grew else ())
+        reshards = h.reshards + (((tick.switch_fraction, tick.switch_s),) if grew else ())
         while len(self._curve) < CURVE_POINTS and tick.groups_ready * CURVE_POINTS >= (len(self._curve) + 1) * tick.samples:
             self._curve.append(tick.elapsed_s)
+            self._curve_work.append(self._work)
         if tick.finished >= tick.samples and self._rollout_end is None:
             self._rollout_end = tick.elapsed_s
         if (tick.finished < tick.samples and tick.instances
@@ -181,7 +200,8 @@ class HistoryRecorder:
                 self._snapshots = self._snapshots[::2]
         self.history = replace(h, current_lengths=tick.lengths, decode=decode,
                                current_inference=(float(tick.inference_done), tick.inference_busy_gpu_s),
-                               minibatches=minibatches[-KEEP:], switches=switches[-KEEP:])
+                               minibatches=minibatches[-KEEP:], switches=switches[-KEEP:],
+                               reshards=reshards[-KEEP:])
         self._last = tick
         return self.history
 
@@ -194,15 +214,19 @@ class HistoryRecorder:
         return self.history
 
     def _close(self, h: History, last: Tick) -> History:
-        curve = tuple(self._curve) if len(self._curve) == CURVE_POINTS else h.curve
+        full = len(self._curve) == CURVE_POINTS
+        curve = tuple(self._curve) if full else h.curve
+        curve_work = tuple(self._curve_work) if full else h.curve_work
         self._closed = max(self._closed, last.iteration)
         inference = (h.inference[0] + last.inference_done, h.inference[1] + last.inference_busy_gpu_s)
         h = replace(h, iterations_done=h.iterations_done + 1, longest=max(h.longest, last.longest),
                     inference=inference, current_inference=(0.0, 0.0),
-                    lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve)
+                    lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve,
+                    curve_work=curve_work)
         if self._rollout_end is not None:
             from slurm_rl.scheduler.forecast import rollout_bias  # the forecast reads History
 
             h = replace(h, rollout_bias=rollout_bias(h, self._snapshots, self._rollout_end) or h.rollout_bias)
-        self._curve, self._snapshots, self._rollout_end = [], [], None
+        self._curve, self._curve_work, self._snapshots, self._rollout_end = [], [], [], None
+        self._work = 0.0
         return h

@@ -91,10 +91,12 @@ def _current(progress: Mapping[int, RankProgress], iteration: int) -> list[Itera
 
 
 def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress], iteration: int, at_gate: bool,
-                elapsed_s: float = 0.0, history: History | None = None) -> SchedState:
+                elapsed_s: float = 0.0, history: History | None = None,
+                actor_state_dp: int | None = None) -> SchedState:
     """A ``SchedState`` of the live run: at an iteration gate phase ``start``; otherwise from
     the ranks' progress counters of ``iteration`` (rollout finished/running, inference done,
-    actor mini-batches done and busy)."""
+    actor mini-batches done and busy). ``actor_state_dp``: DP of the ranks holding the actor's
+    state, as the coordinator last placed it (None: not known)."""
     samples = cfg.train.rollout_batch_size * cfg.train.group_size
     batch = BatchSpec(cfg.train.global_batch_size, cfg.train.micro_batch_size, samples)
     has_inference = bool(cfg.placement.components.get("inference") and cfg.placement.components["inference"].ranks)
@@ -102,7 +104,7 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
     if at_gate:
         rollout = RolloutProgress(running=0, pending=samples, finished=0, total=samples)
         inference = InferenceProgress(done=0, total=inf_total)
-        actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration)
+        actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration, state_dp=actor_state_dp)
     else:
         counters = _current(progress, iteration)
         # Samples the actor leader received have finished rollout (and inference): a floor that
@@ -117,7 +119,7 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
         steps = min(batch.minibatches_per_iteration, max((c.actor_minibatches_done for c in counters), default=0))
         busy = any(c.actor_busy for c in counters)
         actor = ActorProgress(steps * cfg.train.global_batch_size, samples, steps,
-                              batch.minibatches_per_iteration, busy=busy)
+                              batch.minibatches_per_iteration, busy=busy, state_dp=actor_state_dp)
     return SchedState(
         iteration=iteration,
         num_iterations=cfg.train.num_iterations,
@@ -136,7 +138,7 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
 
 
 def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch: tuple[int, float, int] | None,
-              switch_s: float | None) -> Tick:
+              switch_s: float | None, switch_fraction: float = 0.0) -> Tick:
     """The ``Tick`` the history records from a live state and the ranks' progress (see
     ``scheduler.history``): length histograms, decode step times and inference busy time summed
     over the ranks working on the state's iteration. Complete groups are not reported by the
@@ -159,7 +161,8 @@ def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch
                 running=state.rollout.running,
                 instances=len(rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)),
                 inference_busy_gpu_s=sum(c.inference_busy_s for c in counters), lengths=tuple(hist),
-                decode=tuple(decode), minibatch=minibatch, switch_s=switch_s, longest=longest)
+                decode=tuple(decode), minibatch=minibatch, switch_s=switch_s,
+                switch_fraction=switch_fraction if switch_s is not None else 0.0, longest=longest)
 
 
 def last_minibatch(progress: Mapping[int, RankProgress], iteration: int) -> LastMinibatch | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from slurm_rl.errors import InputError
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.cost_model import CostModel
+from slurm_rl.scheduler.cost_model import CostModel, reshard_fraction
 from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
@@ -119,6 +119,9 @@ class Simulation:
         self.seq = itertools.count()
         self.placement: RankMap = dict(setup.initial)
         self.ready_at: dict[str, float] = {c: 0.0 for c in COMPONENTS}
+        # DP of the ranks holding the actor's state: a held-back actor (no ranks) keeps it where
+        # it was, as the runtime does, so coming back onto those ranks moves nothing
+        self.state_dp = len(self.placement["actor"]) // setup.policy_cfg.actor_ranks_per_instance
         self.it = 0
         self.uids = itertools.count()
         self.instances: dict[int, _Instance] = {}
@@ -129,6 +132,7 @@ class Simulation:
         self.recorder = HistoryRecorder()
         self.seen_minibatch: tuple[int, float] | None = None
         self.seen_switch: float | None = None
+        self.seen_growth = 0.0  # fraction of the actor's state the last switch moved
         self.decide_s: list[float] = []
 
     # ---------------------------------------------------------------- iteration state
@@ -172,7 +176,8 @@ class Simulation:
         rollout = RolloutProgress(running=running, pending=len(self.pending),
                                   finished=self.finished, total=len(self.requests))
         actor = ActorProgress(self.actor_samples_done, len(self.requests), self.mb_done,
-                              self.s.batch.minibatches_per_iteration, busy=self.actor_busy)
+                              self.s.batch.minibatches_per_iteration, busy=self.actor_busy,
+                              state_dp=self.state_dp)
         return SchedState(
             iteration=self.it, num_iterations=self.s.num_iterations,
             phase=derive_phase(rollout, actor), world_ranks=tuple(range(self.s.gpus)),
@@ -194,7 +199,7 @@ class Simulation:
                     instances=len(self.instances),
                     inference_busy_gpu_s=self.inference_busy_gpu_s, lengths=tuple(self.length_hist),
                     decode=decode, minibatch=self.seen_minibatch, switch_s=self.seen_switch,
-                    longest=self.longest)
+                    switch_fraction=self.seen_growth, longest=self.longest)
         self.seen_minibatch = self.seen_switch = None
         self.recorder.observe(tick)
 
@@ -415,7 +420,12 @@ class Simulation:
             self.ready_at["inference"] = ready
         if new["actor"] != old["actor"]:
             tp = self.s.policy_cfg.actor_ranks_per_instance
-            reshard = self.s.cost.reshard_seconds(len(old["actor"]) // tp, len(new["actor"]) // tp)
+            reshard, self.seen_growth = 0.0, 0.0
+            if new["actor"]:
+                new_dp = len(new["actor"]) // tp
+                reshard = self.s.cost.reshard_seconds(self.state_dp, new_dp)
+                self.seen_growth = reshard_fraction(self.state_dp, new_dp)
+                self.state_dp = new_dp
             self.ready_at["actor"] = ready + reshard
         self.seen_switch = max(self.ready_at["actor"] if new["actor"] != old["actor"] else ready, ready) - self.t
         self.placement = new

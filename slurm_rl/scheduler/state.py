@@ -141,13 +141,16 @@ class InferenceProgress:
 
 @dataclass(frozen=True)
 class ActorProgress:
-    """Actor training progress of the current iteration; ``busy`` while inside a mini-batch."""
+    """Actor training progress of the current iteration; ``busy`` while inside a mini-batch.
+    ``state_dp``: DP size of the ranks holding the actor's state (a held-back actor keeps it
+    there, so coming back onto them moves nothing); None when not known."""
 
     samples_done: int
     samples_total: int
     minibatches_done: int
     minibatches_total: int
     busy: bool = False
+    state_dp: int | None = None
 
 
 @dataclass(frozen=True)

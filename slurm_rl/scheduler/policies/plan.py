@@ -8,8 +8,8 @@ reachable now the one with the earliest forecast end:
 
 1. Iteration boundary: the iteration-start placement. The actor's GPUs decode (its state waits
    on its ranks, as with RLinf's pre-process), and inference keeps only as many GPUs as keep
-   pace with the samples' arrival as measured last iteration (completion curve and inference
-   speed); the rest decode too.
+   pace with the samples' arrival as measured last iteration (completion curve in rollout
+   instance-seconds, and inference speed); the rest decode too.
 2. Repair (as ``auto``): a component with work and no ranks gets its ranks back.
 3. The actor is inside a mini-batch: no change.
 4. Receding horizon: the placements reachable now form a ladder of actor DP sizes, each taking
@@ -17,9 +17,11 @@ reachable now the one with the earliest forecast end:
    a held-back actor comes back on its own ranks. For every step (stage 1) and every bigger step
    the actor could grow into after its next mini-batch (stage 2) the iteration's end is forecast
    (rollout on the stages' instances, mini-batches no earlier than their data arrived last
-   iteration, a switch per DP change, the last mini-batch on every GPU once the data is in);
-   a held-back actor may also wait until its data is about in, or two switch latencies (its
-   latest start). Stage 1 of the best pair is applied, but only when it gains more than one
+   iteration, a switch per DP change costing its latency plus the share of the actor's state
+   that moves, every mini-batch that starts once the data is in on every GPU); a held-back
+   actor may also wait until its data is about in, or two switch latencies (its latest start),
+   or until all the data is in and then take every GPU (an expensive actor would otherwise lock
+   a mini-batch onto a few). Stage 1 of the best pair is applied, but only when it gains more than one
    switch latency over no change, or takes no working GPUs (ties: fewer rollout instances
    released, then the bigger actor). Finished rollout / inference give all their ranks up.
 5. Cold start (no mini-batch or decode speed measured yet, or under a tenth of the responses
@@ -84,13 +86,19 @@ def plan_start_placement(state: SchedState) -> RankMap:
     rtp = cfg.rollout_ranks_per_instance
     total = state.rollout.total
     everything = fc_probe.rollout_view(total, 0, total, 0, 0.0)
+    # samples arrive as the rollout's work progresses: the last iteration's curve in rollout
+    # instance-seconds, so a placement that changed under it (the actor taking rollout GPUs
+    # early or late) does not distort its shape; seconds before that was recorded
+    work = h.curve_work if len(h.curve_work) == CURVE_POINTS and h.curve_work[-1] > 0 else None
     for keep in range(1, len(inf) + 1):
         lent = len(inf) - keep
         instances = (len(start["rollout"]) + lent) // rtp
-        # the deadline: the shorter of the forecast and the last measured rollout (inference must
-        # never become the critical path because the forecast was pessimistic)
-        deadline = min(everything.seconds(instances), h.curve[-1])
-        if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, deadline):
+        # the deadline: the shorter of the forecast and the last measured rollout on as many
+        # instances (inference must never become the critical path because the forecast was
+        # pessimistic)
+        last = work[-1] / max(1, instances) if work else h.curve[-1]
+        deadline = min(everything.seconds(instances), last)
+        if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, deadline, shape=work):
             start["rollout"] = tuple(sorted(start["rollout"] + inf[:lent]))
             start["inference"] = inf[lent:]
             break
@@ -181,10 +189,21 @@ def _ready_s(state: SchedState, fc: Forecast, index: int) -> float:
     return max(0.0, at - state.elapsed_s)
 
 
+def _state_dp(state: SchedState) -> int:
+    """DP of the ranks holding the actor's state now (a held-back actor keeps it where it was)."""
+    tp = state.cfg.actor_ranks_per_instance
+    if state.current["actor"]:
+        return len(state.current["actor"]) // tp
+    if state.actor.state_dp is not None:
+        return state.actor.state_dp
+    return len(state.initial["actor"]) // tp
+
+
 def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
     """Receding horizon: for every placement reachable now (stage 1) and every bigger one the
     actor could grow into after its next mini-batch (stage 2), forecast the iteration's end;
-    apply the stage 1 of the best pair."""
+    apply the stage 1 of the best pair. A held-back actor may also wait: until its first
+    mini-batch's data is about in, or until all the data is in (then it takes every GPU)."""
     cur = state.current
     ro = state.rollout
     out = ro.outstanding
@@ -195,7 +214,7 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
     left = state.actor.minibatches_total - first
     dps = state.actor_valid_dp_sizes()
     final_dp = max(dps) if dps else 0
-    sw = fc.switch_s
+    dp_now = _state_dp(state)
     ladder = _ladder(state, held)
     if not ladder:
         return None
@@ -208,44 +227,56 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
             cache[k] = view.seconds(k) if out else 0.0
         return cache[k]
 
-    def finish(k0: int, actor_from: float, plan: list[_Step]) -> float:
-        """End of the iteration when the rollout keeps ``k0`` instances until the actor starts
-        its next mini-batch, the actor trains mini-batch ``i`` on ``plan[min(i, -1)]`` (each
-        change of its DP costs a switch; the rollout follows the step's instances from then), and
-        the last mini-batch runs on every GPU once the data is in."""
+    def finish(k0: int, t0: float, dp0: int, plan: list[_Step]) -> float:
+        """End of the iteration when the rollout keeps ``k0`` instances until the actor (on DP
+        ``dp0`` from ``t0``) starts its next mini-batch, the actor trains mini-batch ``i`` on
+        ``plan[min(i, -1)]`` (each change of its DP costs a switch; the rollout follows the
+        step's instances from then) until the data is in, then on every GPU."""
         segments: list[tuple[int, float]] = []  # (rollout instances, from time)
-        t, k, dp = actor_from, k0, 0
+        t, k, dp = t0, k0, dp0
         for i in range(max(0, left - 1)):
             step = plan[min(i, len(plan) - 1)]
             if step.dp != dp:
-                if dp:
-                    t += sw
                 if step.instances != k:
                     segments.append((step.instances, t))
                     k = step.instances
+                t += fc.switch(dp, step.dp)
                 dp = step.dp
             t = max(t, ready[i]) + fc.minibatch_s(dp)
-        rollout_end = _piecewise(roll, k0, segments)
-        data_end = max(rollout_end, inf_s)
-        if left <= 1:
-            dp = plan[0].dp
-            t = actor_from
-        return max(t, data_end) + (sw if dp < final_dp else 0.0) + fc.minibatch_s(final_dp)
+        data_end = max(_piecewise(roll, k0, segments), inf_s)
+        t, dp, wide = t0, dp0, False
+        for i in range(max(0, left - 1)):  # the same, but with every GPU once the data is in
+            wide = wide or max(t, ready[i]) >= data_end
+            want = final_dp if wide else plan[min(i, len(plan) - 1)].dp
+            if want != dp:
+                t += fc.switch(dp, want)
+                dp = want
+            t = max(t, ready[i]) + fc.minibatch_s(dp)
+        if left <= 1 and plan[0].dp != dp:
+            t, dp = t + fc.switch(dp, plan[0].dp), plan[0].dp
+        end = max(t, data_end)
+        return end + (fc.switch(dp, final_dp) if dp < final_dp else 0.0) + fc.minibatch_s(final_dp)
 
     options: list[tuple[float, int, int, RankMap]] = []  # (end, released, -dp, placement)
     for i, s1 in enumerate(ladder):
-        start = sw if s1.placement["actor"] != cur["actor"] else 0.0
-        score = min(finish(s1.instances, start, [s1, s2]) for s2 in ladder[i:])
+        moved = s1.placement["actor"] != cur["actor"]
+        t0 = fc.switch(dp_now, s1.dp) if moved else 0.0
+        score = min(finish(s1.instances, t0, s1.dp, [s1, s2]) for s2 in ladder[i:])
         options.append((score, s1.released, -s1.dp, s1.placement))
-    if held:  # wait (until its data is in, or one mini-batch's time): rollout keeps the GPUs
-        wait = max(2 * sw, (ready[0] if ready else 0.0) - sw)
-        score = min(finish(all_instances, wait + sw, [s2, s3])
-                     for j, s2 in enumerate(ladder) for s3 in ladder[j:])
+    if held and (out or not state.inference.finished):
+        # wait until all the data is in, then take every GPU; or (rollout running) until the
+        # first mini-batch's data is about in: rollout and inference keep their GPUs meanwhile
+        score = max(roll(all_instances), inf_s) + fc.switch(dp_now, final_dp) + left * fc.minibatch_s(final_dp)
+        if out:
+            wait = max(2 * fc.switch_s, (ready[0] if ready else 0.0) - fc.switch_s)
+            score = min([score] + [finish(all_instances, wait, dp_now, [s2, s3])
+                                   for j, s2 in enumerate(ladder) for s3 in ladder[j:]])
         options.insert(0, (score, 0, 0, {"actor": (), "rollout": cur["rollout"] if out else (),
                                          "inference": ladder[0].placement["inference"]}))
     stay = options[0]
     best = min(options, key=lambda o: (o[0], o[1], o[2]))
     takes_work = _differs_in_work(best[3], stay[3])
+    sw = fc.switch_s
     chosen = best if best[0] < stay[0] - sw or (best[0] <= stay[0] and not takes_work) else stay
     placement = chosen[3]
     if placement == cur:
