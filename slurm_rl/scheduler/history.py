@@ -97,7 +97,8 @@ class History:
     inference: tuple[float, float] = (0.0, 0.0)       # (samples, busy GPU-seconds), earlier iterations
     current_inference: tuple[float, float] = (0.0, 0.0)  # ... of the current iteration so far
     curve: tuple[float, ...] = ()          # last iteration: seconds until each tenth finished
-    curve_work: tuple[float, ...] = ()     # ... and rollout instance-seconds spent until then
+    curve_work: tuple[float, ...] = ()     # ... and rollout instance-seconds spent until then (the
+                                           # tail after the queue drained on the instances at the drain)
     iteration_s: tuple[float, ...] = ()    # wall time of earlier iterations
     switches: tuple[float, ...] = ()       # seconds from a decision to the switch being applied
     reshards: tuple[tuple[float, float], ...] = ()  # (state fraction moved, seconds) of actor growths
@@ -166,6 +167,7 @@ class HistoryRecorder:
         self._curve: list[float] = []
         self._curve_work: list[float] = []
         self._work = 0.0  # rollout instance-seconds of the current iteration so far
+        self._drain_instances: int | None = None  # rollout instances when its queue drained
         self._closed = -1  # iterations up to this one are folded in; later ticks of them are ignored
         self._snapshots: list[Tick] = []  # rollout states of the current iteration
         self._rollout_end: float | None = None
@@ -180,7 +182,11 @@ class HistoryRecorder:
             last = None
         dt = 0.0 if last is None else max(0.0, tick.elapsed_s - last.elapsed_s)
         if last is not None and last.finished < last.samples:
-            self._work += last.instances * dt
+            # once the queue drained, the tail's pace is set by its longest requests, not by the
+            # instances left: it is counted on the instances there were at the drain
+            if self._drain_instances is None and last.finished + last.running >= last.samples:
+                self._drain_instances = last.instances
+            self._work += (last.instances if self._drain_instances is None else self._drain_instances) * dt
         decode = h.decode
         for running, step_s in tick.decode:
             decode = decode.add(running, step_s, dt if dt > 0 else 1e-3)
@@ -228,5 +234,5 @@ class HistoryRecorder:
 
             h = replace(h, rollout_bias=rollout_bias(h, self._snapshots, self._rollout_end) or h.rollout_bias)
         self._curve, self._curve_work, self._snapshots, self._rollout_end = [], [], [], None
-        self._work = 0.0
+        self._work, self._drain_instances = 0.0, None
         return h
