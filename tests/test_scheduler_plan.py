@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from slurm_rl.scheduler.forecast import Forecast, LengthForecast, quantiles
+from slurm_rl.scheduler.forecast import Forecast, LengthForecast, piecewise_seconds, quantiles
 from slurm_rl.scheduler.history import (
     NUM_BUCKETS,
     DecodeFit,
@@ -129,6 +129,12 @@ def test_rollout_forecast_more_instances_never_slower() -> None:
         assert all(a >= b - 1e-9 for a, b in zip(times, times[1:])), times
         assert view.seconds(0) == math.inf
     assert fc.rollout_view(TOTAL, 0, 0, TOTAL, 10.0).seconds(4) == 0.0
+
+
+def test_rollout_on_changing_instances_is_a_piecewise_forecast() -> None:
+    # 100 instance-seconds of work: a fifth done on 4 instances by t = 5, the rest on 2
+    assert piecewise_seconds(lambda k: 100.0 / k, 4, [(2, 5.0)]) == pytest.approx(5.0 + 0.8 * 50.0)
+    assert piecewise_seconds(lambda k: 100.0 / k, 4, [(2, 30.0)]) == pytest.approx(25.0)  # done before
 
 
 def test_forecast_needs_measurements() -> None:

@@ -24,6 +24,7 @@ import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from slurm_rl.scheduler.cost_model import reshard_fraction
 from slurm_rl.scheduler.history import (
@@ -238,9 +239,10 @@ class RolloutView:
     are a random sample of the length distribution (dispatch order is blind to length).
     ``seconds(k)``: with ``k`` instances the bulk ends when the outstanding tokens are decoded
     at full-load throughput (``B``); the queue drains after ``D`` (pending tokens at that
-    throughput). The longest running request and the longest pending one (started at ``D``)
-    decode at full-load speed until ``B``, then at the speed of an instance shared by the
-    requests still running after ``B`` (half of them on average). The rollout ends with the later of the two (or ``B``).
+    throughput). The longest running request and the ``j`` longest pending ones (the last of
+    ``j`` dispatched in random order starts at about ``D * j / (j + 1)``) decode at full-load
+    speed until ``B``, then at the speed of an instance shared by the requests still running
+    after ``B`` (half of them on average). The rollout ends with the latest of these (or ``B``).
     """
 
     fc: Forecast
@@ -281,7 +283,6 @@ class RolloutView:
         throughput = instances * min(m, out / instances) / fc.step_s(min(m, out / instances))
         bulk = (run_left + pend_tokens) / throughput
         drain = pend_tokens / throughput
-        longest_pend = self._top(self.pending, 0.5) if self.pending else 0.0
         # requests still running after the bulk share the instances
         threshold = bulk * v_full
         after = (self.running * (1.0 - _cdf(fc, threshold + decoded, lo_p=1.0 - self.running / max(1, dispatched)))
@@ -299,21 +300,47 @@ class RolloutView:
                 return start + length / v_full
             return bulk + (length - done) / v_tail
 
-        return fc.bias * max(bulk, end(0.0, longest_run), end(drain, longest_pend))
+        # the longest pending requests start at random times before the queue drains: among the
+        # j longest the last one starts at about drain * j / (j + 1) (order statistics)
+        pend_end = 0.0
+        if self.pending:
+            for j in range(1, min(8, self.pending) + 1):
+                pend_end = max(pend_end, end(drain * j / (j + 1), self._top(self.pending, j - 0.5)))
+        return fc.bias * max(bulk, end(0.0, longest_run), pend_end)
+
+
+def piecewise_seconds(roll: Callable[[int], float], k0: int, segments: list[tuple[int, float]]) -> float:
+    """Rollout end when it runs on ``k0`` instances, then on ``k`` from each segment's time
+    (``roll(k)``: the forecast on ``k`` instances): the work left is a fraction of the forecast
+    for the instances in force."""
+    t, k, left = 0.0, k0, 1.0
+    for k_next, at in segments:
+        whole = roll(k)
+        if whole <= 0 or t + left * whole <= at:
+            break
+        left -= (at - t) / whole
+        t, k = at, k_next
+    return t + left * roll(k)
 
 
 def rollout_bias(h: History, snapshots: list[Tick], rollout_end_s: float) -> float | None:
     """Median of actual / forecast remaining rollout seconds over ``snapshots`` of an iteration
-    whose rollout ended after ``rollout_end_s`` (the forecast fitted on ``h`` without a bias);
-    None when it cannot be fitted."""
+    whose rollout ended after ``rollout_end_s`` (the forecast fitted on ``h`` without a bias, on
+    the instances the rollout actually had from each snapshot on); None when it cannot be fitted."""
     ratios = []
-    for t in snapshots:
+    for i, t in enumerate(snapshots):
         fc = Forecast.fit(h, t.samples, t.finished, t.max_running, 0.0)
         if fc is None or not t.instances:
             continue
         fc = dataclasses.replace(fc, bias=1.0)
         pending = t.samples - t.finished - t.running
-        predicted = fc.rollout_view(t.samples, t.running, pending, t.finished, t.elapsed_s).seconds(t.instances)
+        view = fc.rollout_view(t.samples, t.running, pending, t.finished, t.elapsed_s)
+        segments, k = [], t.instances
+        for later in snapshots[i + 1:]:
+            if later.instances != k and later.instances:
+                segments.append((later.instances, later.elapsed_s - t.elapsed_s))
+                k = later.instances
+        predicted = piecewise_seconds(view.seconds, t.instances, segments)
         if predicted > 0:
             ratios.append((rollout_end_s - t.elapsed_s) / predicted)
     if not ratios:
@@ -351,4 +378,4 @@ def _fit_minibatches(obs: tuple[tuple[int, float, int], ...]) -> tuple[float, fl
     return math.exp(my + s * mx), s
 
 
-__all__ = ["BUCKETS_PER_DOUBLING", "Forecast", "LengthForecast", "quantiles"]
+__all__ = ["BUCKETS_PER_DOUBLING", "Forecast", "LengthForecast", "piecewise_seconds", "quantiles"]

@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
 
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.forecast import Forecast
+from slurm_rl.scheduler.forecast import Forecast, piecewise_seconds
 from slurm_rl.scheduler.history import CURVE_POINTS
 from slurm_rl.scheduler.placement_ops import idle_ranks, iteration_start_placement, rollout_instances, take_groups
 from slurm_rl.scheduler.policies.auto import decide_auto, starved_components
@@ -93,11 +92,9 @@ def plan_start_placement(state: SchedState) -> RankMap:
     for keep in range(1, len(inf) + 1):
         lent = len(inf) - keep
         instances = (len(start["rollout"]) + lent) // rtp
-        # the deadline: the shorter of the forecast and the last measured rollout on as many
-        # instances (inference must never become the critical path because the forecast was
-        # pessimistic)
-        last = work[-1] / max(1, instances) if work else h.curve[-1]
-        deadline = min(everything.seconds(instances), last)
+        # the deadline: the shorter of the forecast and the last measured rollout (inference must
+        # never become the critical path because the forecast was pessimistic)
+        deadline = min(everything.seconds(instances), h.curve[-1])
         if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, deadline, shape=work):
             start["rollout"] = tuple(sorted(start["rollout"] + inf[:lent]))
             start["inference"] = inf[lent:]
@@ -243,7 +240,7 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
                 t += fc.switch(dp, step.dp)
                 dp = step.dp
             t = max(t, ready[i]) + fc.minibatch_s(dp)
-        data_end = max(_piecewise(roll, k0, segments), inf_s)
+        data_end = max(piecewise_seconds(roll, k0, segments), inf_s)
         t, dp, wide = t0, dp0, False
         for i in range(max(0, left - 1)):  # the same, but with every GPU once the data is in
             wide = wide or max(t, ready[i]) >= data_end
@@ -292,19 +289,6 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
     parts.append(f"forecast end in {chosen[0]:.1f}s vs {stay[0]:.1f}s without change")
     return Decision(placement, "plan: " + "; ".join(parts), migrate_from=leaving if out else (),
                     boundary="minibatch" if placement["actor"] != cur["actor"] else "now")
-
-
-def _piecewise(roll: Callable[[int], float], k0: int, segments: list[tuple[int, float]]) -> float:
-    """Rollout end when it runs on ``k0`` instances, then on ``k`` from each segment's time:
-    the work left is a fraction of the forecast for the instances in force."""
-    t, k, left = 0.0, k0, 1.0
-    for k_next, at in segments:
-        whole = roll(k)
-        if whole <= 0 or t + left * whole <= at:
-            break
-        left -= (at - t) / whole
-        t, k = at, k_next
-    return t + left * roll(k)
 
 
 def _differs_in_work(a: RankMap, b: RankMap) -> bool:
