@@ -82,6 +82,9 @@ def plan_start_placement(state: SchedState) -> RankMap:
                             defaults.SWITCH_LATENCY_S)
     if fc_probe is None:
         return start
+    # a learned bias that lengthens the rollout is not trusted here: inference is sized for the
+    # faster of the two (were the rollout quicker than forecast, inference would end it late)
+    fc_probe = dataclasses.replace(fc_probe, bias=min(1.0, fc_probe.bias))
     rtp = cfg.rollout_ranks_per_instance
     total = state.rollout.total
     everything = fc_probe.rollout_view(total, 0, total, 0, 0.0)
