@@ -10,8 +10,8 @@ here is a per-workload constant. Pure functions, a few hundred float operations 
   requests; with one load seen so far ``beta = 0`` (no gain from spreading is assumed).
 * Rollout (``RolloutView``): running requests are the survivors of those dispatched, pending ones a
   random sample; the rollout ends after the bulk at full-load throughput, or with the longest
-  running / pending request (the latter starting when the queue drained), whichever is later,
-  times the bias learned from the last iteration (``rollout_bias``).
+  running / pending requests (the latter dispatched in random order before the queue drained),
+  whichever is later, times the bias learned from the last iteration (``rollout_bias``).
 * Actor: mini-batch seconds ``W / dp ** s`` (``s`` fitted once two DP sizes were seen, else 1);
   a switch from DP ``a`` to ``b``: the latency of a switch plus the seconds to move the whole
   state times the fraction that moves (``cost_model.reshard_fraction``), both as seen;

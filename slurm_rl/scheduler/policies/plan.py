@@ -21,9 +21,10 @@ reachable now the one with the earliest forecast end:
    that moves, every mini-batch that starts once the data is in on every GPU); a held-back
    actor may also wait until its data is about in, or two switch latencies (its latest start),
    or until all the data is in and then take every GPU (an expensive actor would otherwise lock
-   a mini-batch onto a few). Stage 1 of the best pair is applied, but only when it gains more than one
-   switch latency over no change, or takes no working GPUs (ties: fewer rollout instances
-   released, then the bigger actor). Finished rollout / inference give all their ranks up.
+   a mini-batch onto a few). Stage 1 of the best pair is applied, but only when it gains more
+   than one switch latency over no change, or takes no working GPUs (ties: fewer rollout
+   instances released, then the bigger actor). Finished rollout / inference give all their
+   ranks up.
 5. Cold start (no mini-batch or decode speed measured yet, or under a tenth of the responses
    seen): RLinf's rules with pre-process (``auto+pre_process``), until the forecast can be fitted.
 """
@@ -90,7 +91,7 @@ def plan_start_placement(state: SchedState) -> RankMap:
     everything = fc_probe.rollout_view(total, 0, total, 0, 0.0)
     # samples arrive as the rollout's work progresses: the last iteration's curve in rollout
     # instance-seconds, so a placement that changed under it (the actor taking rollout GPUs
-    # early or late) does not distort its shape; seconds before that was recorded
+    # early or late) does not distort its shape (a history without it: the curve in seconds)
     work = h.curve_work if len(h.curve_work) == CURVE_POINTS and h.curve_work[-1] > 0 else None
     for keep in range(1, len(inf) + 1):
         lent = len(inf) - keep
