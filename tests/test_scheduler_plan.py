@@ -179,6 +179,18 @@ def test_recorder_folds_an_iteration_into_the_history() -> None:
     assert History.from_json(h.to_json()) == h
 
 
+def test_completion_curve_in_instance_seconds_counts_the_tail_at_the_drain() -> None:
+    rec = HistoryRecorder()
+    # 4 instances while requests queue; the queue drains at 5 s (finished + running = all), then
+    # the actor takes 3 instances: the tail still counts on the 4 there were at the drain
+    for i in range(11):
+        rec.observe(tick(0, 1.0 * i, 10 * i, running=40 if i < 5 else 100 - 10 * i,
+                         instances=4 if i <= 5 else 1))
+    h = rec.end_iteration(12.0)
+    assert h.curve == tuple(1.0 * i for i in range(1, 11))
+    assert h.curve_work == tuple(4.0 * i for i in range(1, 11))
+
+
 # -- decisions -------------------------------------------------------------------------------------
 
 def test_cold_start_uses_rlinf_rules_with_pre_process() -> None:
