@@ -241,4 +241,8 @@ def test_held_back_actor_keeps_its_state_where_it_was() -> None:
     assert sim.state_dp == 2  # the state stays on the two ranks
     sim._apply(Decision({"actor": (1,), "rollout": (2,), "inference": (3,)}, "come back on one"))
     assert sim.ready_at["actor"] == pytest.approx(setup.switch_latency_s)  # shrinking moves nothing
-    assert sim.state().actor.state_dp == 1
+    assert sim.state().actor.state_dp == 1 and sim.seen_growth == 0.0
+    sim._apply(Decision({"actor": (0, 1), "rollout": (2,), "inference": (3,)}, "grow again"))
+    assert sim.seen_growth == pytest.approx(0.5)
+    sim._apply(Decision({"actor": (0, 1), "rollout": (), "inference": (2, 3)}, "rollout only"))
+    assert sim.seen_growth == 0.0  # a switch that leaves the actor alone grew nothing

@@ -413,6 +413,7 @@ class Simulation:
             return
         old = self.placement
         ready = self.t + self.s.switch_latency_s
+        self.seen_growth = 0.0
         if new["inference"] != old["inference"]:
             if self.inf_batch:
                 self.inf_queue.extendleft(reversed(self.inf_batch))
@@ -420,7 +421,7 @@ class Simulation:
             self.ready_at["inference"] = ready
         if new["actor"] != old["actor"]:
             tp = self.s.policy_cfg.actor_ranks_per_instance
-            reshard, self.seen_growth = 0.0, 0.0
+            reshard = 0.0
             if new["actor"]:
                 new_dp = len(new["actor"]) // tp
                 reshard = self.s.cost.reshard_seconds(self.state_dp, new_dp)
