@@ -397,6 +397,18 @@ def stat(path: PathLike, *, fs: FileSystem | None = None) -> os.stat_result:
     return os.stat(path)
 
 
+def stat_key(path: PathLike, fs: FileSystem | None = None) -> tuple[int, int, int] | None:
+    """A cheap change marker of a file (mtime, size, inode), or None when it does not exist.
+
+    Three separate numbers: an atomic rewrite within one coarse mtime tick whose size is one
+    byte shorter on the next inode (``"complete": false`` -> ``true``) must still count as a change."""
+    try:
+        s = stat(path, fs=fs)
+    except FileNotFoundError:
+        return None
+    return (s.st_mtime_ns, s.st_size, s.st_ino)
+
+
 def makedirs_private(path: PathLike, *, fs: FileSystem | None = None) -> None:
     """Create ``path`` and its missing parents, each with mode 0700 (existing ones are left alone)."""
     fs = _fs(fs)

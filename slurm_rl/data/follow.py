@@ -11,19 +11,7 @@ from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.manifest import ProducerManifest
 from slurm_rl.data.reader import read_expected
 from slurm_rl.data.shardio import open_shard
-from slurm_rl.fsio import FileSystem, stat
-
-
-def stat_key(path: Path, fs: FileSystem | None = None) -> tuple[int, int, int] | None:
-    """A cheap change marker of a file (mtime, size, inode), or None when it does not exist.
-
-    Three separate numbers: an atomic rewrite within one coarse mtime tick whose size is one
-    byte shorter on the next inode (``"complete": false`` -> ``true``) must still count as a change."""
-    try:
-        s = stat(path, fs=fs)
-    except FileNotFoundError:
-        return None
-    return (s.st_mtime_ns, s.st_size, s.st_ino)
+from slurm_rl.fsio import FileSystem, stat_key
 
 
 class StageFollower:

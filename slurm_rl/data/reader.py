@@ -14,7 +14,7 @@ from slurm_rl.data.errors import DataPlaneError, InvalidManifestError, ManifestT
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir, validate_stage
 from slurm_rl.data.manifest import ProducerManifest, ShardInfo
 from slurm_rl.data.shardio import open_shard
-from slurm_rl.fsio import FileSystem, read_bytes_once, stat
+from slurm_rl.fsio import FileSystem, read_bytes_once, stat_key
 
 
 def read_expected(path: Path, iteration: int, stage: str, *, fs: FileSystem | None = None) -> dict:
@@ -124,12 +124,8 @@ class StageReader:
     # -- discovery -------------------------------------------------------------------------
     def _refresh_expected(self) -> bool:
         """Re-read expected.json if it changed; True if it added ranks or became final."""
-        try:
-            s = stat(self._expected_path, fs=self.fs)
-        except FileNotFoundError:
-            return False
-        key = (s.st_ino, s.st_mtime_ns, s.st_size)
-        if key == self._expected_key:
+        key = stat_key(self._expected_path, fs=self.fs)
+        if key is None or key == self._expected_key:
             return False
         obj = read_expected(self._expected_path, self.iteration, self.stage, fs=self.fs)
         ranks = obj["producer_ranks"]
@@ -146,12 +142,8 @@ class StageReader:
         return (len(self._states), self._expected_final) != before
 
     def _refresh(self, st: _ProducerState) -> None:
-        try:
-            s = stat(st.path, fs=self.fs)
-        except FileNotFoundError:
-            return
-        key = (s.st_ino, s.st_mtime_ns, s.st_size)
-        if key == st.stat_key:
+        key = stat_key(st.path, fs=self.fs)
+        if key is None or key == st.stat_key:
             return
         try:
             raw = read_bytes_once(st.path, fs=self.fs)

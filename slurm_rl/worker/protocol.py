@@ -47,7 +47,7 @@ from slurm_rl.control.epochs import Epoch, read_epoch_file
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.data.emulated import make_actor_batch
-from slurm_rl.data.follow import StageFollower, stat_key
+from slurm_rl.data.follow import StageFollower
 from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.manifest import ProducerManifest
@@ -57,6 +57,7 @@ from slurm_rl.data.shardio import open_shard
 from slurm_rl.data.writer import StageWriter, write_expected
 from slurm_rl.errors import WorkerError
 from slurm_rl.faults import fault_point
+from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
 from slurm_rl.rl.formulas import k3

@@ -32,6 +32,7 @@ reachable now the one with the earliest forecast end:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from slurm_rl.scheduler import defaults
@@ -233,26 +234,27 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
         ``dp0`` from ``t0``) starts its next mini-batch, the actor trains mini-batch ``i`` on
         ``plan[min(i, -1)]`` (each change of its DP costs a switch; the rollout follows the
         step's instances from then) until the data is in, then on every GPU."""
-        segments: list[tuple[int, float]] = []  # (rollout instances, from time)
-        t, k, dp = t0, k0, dp0
-        for i in range(max(0, left - 1)):
-            step = plan[min(i, len(plan) - 1)]
-            if step.dp != dp:
-                if step.instances != k:
-                    segments.append((step.instances, t))
-                    k = step.instances
-                t += fc.switch(dp, step.dp)
-                dp = step.dp
-            t = max(t, ready[i]) + fc.minibatch_s(dp)
-        data_end = max(piecewise_seconds(roll, k0, segments), inf_s)
-        t, dp, wide = t0, dp0, False
-        for i in range(max(0, left - 1)):  # the same, but with every GPU once the data is in
-            wide = wide or max(t, ready[i]) >= data_end
-            want = final_dp if wide else plan[min(i, len(plan) - 1)].dp
-            if want != dp:
-                t += fc.switch(dp, want)
-                dp = want
-            t = max(t, ready[i]) + fc.minibatch_s(dp)
+        def walk(data_end: float) -> tuple[float, int, list[tuple[int, float]]]:
+            """The actor's mini-batches before the last: (when they end, its DP then, the
+            rollout's (instances, from time) changes up to the data's end)."""
+            segments: list[tuple[int, float]] = []
+            t, k, dp = t0, k0, dp0
+            for i in range(max(0, left - 1)):
+                wide = max(t, ready[i]) >= data_end
+                step = plan[min(i, len(plan) - 1)]
+                want = final_dp if wide else step.dp
+                if want != dp:
+                    if not wide and step.instances != k:
+                        segments.append((step.instances, t))
+                        k = step.instances
+                    t += fc.switch(dp, want)
+                    dp = want
+                t = max(t, ready[i]) + fc.minibatch_s(dp)
+            return t, dp, segments
+
+        # the rollout's end follows the plan's steps; then the same walk with every GPU after it
+        data_end = max(piecewise_seconds(roll, k0, walk(math.inf)[2]), inf_s)
+        t, dp, _ = walk(data_end)
         if left <= 1 and plan[0].dp != dp:
             t, dp = t + fc.switch(dp, plan[0].dp), plan[0].dp
         end = max(t, data_end)
