@@ -18,7 +18,7 @@ from slurm_rl.scheduler.history import (
     length_bucket,
 )
 from slurm_rl.scheduler.placement_ops import placement_problems
-from slurm_rl.scheduler.policies import decide_plan, make_policy
+from slurm_rl.scheduler.policies import decide_auto, decide_plan, make_policy
 from slurm_rl.scheduler.policies.plan import plan_start_placement
 from slurm_rl.config import config_from_mapping
 from slurm_rl.scheduler.profiles import PROFILES, math_rl
@@ -131,6 +131,57 @@ def test_rollout_forecast_more_instances_never_slower() -> None:
     assert fc.rollout_view(TOTAL, 0, 0, TOTAL, 10.0).seconds(4) == 0.0
 
 
+def reference_rollout(lengths: list[int], k: int, m: int, alpha: float, beta: float,
+                      cut: tuple[float, int] | None = None,
+                      every: float = 5.0) -> tuple[float, list[tuple[float, int, int, int, int]]]:
+    """A rollout by brute force: FIFO dispatch onto ``k`` instances of ``m`` slots, a decode step
+    of ``alpha + beta * running`` per instance; ``cut = (t, k2)`` moves the running requests onto
+    ``k2`` instances at ``t``. Its end and snapshots (t, running, pending, finished, instances)."""
+    inst: list[list[float]] = [[] for _ in range(k)]
+    pending, t, finished, snaps, nxt = list(reversed(lengths)), 0.0, 0, [], 0.0
+    while pending or any(inst):
+        if cut and t >= cut[0] and len(inst) != cut[1]:
+            flat = [r for x in inst for r in x]
+            inst = [flat[i::cut[1]] for i in range(cut[1])]
+        for x in inst:
+            while len(x) < m and pending:
+                x.append(float(pending.pop()))
+        if t >= nxt:
+            snaps.append((t, sum(map(len, inst)), len(pending), finished, len(inst)))
+            nxt += every
+        dt = min(min(x) * (alpha + beta * len(x)) for x in inst if x)
+        dt = min(dt, nxt - t, cut[0] - t if cut and t < cut[0] else math.inf)
+        for i, x in enumerate(inst):
+            if x:
+                left = [r - dt / (alpha + beta * len(x)) for r in x]
+                inst[i] = [r for r in left if r > 1e-6]
+                finished += len(x) - len(inst[i])
+        t += dt
+    return t, snaps
+
+
+@pytest.mark.parametrize("k, cut", [(8, None), (24, None), (24, (60.0, 8))])
+def test_rollout_forecast_follows_a_brute_force_rollout(k: int, cut: tuple[float, int] | None) -> None:
+    # 4096 requests; 8 instances turn their slots over 8 times, 24 barely twice; the cut moves
+    # the tail onto fewer instances after the queue drained (the forecast knows the instances then)
+    n, m, alpha, beta = 4096, 64, 0.006, 0.0002
+    lengths = lognormal_lengths(n, seed=3)
+    fit = DecodeFit()
+    for load in (4, 16, 64):
+        fit = fit.add(load, alpha + beta * load, 1.0)
+    h = History(iterations_done=1, lengths=hist_of(lengths), decode=fit, minibatches=((2, 40.0, 1000),),
+                longest=max(lengths))
+    fc = Forecast.fit(h, n, n, m, 0.5)
+    end, snaps = reference_rollout(lengths, k, m, alpha, beta, cut)
+    ratios = []
+    for t, running, pending, finished, instances in snaps:
+        if end - t >= 0.25 * end:  # the last requests alone are a coin toss
+            view = dataclasses.replace(fc, drain_instances=0 if pending else k).rollout_view(
+                n, running, pending, finished, t)
+            ratios.append((end - t) / view.seconds(instances))
+    assert len(ratios) >= 10 and all(0.85 <= r <= 1.15 for r in ratios), [round(r, 2) for r in ratios]
+
+
 def test_rollout_on_changing_instances_is_a_piecewise_forecast() -> None:
     # 100 instance-seconds of work: a fifth done on 4 instances by t = 5, the rest on 2
     assert piecewise_seconds(lambda k: 100.0 / k, 4, [(2, 5.0)]) == pytest.approx(5.0 + 0.8 * 50.0)
@@ -204,6 +255,17 @@ def test_cold_start_uses_rlinf_rules_with_pre_process() -> None:
     assert d.placement["actor"] == (0, 1)  # pre-process: the actor comes back on its own ranks
 
 
+def test_cold_start_actor_comes_back_once_its_first_data_is_in() -> None:
+    # the rules would start the actor (half the requests outstanding), but no mini-batch of data
+    # came out of inference yet: its GPUs keep decoding; the rules apply once the data is in
+    lent = {"actor": (), "rollout": (0, 1, 2, 3, 4, 5), "inference": (6, 7)}
+    early = state(running=300, pending=200, inference_done=GBS - 1, current=lent, iteration=0)
+    assert decide_auto(dataclasses.replace(early, cfg=dataclasses.replace(early.cfg, use_pre_process_policy=True)))
+    assert decide_plan(early) is None
+    d = decide_plan(dataclasses.replace(early, inference=InferenceProgress(GBS, TOTAL)))
+    assert d is not None and "cold start" in d.reason and d.placement["actor"] == (0, 1)
+
+
 def test_iteration_start_shrinks_inference_that_keeps_pace() -> None:
     s = state(pending=TOTAL, finished=0, phase="start", history=learned_history())
     start = plan_start_placement(s)
@@ -222,8 +284,10 @@ def test_held_actor_waits_while_it_has_slack_and_starts_when_critical() -> None:
     no_data = state(running=448, pending=476, finished=100, current=lent,
                     history=learned_history(mb_s=400.0), elapsed_s=5.0)
     assert decide_plan(no_data) is None  # its first mini-batch is not in for another ~20 s
-    # an expensive actor and a long rollout ahead (decode 10x slower): start on part of the GPUs
-    critical = dataclasses.replace(early, history=learned_history(mb_s=400.0, alpha=0.06))
+    # an expensive actor and a long tail ahead (decode 10x slower; its 200 longest requests share
+    # the instances, so fewer of them slow it little): start on part of the GPUs
+    critical = state(running=200, pending=0, inference_done=500, current=lent,
+                     history=learned_history(mb_s=400.0, alpha=0.06), elapsed_s=200.0)
     d = decide_plan(critical)
     assert d is not None and "forecast end" in d.reason
     assert set(INITIAL["actor"]) <= set(d.placement["actor"])

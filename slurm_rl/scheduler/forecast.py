@@ -155,6 +155,7 @@ class Forecast:
     longest: int = 0
     bias: float = 1.0       # learned correction of the rollout forecast
     state_move_s: float = 0.0  # seconds to move the actor's whole state (0 before a growth was seen)
+    drain_instances: int = 0   # rollout instances when this iteration's queue drained (0: not yet)
 
     @classmethod
     def fit(cls, h: History, total: int, finished: int, max_running: int,
@@ -177,7 +178,8 @@ class Forecast:
         return cls(lengths=lengths, alpha=line[0], beta=line[1], max_running=max_running,
                    mb_work=work, mb_scaling=scaling, inf_gpu_s_per_sample=inf, switch_s=switch_s,
                    curve=h.curve, last_iteration_s=h.iteration_s[-1] if h.iteration_s else None,
-                   longest=h.longest, bias=h.rollout_bias, state_move_s=h.state_move_s(switch_s) or 0.0)
+                   longest=h.longest, bias=h.rollout_bias, state_move_s=h.state_move_s(switch_s) or 0.0,
+                   drain_instances=h.drain_instances)
 
     # -- rollout ----------------------------------------------------------------------------
     def step_s(self, running: float) -> float:
@@ -234,15 +236,16 @@ class Forecast:
 class RolloutView:
     """The outstanding rollout requests, as the forecast sees them.
 
-    Running requests are the longest of those dispatched so far (the others finished), less
-    the tokens decoded so far (the length at the finished quantile); pending requests
-    are a random sample of the length distribution (dispatch order is blind to length).
-    ``seconds(k)``: with ``k`` instances the bulk ends when the outstanding tokens are decoded
-    at full-load throughput (``B``); the queue drains after ``D`` (pending tokens at that
-    throughput). The longest running request and the ``j`` longest pending ones (the last of
-    ``j`` dispatched in random order starts at about ``D * j / (j + 1)``) decode at full-load
-    speed until ``B``, then at the speed of an instance shared by the requests still running
-    after ``B`` (half of them on average). The rollout ends with the latest of these (or ``B``).
+    Every request decodes one token per step, so the rollout is followed in tokens per request
+    (``_TailLoad``). While requests wait, every slot (``k * max_running``) is busy and the queue
+    drains once all but ``k * max_running`` of the outstanding requests have finished (on fewer
+    instances than run them, the running requests beyond the slots wait again). The requests
+    in the slots then (``slots``, or the running ones when the queue drained already: the slots
+    at the drain) have tokens left as after ``tau`` tokens of a renewal process per slot, with
+    ``tau = (total - slots) * mean / slots``; the tail is as far along as the running count
+    says, and ends with its longest request. The ``j`` longest pending requests (the last of ``j``
+    dispatched in random order starts at about ``drain * j / (j + 1)``) may end later. The
+    result is multiplied by the bias learned from the last iteration (``rollout_bias``).
     """
 
     fc: Forecast
@@ -263,50 +266,98 @@ class RolloutView:
         if instances <= 0:
             return math.inf
         m = fc.max_running
-        v_full = 1.0 / fc.step_s(m)
-        dispatched = self.running + self.finished
-        # a running request has outlived the finished ones: about as long as the length at the
-        # finished quantile of the dispatched requests (at least the elapsed time at full speed)
-        decoded = max(self.elapsed_s * v_full,
-                      fc.length(self.finished / dispatched) if self.finished else 0.0)
-        mean = fc.mean_length()
-        run_left = 0.0
-        longest_run = 0.0
-        if self.running:
-            lo = 1.0 - self.running / max(1, dispatched)
-            n_cls = min(16, self.running)
-            for j in range(n_cls):
-                p = lo + (j + 0.5) * (1.0 - lo) / n_cls
-                run_left += self.running / n_cls * max(1.0, fc.length(p) - decoded)
-            longest_run = max(1.0, self._top(dispatched, 0.5) - decoded)
-        pend_tokens = self.pending * mean
-        throughput = instances * min(m, out / instances) / fc.step_s(min(m, out / instances))
-        bulk = (run_left + pend_tokens) / throughput
-        drain = pend_tokens / throughput
-        # requests still running after the bulk share the instances
-        threshold = bulk * v_full
-        after = (self.running * (1.0 - _cdf(fc, threshold + decoded, lo_p=1.0 - self.running / max(1, dispatched)))
-                 + self.pending * (1.0 - _cdf(fc, threshold, lo_p=0.0)))
-        # the tail's load falls from after / k to one request: its mean
-        v_tail = 1.0 / fc.step_s(max(1.0, (min(m, after / instances) + 1.0) / 2))
-
-        def end(start: float, length: float) -> float:
-            if length <= 0:
-                return start
-            if start >= bulk:
-                return start + length / v_tail
-            done = (bulk - start) * min(v_full, 1.0 / fc.step_s(min(m, out / instances)))
-            if done >= length:
-                return start + length / v_full
-            return bulk + (length - done) / v_tail
-
+        if not self.pending:  # drained: the running requests are the tail of the slots then
+            slots = min(self.total, (fc.drain_instances or instances) * m)
+            tail = _TailLoad(fc, instances, max(self.running, slots), self._tau(slots))
+            return fc.bias * tail.remaining(self.running)
+        slots = min(self.total, instances * m)
+        load = min(m, out / instances)
+        v_queue = 1.0 / fc.step_s(load)
+        # on fewer instances than run them, the running requests beyond their slots wait again
+        drain = max(0.0, out - instances * m) * fc.mean_length() / (instances * load * v_queue)
+        tail = _TailLoad(fc, instances, min(out, slots), self._tau(slots))
+        ends = [drain + tail.remaining(min(out, slots))]
         # the longest pending requests start at random times before the queue drains: among the
         # j longest the last one starts at about drain * j / (j + 1) (order statistics)
-        pend_end = 0.0
-        if self.pending:
-            for j in range(1, min(8, self.pending) + 1):
-                pend_end = max(pend_end, end(drain * j / (j + 1), self._top(self.pending, j - 0.5)))
-        return fc.bias * max(bulk, end(0.0, longest_run), pend_end)
+        for j in range(1, min(8, self.pending) + 1):
+            start, length = drain * j / (j + 1), self._top(self.pending, j - 0.5)
+            left = length - (drain - start) * v_queue
+            ends.append(start + length / v_queue if left <= 0 else drain + tail.seconds(left))
+        return fc.bias * max(ends)
+
+    def _tau(self, slots: int) -> float:
+        """Tokens per slot decoded before the queue drains (0 when it never fills the slots)."""
+        return max(0, self.total - slots) * self.fc.mean_length() / max(1, slots)
+
+
+class _TailLoad:
+    """The rollout after its queue drained, in tokens per request: ``population`` requests in
+    the slots then, with tokens left as after ``tau`` tokens of a renewal process per slot (fresh
+    lengths when ``tau`` is 0). After ``x`` more tokens the requests still running share the
+    instances evenly (more than fit take turns); ``seconds(x)`` integrates the decode step over
+    that falling load."""
+
+    POINTS = 32
+
+    def __init__(self, fc: Forecast, instances: int, population: float, tau: float) -> None:
+        self.fc, self.k = fc, instances
+        top = fc.length(1.0)
+        # uniform in tokens (the tail's last requests need it), and finer where the load falls fast
+        low = [(top / 16) ** (i / 8) for i in range(8)]
+        self.xs = sorted({0.0, *low, *(top * i / self.POINTS for i in range(1, self.POINTS + 1))})
+        surv = [1.0 - fc.lengths.cdf(x) for x in self.xs]
+        surv[-1] = 0.0
+        if tau > 0:
+            # a slot holds its first request (fresh length beyond tau) or a later one: tokens
+            # left after a renewal process ran for tau tokens, the renewal density taken as its
+            # limit 1 / mean: P(R > x) ~ P(L > tau + x) + integral_x^(tau + x) P(L > v) dv / mean
+            fine = [top * i / 64 for i in range(65)]
+            sf = [1.0 - fc.lengths.cdf(v) for v in fine[:-1]] + [0.0]
+            cum = [0.0]
+            for i in range(64):
+                cum.append(cum[-1] + (sf[i] + sf[i + 1]) / 2 * (fine[i + 1] - fine[i]))
+
+            def integral(y: float) -> float:  # of P(L > v) over [0, y]
+                j = min(63, int(min(y, top) / top * 64))
+                return cum[j] + (sf[j] + sf[j + 1]) / 2 * (min(y, top) - fine[j])
+
+            mean = max(1e-9, fc.mean_length())
+            raw = [(1.0 - fc.lengths.cdf(tau + x) if tau + x < top else 0.0)
+                   + (integral(tau + x) - integral(x)) / mean for x in self.xs]
+            surv = [r / max(1e-9, raw[0]) for r in raw]
+        # requests still running after x tokens, at every grid point
+        self.n = [population * sv for sv in surv]
+        self.t = [0.0]
+        for i in range(1, len(self.xs)):
+            n = (self.n[i - 1] + self.n[i]) / 2 / instances  # requests per instance
+            # beyond the slots, requests take turns (a token for all takes n / m steps)
+            self.t.append(self.t[-1] + (self.xs[i] - self.xs[i - 1])
+                          * fc.step_s(min(fc.max_running, max(1.0, n))) * max(1.0, n / fc.max_running))
+
+    def _x_at(self, running: float) -> float:
+        """Tokens after which ``running`` requests are still running (the grid interpolated)."""
+        for i in range(1, len(self.xs)):
+            if self.n[i] < running:
+                hi, lo = self.n[i - 1], self.n[i]
+                frac = (hi - running) / max(1e-12, hi - lo)
+                return self.xs[i - 1] + frac * (self.xs[i] - self.xs[i - 1])
+        return self.xs[-1]
+
+    def remaining(self, running: int) -> float:
+        """Seconds until the last of ``running`` requests of this tail finishes: the tail is as
+        far along as its running count says; the longest ends where half a request is left."""
+        now = self._x_at(running) if running < self.n[0] else 0.0
+        last = self._x_at(0.5)
+        return max(0.0, self.seconds(last) - self.seconds(now))
+
+    def seconds(self, x: float) -> float:
+        i = bisect.bisect_left(self.xs, x)
+        if i >= len(self.xs):
+            return self.t[-1] + (x - self.xs[-1]) * self.fc.step_s(1.0)
+        if i == 0:
+            return 0.0
+        x0, x1 = self.xs[i - 1], self.xs[i]
+        return self.t[i - 1] + (self.t[i] - self.t[i - 1]) * (x - x0) / max(1e-12, x1 - x0)
 
 
 def piecewise_seconds(roll: Callable[[int], float], k0: int, segments: list[tuple[int, float]]) -> float:
@@ -323,16 +374,19 @@ def piecewise_seconds(roll: Callable[[int], float], k0: int, segments: list[tupl
     return t + left * roll(k)
 
 
-def rollout_bias(h: History, snapshots: list[Tick], rollout_end_s: float) -> float | None:
+def rollout_bias(h: History, snapshots: list[Tick], rollout_end_s: float,
+                 drain_instances: int = 0) -> float | None:
     """Median of actual / forecast remaining rollout seconds over ``snapshots`` of an iteration
     whose rollout ended after ``rollout_end_s`` (the forecast fitted on ``h`` without a bias, on
-    the instances the rollout actually had from each snapshot on); None when it cannot be fitted."""
+    the instances the rollout actually had from each snapshot on; ``drain_instances``: those
+    when its queue drained); None when it cannot be fitted."""
     ratios = []
     for i, t in enumerate(snapshots):
         fc = Forecast.fit(h, t.samples, t.finished, t.max_running, 0.0)
         if fc is None or not t.instances:
             continue
-        fc = dataclasses.replace(fc, bias=1.0)
+        drained = t.finished + t.running >= t.samples
+        fc = dataclasses.replace(fc, bias=1.0, drain_instances=drain_instances if drained else 0)
         pending = t.samples - t.finished - t.running
         view = fc.rollout_view(t.samples, t.running, pending, t.finished, t.elapsed_s)
         segments, k = [], t.instances

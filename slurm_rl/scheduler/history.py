@@ -104,6 +104,8 @@ class History:
     reshards: tuple[tuple[float, float], ...] = ()  # (state fraction moved, seconds) of actor growths
     longest: int = 0                       # longest response seen (earlier iterations)
     rollout_bias: float = 1.0              # actual / forecast remaining rollout time, last iteration
+    drain_instances: int = 0               # rollout instances when the current iteration's queue
+                                           # drained (0: not drained yet)
 
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON form (``control/history.json`` of a live run)."""
@@ -205,6 +207,7 @@ class HistoryRecorder:
             if len(self._snapshots) > 2 * KEEP:
                 self._snapshots = self._snapshots[::2]
         self.history = replace(h, current_lengths=tick.lengths, decode=decode,
+                               drain_instances=self._drain_instances or 0,
                                current_inference=(float(tick.inference_done), tick.inference_busy_gpu_s),
                                minibatches=minibatches[-KEEP:], switches=switches[-KEEP:],
                                reshards=reshards[-KEEP:])
@@ -228,11 +231,12 @@ class HistoryRecorder:
         h = replace(h, iterations_done=h.iterations_done + 1, longest=max(h.longest, last.longest),
                     inference=inference, current_inference=(0.0, 0.0),
                     lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve,
-                    curve_work=curve_work)
+                    curve_work=curve_work, drain_instances=0)
         if self._rollout_end is not None:
             from slurm_rl.scheduler.forecast import rollout_bias  # the forecast reads History
 
-            h = replace(h, rollout_bias=rollout_bias(h, self._snapshots, self._rollout_end) or h.rollout_bias)
+            bias = rollout_bias(h, self._snapshots, self._rollout_end, self._drain_instances or 0)
+            h = replace(h, rollout_bias=bias or h.rollout_bias)
         self._curve, self._curve_work, self._snapshots, self._rollout_end = [], [], [], None
         self._work, self._drain_instances = 0.0, None
         return h

@@ -67,6 +67,8 @@ def decide_plan(state: SchedState) -> Decision | None:
         return None
     fc = _forecast(state)
     if fc is None:
+        if held and state.inference.done < state.batch.global_batch_size:
+            return None  # cold start: the held-back actor comes back once its first data is in
         d = decide_auto(_with_pre_process(state))
         return None if d is None else dataclasses.replace(d, reason=f"plan (cold start, RLinf rules): {d.reason}")
     return _best(state, fc, held)
