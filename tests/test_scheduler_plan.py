@@ -98,6 +98,14 @@ def test_cold_start_extrapolates_the_unfinished_tail() -> None:
     assert lf.quantile(0.25) < lf.quantile(0.75) < lf.quantile(0.99)
     assert lf.quantile(0.9) > max(seen) * 0.8  # the tail reaches past what finished so far
     assert abs(lf.quantile(0.9) / lengths[3600] - 1) < 0.5
+    # with no longest response of an earlier iteration, the forecast's longest is the expected
+    # longest of the iteration's samples (the lognormal itself has no end)
+    fit = DecodeFit().add(4, 0.007, 1.0)
+    h = History(current_lengths=hist_of(seen), decode=fit, minibatches=((2, 40.0, 1000),))
+    fc = Forecast.fit(h, 4000, 2000, 64, 0.5)
+    assert fc is not None and fc.length(1.0) == pytest.approx(lf.quantile(1 - 0.5 / 4000))
+    assert max(lengths) / 3 < fc.length(1.0) < max(lengths) * 3
+    assert fc.rollout_view(4000, 2, 0, 3998, 60.0).seconds(4) < 0.007 * max(lengths) * 3
 
 
 def test_decode_line_recovers_the_cost_law() -> None:

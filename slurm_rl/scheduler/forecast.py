@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -153,6 +154,7 @@ class Forecast:
     curve: tuple[float, ...]
     last_iteration_s: float | None
     longest: int = 0
+    samples: int = 0        # responses per iteration
     bias: float = 1.0       # learned correction of the rollout forecast
     state_move_s: float = 0.0  # seconds to move the actor's whole state (0 before a growth was seen)
     drain_instances: int = 0   # rollout instances when this iteration's queue drained (0: not yet)
@@ -179,16 +181,18 @@ class Forecast:
                    mb_work=work, mb_scaling=scaling, inf_gpu_s_per_sample=inf, switch_s=switch_s,
                    curve=h.curve, last_iteration_s=h.iteration_s[-1] if h.iteration_s else None,
                    longest=h.longest, bias=h.rollout_bias, state_move_s=h.state_move_s(switch_s) or 0.0,
-                   drain_instances=h.drain_instances)
+                   drain_instances=h.drain_instances, samples=total)
 
     # -- rollout ----------------------------------------------------------------------------
     def step_s(self, running: float) -> float:
         return self.alpha + self.beta * min(max(running, 1.0), self.max_running)
 
     def length(self, p: float) -> float:
-        """Response length at quantile ``p`` (capped by the longest response seen)."""
-        q = self.lengths.quantile(p)
-        return min(q, self.longest) if self.longest else q
+        """Response length at quantile ``p``, capped by the longest response of earlier iterations
+        (before one was seen: by the expected longest of the iteration's ``samples``)."""
+        if self.longest:
+            return min(self.lengths.quantile(p), self.longest)
+        return self.lengths.quantile(min(p, 1.0 - 0.5 / max(1, self.samples)))
 
     def rollout_view(self, total: int, running: int, pending: int, finished: int,
                      elapsed_s: float) -> "RolloutView":
@@ -197,6 +201,11 @@ class Forecast:
 
     def mean_length(self) -> float:
         return self.lengths.mean
+
+    @functools.cached_property
+    def survival(self) -> "Survival":
+        """``P(L > x)`` of the response lengths, tabulated once per forecast."""
+        return Survival.of(self)
 
     # -- actor and inference ----------------------------------------------------------------
     def minibatch_s(self, dp: int) -> float:
@@ -290,6 +299,41 @@ class RolloutView:
         return max(0, self.total - slots) * self.fc.mean_length() / max(1, slots)
 
 
+@dataclass(frozen=True)
+class Survival:
+    """``P(L > x)`` through points ``(length at quantile p, 1 - p)`` (dense towards the longest
+    response), linear in between, and its running integral (the mean tokens left beyond x)."""
+
+    xs: tuple[float, ...]
+    s: tuple[float, ...]
+    cum: tuple[float, ...]
+
+    @classmethod
+    def of(cls, fc: Forecast) -> "Survival":
+        probs = [i / 50 for i in range(46)] + [1.0 - 0.1 * 2 ** (-j / 3) for j in range(31)] + [1.0]
+        pts = sorted({fc.length(p): 1.0 - p for p in probs}.items())
+        xs, s = [0.0] + [x for x, _ in pts], [1.0] + [v for _, v in pts]
+        s[-1] = 0.0
+        cum = [0.0]
+        for i in range(1, len(xs)):
+            cum.append(cum[-1] + (s[i - 1] + s[i]) / 2 * (xs[i] - xs[i - 1]))
+        return cls(tuple(xs), tuple(s), tuple(cum))
+
+    def at(self, x: float) -> float:
+        i = bisect.bisect_right(self.xs, x)
+        if i >= len(self.xs):
+            return 0.0
+        x0, x1 = self.xs[i - 1], self.xs[i]
+        return self.s[i - 1] + (self.s[i] - self.s[i - 1]) * (x - x0) / max(1e-12, x1 - x0)
+
+    def integral(self, y: float) -> float:
+        """Of ``P(L > v)`` over ``[0, y]``."""
+        i = bisect.bisect_right(self.xs, y)
+        if i >= len(self.xs):
+            return self.cum[-1]
+        return self.cum[i - 1] + (self.s[i - 1] + self.at(y)) / 2 * (y - self.xs[i - 1])
+
+
 class _TailLoad:
     """The rollout after its queue drained, in tokens per request: ``population`` requests in
     the slots then, with tokens left as after ``tau`` tokens of a renewal process per slot (fresh
@@ -305,25 +349,14 @@ class _TailLoad:
         # uniform in tokens (the tail's last requests need it), and finer where the load falls fast
         low = [(top / 16) ** (i / 8) for i in range(8)]
         self.xs = sorted({0.0, *low, *(top * i / self.POINTS for i in range(1, self.POINTS + 1))})
-        surv = [1.0 - fc.lengths.cdf(x) for x in self.xs]
-        surv[-1] = 0.0
+        sv = fc.survival
+        surv = [sv.at(x) for x in self.xs]
         if tau > 0:
             # a slot holds its first request (fresh length beyond tau) or a later one: tokens
             # left after a renewal process ran for tau tokens, the renewal density taken as its
             # limit 1 / mean: P(R > x) ~ P(L > tau + x) + integral_x^(tau + x) P(L > v) dv / mean
-            fine = [top * i / 64 for i in range(65)]
-            sf = [1.0 - fc.lengths.cdf(v) for v in fine[:-1]] + [0.0]
-            cum = [0.0]
-            for i in range(64):
-                cum.append(cum[-1] + (sf[i] + sf[i + 1]) / 2 * (fine[i + 1] - fine[i]))
-
-            def integral(y: float) -> float:  # of P(L > v) over [0, y]
-                j = min(63, int(min(y, top) / top * 64))
-                return cum[j] + (sf[j] + sf[j + 1]) / 2 * (min(y, top) - fine[j])
-
             mean = max(1e-9, fc.mean_length())
-            raw = [(1.0 - fc.lengths.cdf(tau + x) if tau + x < top else 0.0)
-                   + (integral(tau + x) - integral(x)) / mean for x in self.xs]
+            raw = [sv.at(tau + x) + (sv.integral(tau + x) - sv.integral(x)) / mean for x in self.xs]
             surv = [r / max(1e-9, raw[0]) for r in raw]
         # requests still running after x tokens, at every grid point
         self.n = [population * sv for sv in surv]
@@ -401,14 +434,6 @@ def rollout_bias(h: History, snapshots: list[Tick], rollout_end_s: float,
         return None
     ratios.sort()
     return min(4.0, max(0.25, ratios[len(ratios) // 2]))
-
-
-def _cdf(fc: Forecast, length: float, lo_p: float) -> float:
-    """Fraction of the requests above quantile ``lo_p`` that are shorter than ``length``."""
-    if fc.longest and length >= fc.longest:
-        return 1.0
-    p = fc.lengths.cdf(length)
-    return max(0.0, p - lo_p) / max(1e-12, 1.0 - lo_p)
 
 
 def _fit_minibatches(obs: tuple[tuple[int, float, int], ...]) -> tuple[float, float]:
