@@ -5,13 +5,15 @@ here is a per-workload constant. Pure functions, a few hundred float operations 
 
 * Response lengths: the quantile function of the finished responses of earlier iterations
   (cold start: this iteration's finished responses, the unfinished upper part extrapolated
-  lognormally through the median and the highest quantile seen).
+  lognormally through the median and the highest quantile seen, up to the expected longest of
+  the iteration's samples); ``Survival`` tabulates it once per forecast.
 * Decode: ``step_s(b) = alpha + beta * b`` per request and step on an instance running ``b``
   requests; with one load seen so far ``beta = 0`` (no gain from spreading is assumed).
-* Rollout (``RolloutView``): running requests are the survivors of those dispatched, pending ones a
-  random sample; the rollout ends after the bulk at full-load throughput, or with the longest
-  running / pending requests (the latter dispatched in random order before the queue drained),
-  whichever is later, times the bias learned from the last iteration (``rollout_bias``).
+* Rollout (``RolloutView``): followed in tokens per request (every running request decodes one
+  per step): the queue drains at full-load throughput; the requests in the slots then have
+  tokens left as in a renewal process; the load falls as they finish (``_TailLoad``); the
+  longest pending requests were dispatched in random order before the drain. Times the bias
+  learned from the last iteration (``rollout_bias``).
 * Actor: mini-batch seconds ``W / dp ** s`` (``s`` fitted once two DP sizes were seen, else 1);
   a switch from DP ``a`` to ``b``: the latency of a switch plus the seconds to move the whole
   state times the fraction that moves (``cost_model.reshard_fraction``), both as seen;
@@ -344,7 +346,7 @@ class _TailLoad:
     POINTS = 32
 
     def __init__(self, fc: Forecast, instances: int, population: float, tau: float) -> None:
-        self.fc, self.k = fc, instances
+        self.fc = fc
         top = fc.length(1.0)
         # uniform in tokens (the tail's last requests need it), and finer where the load falls fast
         low = [(top / 16) ** (i / 8) for i in range(8)]

@@ -26,7 +26,9 @@ reachable now the one with the earliest forecast end:
    instances released, then the bigger actor). Finished rollout / inference give all their
    ranks up.
 5. Cold start (no mini-batch or decode speed measured yet, or under a tenth of the responses
-   seen): RLinf's rules with pre-process (``auto+pre_process``), until the forecast can be fitted.
+   seen): RLinf's rules with pre-process (``auto+pre_process``), until the forecast can be fitted;
+   but the held-back actor comes back only once its first mini-batch's data is in (its GPUs
+   decode until then instead of waiting for data).
 """
 
 from __future__ import annotations
@@ -96,16 +98,25 @@ def plan_start_placement(state: SchedState) -> RankMap:
     # instance-seconds, so a placement that changed under it (the actor taking rollout GPUs
     # early or late) does not distort its shape (a history without it: the curve in seconds)
     work = h.curve_work if len(h.curve_work) == CURVE_POINTS and h.curve_work[-1] > 0 else None
-    for keep in range(1, len(inf) + 1):
-        lent = len(inf) - keep
-        instances = (len(start["rollout"]) + lent) // rtp
+
+    def keeps_pace(keep: int) -> bool:
+        instances = (len(start["rollout"]) + len(inf) - keep) // rtp
         # the deadline: the shorter of the forecast and the last measured rollout (inference must
         # never become the critical path because the forecast was pessimistic)
         deadline = min(everything.seconds(instances), h.curve[-1])
-        if lent % rtp == 0 and fc_probe.inference_keeps_pace(total, keep, deadline, shape=work):
-            start["rollout"] = tuple(sorted(start["rollout"] + inf[:lent]))
-            start["inference"] = inf[lent:]
-            break
+        return fc_probe.inference_keeps_pace(total, keep, deadline, shape=work)
+
+    # the fewest inference ranks that keep pace (whole rollout instances lent): more ranks, and
+    # the fewer rollout instances that leaves, only make keeping pace easier, so bisect
+    keeps = [k for k in range(1, len(inf) + 1) if (len(inf) - k) % rtp == 0]
+    lo, hi = 0, len(keeps)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if keeps_pace(keeps[mid]) else (mid + 1, hi)
+    if lo < len(keeps):
+        lent = len(inf) - keeps[lo]
+        start["rollout"] = tuple(sorted(start["rollout"] + inf[:lent]))
+        start["inference"] = inf[lent:]
     return start
 
 
