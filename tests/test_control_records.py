@@ -31,6 +31,7 @@ def paths(tmp_path: Path) -> RunPaths:
 WORKING = {"rank": 1, "host": "n0", "state": "working", "iteration": 2, "epoch": 3, "roles": ["rollout", "actor"],
            "rollout_finished": 40, "rollout_running": 8, "migrated_out": 2, "inference_done": 30,
            "actor_minibatches_done": 1, "actor_busy": True, "boundary_at": 1.5e9, "actor_received": 32,
+           "actor_ready": 16,
            "rollout_len_hist": {"0": 3, "7": 5}, "rollout_longest": 900, "rollout_step_s": 0.02,
            "rollout_decoding": 6, "inference_busy_s": 4.5,
            "actor_last_minibatch": {"index": 0, "dp": 2, "seconds": 1.25, "tokens": 4096, "resharded": False},
@@ -51,7 +52,7 @@ def test_progress_counters_are_typed(paths: RunPaths) -> None:
     paths.progress(1).write_text(json.dumps(WORKING))
     c = read_all_progress(paths, [1])[1].counters
     assert (c.rollout_finished, c.rollout_running, c.migrated_out, c.inference_done) == (40, 8, 2, 30)
-    assert (c.actor_received, c.actor_minibatches_done, c.actor_busy) == (32, 1, True)
+    assert (c.actor_received, c.actor_ready, c.actor_minibatches_done, c.actor_busy) == (32, 16, 1, True)
     assert dict(c.rollout_len_hist) == {0: 3, 7: 5} and c.rollout_longest == 900
     assert (c.rollout_step_s, c.rollout_decoding, c.inference_busy_s) == (0.02, 6, 4.5)
     assert c.actor_last_minibatch == LastMinibatch(index=0, dp=2, seconds=1.25, tokens=4096, resharded=False)
@@ -63,7 +64,7 @@ def test_absent_counters_read_as_their_defaults(paths: RunPaths) -> None:
     c = record.counters
     assert c == IterationCounters()
     assert (c.rollout_finished, c.rollout_running, c.migrated_out, c.inference_done, c.actor_received,
-            c.actor_minibatches_done, c.rollout_longest, c.rollout_decoding) == (0,) * 8
+            c.actor_ready, c.actor_minibatches_done, c.rollout_longest, c.rollout_decoding) == (0,) * 9
     assert c.actor_busy is False and c.inference_busy_s == 0.0 and dict(c.rollout_len_hist) == {}
     assert c.rollout_step_s is None and c.actor_last_minibatch is None
     assert record.roles == () and record.iteration is None

@@ -170,6 +170,10 @@ def test_live_state_from_progress_drives_auto(tmp_path: Path) -> None:
     state = build_state(cfg, epoch, _records(docs), 0, at_gate=False)
     assert (state.rollout.finished, state.rollout.running, state.rollout.pending) == (224, 16, 16)
     assert state.phase == "train" and state.actor.minibatches_done == 1 and not state.actor.busy
+    # the cutter's complete groups are the actor's data; the mini-batches done are a floor
+    assert state.actor.samples_ready == 64  # 1 x global_batch_size
+    ready = build_state(cfg, epoch, _records({**docs, 0: {**docs[0], "actor_ready": 112}}), 0, at_gate=False)
+    assert ready.actor.samples_ready == 112
     decision = decide_auto(state)
     assert decision is not None and decision.boundary == "minibatch"
     assert len(decision.placement["actor"]) == 4 and set(decision.migrate_from) == {2, 3}

@@ -272,6 +272,12 @@ def test_cold_start_actor_comes_back_once_its_first_data_is_in() -> None:
     assert decide_plan(early) is None
     d = decide_plan(dataclasses.replace(early, inference=InferenceProgress(GBS, TOTAL)))
     assert d is not None and "cold start" in d.reason and d.placement["actor"] == (0, 1)
+    # live, inference scores samples as they come: the complete groups at the cutter decide
+    scored = dataclasses.replace(early, inference=InferenceProgress(2 * GBS, TOTAL),
+                                 actor=dataclasses.replace(early.actor, samples_ready=GBS - 16))
+    assert decide_plan(scored) is None
+    ready = dataclasses.replace(scored, actor=dataclasses.replace(early.actor, samples_ready=GBS))
+    assert decide_plan(ready) is not None
 
 
 def test_iteration_start_shrinks_inference_that_keeps_pace() -> None:

@@ -24,7 +24,8 @@ PROGRESS_REQUIRED = {"rank": "count", "time": "number"}
 PROGRESS_FIELDS = {"host": "str", "state": "str", "iteration": "int?", "epoch": "int?", "roles": "list",
                    "gate": "int?", "checkpointed": "str?", "error": "str?", "phase": "str?", "boundary_at": "number?"}
 COUNTER_FIELDS = {"rollout_finished": "count", "rollout_running": "count", "migrated_out": "count",
-                  "inference_done": "count", "actor_received": "count", "actor_minibatches_done": "count",
+                  "inference_done": "count", "actor_received": "count", "actor_ready": "count",
+                  "actor_minibatches_done": "count",
                   "actor_busy": "bool", "rollout_len_hist": "histogram", "rollout_longest": "count",
                   "rollout_step_s": "number?", "rollout_decoding": "count", "inference_busy_s": "number",
                   "actor_last_minibatch": "object?"}
@@ -64,13 +65,15 @@ class IterationCounters:
     ``rollout_len_hist``: finished responses per length bucket; ``rollout_step_s`` and
     ``rollout_decoding``: the decoder's current step time and responses in decode;
     ``actor_received``: samples the actor's cutter rank received (a floor for rollout and
-    inference progress); ``actor_last_minibatch``: on the cutter rank, its last mini-batch."""
+    inference progress); ``actor_ready``: those of them in complete groups (what mini-batches are
+    cut from); ``actor_last_minibatch``: on the cutter rank, its last mini-batch."""
 
     rollout_finished: int = 0
     rollout_running: int = 0
     migrated_out: int = 0
     inference_done: int = 0
     actor_received: int = 0
+    actor_ready: int = 0
     actor_minibatches_done: int = 0
     actor_busy: bool = False
     rollout_len_hist: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))

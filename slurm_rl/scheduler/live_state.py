@@ -118,8 +118,12 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
                                       total=inf_total)
         steps = min(batch.minibatches_per_iteration, max((c.actor_minibatches_done for c in counters), default=0))
         busy = any(c.actor_busy for c in counters)
+        # complete groups the cutter holds or cut: the actor's data (inference here scores
+        # samples as they come, not whole groups, so its count runs ahead of the data)
+        ready = max([steps * cfg.train.global_batch_size] + [c.actor_ready for c in counters])
         actor = ActorProgress(steps * cfg.train.global_batch_size, samples, steps,
-                              batch.minibatches_per_iteration, busy=busy, state_dp=actor_state_dp)
+                              batch.minibatches_per_iteration, busy=busy, state_dp=actor_state_dp,
+                              samples_ready=min(samples, ready))
     return SchedState(
         iteration=iteration,
         num_iterations=cfg.train.num_iterations,
@@ -141,8 +145,8 @@ def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch
               switch_s: float | None, switch_fraction: float = 0.0) -> Tick:
     """The ``Tick`` the history records from a live state and the ranks' progress (see
     ``scheduler.history``): length histograms, decode step times and inference busy time summed
-    over the ranks working on the state's iteration. Complete groups are not reported by the
-    ranks, so the samples ready for inference are taken as the finished ones."""
+    over the ranks working on the state's iteration; the samples ready are those in complete
+    groups at the actor's cutter."""
     counters = _current(progress, state.iteration)
     hist = [0] * NUM_BUCKETS
     longest = 0
@@ -156,13 +160,21 @@ def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch
     inf_gpus = len(state.current["inference"])
     return Tick(iteration=state.iteration, elapsed_s=state.elapsed_s, samples=state.rollout.total,
                 finished=state.rollout.finished, inference_done=state.inference.done,
-                groups_ready=max(state.inference.done, state.rollout.finished if inf_gpus else 0),
+                groups_ready=_groups_ready(state, inf_gpus),
                 inference_gpus=inf_gpus, max_running=state.cfg.max_running_requests,
                 running=state.rollout.running,
                 instances=len(rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)),
                 inference_busy_gpu_s=sum(c.inference_busy_s for c in counters), lengths=tuple(hist),
                 decode=tuple(decode), minibatch=minibatch, switch_s=switch_s,
                 switch_fraction=switch_fraction if switch_s is not None else 0.0, longest=longest)
+
+
+def _groups_ready(state: SchedState, inf_gpus: int) -> int:
+    """Samples of complete groups through inference (without a cutter's report: the finished
+    samples, an upper bound)."""
+    if state.actor.samples_ready is not None:
+        return state.actor.samples_ready
+    return max(state.inference.done, state.rollout.finished if inf_gpus else 0)
 
 
 def last_minibatch(progress: Mapping[int, RankProgress], iteration: int) -> LastMinibatch | None:

@@ -143,7 +143,9 @@ class InferenceProgress:
 class ActorProgress:
     """Actor training progress of the current iteration; ``busy`` while inside a mini-batch.
     ``state_dp``: DP size of the ranks holding the actor's state (a held-back actor keeps it
-    there, so coming back onto them moves nothing); None when not known."""
+    there, so coming back onto them moves nothing); None when not known. ``samples_ready``:
+    samples in complete groups through inference (the data its mini-batches are cut from); None
+    when not known apart (then ``InferenceProgress.done``: inference scores complete groups)."""
 
     samples_done: int
     samples_total: int
@@ -151,6 +153,7 @@ class ActorProgress:
     minibatches_total: int
     busy: bool = False
     state_dp: int | None = None
+    samples_ready: int | None = None
 
 
 @dataclass(frozen=True)

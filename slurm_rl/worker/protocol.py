@@ -461,6 +461,7 @@ class _Cutter:
         self.complete: list[int] = []  # complete groups in completion order
         self.ready_rows = 0
         self.received = 0  # samples received this iteration (they finished rollout and inference)
+        self.grouped = 0  # ... of them in complete groups (the data mini-batches are cut from)
         self.cut = 0
         self.prev_end: float | None = 0.0  # predicted end of the last mini-batch (None: not known)
         self.plan: list[dict[str, Any]] = []
@@ -484,6 +485,7 @@ class _Cutter:
         self.received += table.num_rows
         if not self.whole_groups:
             self.ready_rows += table.num_rows
+            self.grouped += table.num_rows
             return
         for g in table.column("group_id").to_pylist():
             n = self.group_rows.get(g, 0) + 1
@@ -491,6 +493,7 @@ class _Cutter:
             if n == self.group_size:
                 self.complete.append(g)
                 self.ready_rows += n
+                self.grouped += n
 
     def _next_groups(self) -> list[int] | None:
         """The groups of the next mini-batch, or None while they are not all complete."""
@@ -734,6 +737,8 @@ class _Iteration:
             # what the actor leader has received: a floor for rollout/inference progress that
             # never lags the data (other ranks' reports may be a report period behind)
             "actor_received": c.received if c else 0,
+            # ... of them in complete groups: the data the actor's mini-batches are cut from
+            "actor_ready": c.grouped if c else 0,
             # what the plan policy's forecast learns from (scheduler.history)
             "rollout_len_hist": {str(b): n for b, n in sorted(r.length_hist.items())} if r else {},
             "rollout_longest": r.longest if r else 0,

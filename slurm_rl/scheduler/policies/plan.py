@@ -69,7 +69,8 @@ def decide_plan(state: SchedState) -> Decision | None:
         return None
     fc = _forecast(state)
     if fc is None:
-        if held and state.inference.done < state.batch.global_batch_size:
+        waiting = state.rollout.outstanding > 0 or not state.inference.finished
+        if held and waiting and _data_in(state) < state.batch.global_batch_size:
             return None  # cold start: the held-back actor comes back once its first data is in
         d = decide_auto(_with_pre_process(state))
         return None if d is None else dataclasses.replace(d, reason=f"plan (cold start, RLinf rules): {d.reason}")
@@ -195,13 +196,20 @@ def _ready_s(state: SchedState, fc: Forecast, index: int) -> float:
     """Seconds from now until the data of mini-batch ``index`` (of the iteration) is in, as the
     last iteration's completion curve says (0 when it is in already or there is no curve)."""
     need = (index + 1) * state.batch.global_batch_size
-    if state.inference.done >= need or len(fc.curve) < CURVE_POINTS:
+    if _data_in(state) >= need or len(fc.curve) < CURVE_POINTS:
         return 0.0
     frac = need / state.rollout.total * CURVE_POINTS
     i = min(CURVE_POINTS - 1, int(frac))
     lo = fc.curve[i - 1] if i else 0.0
     at = lo + (fc.curve[i] - lo) * (frac - i)
     return max(0.0, at - state.elapsed_s)
+
+
+def _data_in(state: SchedState) -> int:
+    """Samples the actor's mini-batches can be cut from now (complete groups through inference)."""
+    if state.actor.samples_ready is not None:
+        return state.actor.samples_ready
+    return state.inference.done
 
 
 def _state_dp(state: SchedState) -> int:
