@@ -105,7 +105,7 @@ def test_cold_start_extrapolates_the_unfinished_tail() -> None:
     fc = Forecast.fit(h, 4000, 2000, 64, 0.5)
     assert fc is not None and fc.length(1.0) == pytest.approx(lf.quantile(1 - 0.5 / 4000))
     assert max(lengths) / 3 < fc.length(1.0) < max(lengths) * 3
-    assert fc.rollout_view(4000, 2, 0, 3998, 60.0).seconds(4) < 0.007 * max(lengths) * 3
+    assert fc.rollout_view(4000, 2, 0).seconds(4) < 0.007 * max(lengths) * 3
 
 
 def test_decode_line_recovers_the_cost_law() -> None:
@@ -132,11 +132,11 @@ def test_rollout_forecast_more_instances_never_slower() -> None:
     fc = Forecast.fit(learned_history(), TOTAL, TOTAL, 64, 0.5)
     assert fc is not None
     for running, pending, finished, elapsed in ((256, 768, 0, 0.0), (200, 0, 824, 30.0), (5, 0, 1019, 60.0)):
-        view = fc.rollout_view(TOTAL, running, pending, finished, elapsed)
+        view = fc.rollout_view(TOTAL, running, pending)
         times = [view.seconds(k) for k in (1, 2, 4, 8)]
         assert all(a >= b - 1e-9 for a, b in zip(times, times[1:])), times
         assert view.seconds(0) == math.inf
-    assert fc.rollout_view(TOTAL, 0, 0, TOTAL, 10.0).seconds(4) == 0.0
+    assert fc.rollout_view(TOTAL, 0, 0).seconds(4) == 0.0
 
 
 def reference_rollout(lengths: list[int], k: int, m: int, alpha: float, beta: float,
@@ -182,10 +182,9 @@ def test_rollout_forecast_follows_a_brute_force_rollout(k: int, cut: tuple[float
     fc = Forecast.fit(h, n, n, m, 0.5)
     end, snaps = reference_rollout(lengths, k, m, alpha, beta, cut)
     ratios = []
-    for t, running, pending, finished, instances in snaps:
+    for t, running, pending, _, instances in snaps:
         if end - t >= 0.25 * end:  # the last requests alone are a coin toss
-            view = dataclasses.replace(fc, drain_instances=0 if pending else k).rollout_view(
-                n, running, pending, finished, t)
+            view = dataclasses.replace(fc, drain_instances=0 if pending else k).rollout_view(n, running, pending)
             ratios.append((end - t) / view.seconds(instances))
     assert len(ratios) >= 10 and all(0.85 <= r <= 1.15 for r in ratios), [round(r, 2) for r in ratios]
 

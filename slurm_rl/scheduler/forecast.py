@@ -196,10 +196,9 @@ class Forecast:
             return min(self.lengths.quantile(p), self.longest)
         return self.lengths.quantile(min(p, 1.0 - 0.5 / max(1, self.samples)))
 
-    def rollout_view(self, total: int, running: int, pending: int, finished: int,
-                     elapsed_s: float) -> "RolloutView":
+    def rollout_view(self, total: int, running: int, pending: int) -> "RolloutView":
         """What is left of the rollout (see ``RolloutView``)."""
-        return RolloutView(self, total, running, pending, finished, elapsed_s)
+        return RolloutView(self, total, running, pending)
 
     def mean_length(self) -> float:
         return self.lengths.mean
@@ -263,8 +262,6 @@ class RolloutView:
     total: int
     running: int
     pending: int
-    finished: int
-    elapsed_s: float
 
     def _top(self, among: int, rank: float) -> float:
         return self.fc.length(1.0 - rank / max(1, among))
@@ -423,7 +420,7 @@ def rollout_bias(h: History, snapshots: list[Tick], rollout_end_s: float,
         drained = t.finished + t.running >= t.samples
         fc = dataclasses.replace(fc, bias=1.0, drain_instances=drain_instances if drained else 0)
         pending = t.samples - t.finished - t.running
-        view = fc.rollout_view(t.samples, t.running, pending, t.finished, t.elapsed_s)
+        view = fc.rollout_view(t.samples, t.running, pending)
         segments, k = [], t.instances
         for later in snapshots[i + 1:]:
             if later.instances != k and later.instances:

@@ -104,7 +104,8 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
     if at_gate:
         rollout = RolloutProgress(running=0, pending=samples, finished=0, total=samples)
         inference = InferenceProgress(done=0, total=inf_total)
-        actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration, state_dp=actor_state_dp)
+        actor = ActorProgress(0, samples, 0, batch.minibatches_per_iteration, state_dp=actor_state_dp,
+                              samples_ready=0)
     else:
         counters = _current(progress, iteration)
         # Samples the actor leader received have finished rollout (and inference): a floor that
@@ -160,21 +161,13 @@ def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch
     inf_gpus = len(state.current["inference"])
     return Tick(iteration=state.iteration, elapsed_s=state.elapsed_s, samples=state.rollout.total,
                 finished=state.rollout.finished, inference_done=state.inference.done,
-                groups_ready=_groups_ready(state, inf_gpus),
+                groups_ready=state.actor.samples_ready or 0,
                 inference_gpus=inf_gpus, max_running=state.cfg.max_running_requests,
                 running=state.rollout.running,
                 instances=len(rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)),
                 inference_busy_gpu_s=sum(c.inference_busy_s for c in counters), lengths=tuple(hist),
                 decode=tuple(decode), minibatch=minibatch, switch_s=switch_s,
                 switch_fraction=switch_fraction if switch_s is not None else 0.0, longest=longest)
-
-
-def _groups_ready(state: SchedState, inf_gpus: int) -> int:
-    """Samples of complete groups through inference (without a cutter's report: the finished
-    samples, an upper bound)."""
-    if state.actor.samples_ready is not None:
-        return state.actor.samples_ready
-    return max(state.inference.done, state.rollout.finished if inf_gpus else 0)
 
 
 def last_minibatch(progress: Mapping[int, RankProgress], iteration: int) -> LastMinibatch | None:

@@ -461,7 +461,6 @@ class _Cutter:
         self.complete: list[int] = []  # complete groups in completion order
         self.ready_rows = 0
         self.received = 0  # samples received this iteration (they finished rollout and inference)
-        self.grouped = 0  # ... of them in complete groups (the data mini-batches are cut from)
         self.cut = 0
         self.prev_end: float | None = 0.0  # predicted end of the last mini-batch (None: not known)
         self.plan: list[dict[str, Any]] = []
@@ -485,7 +484,6 @@ class _Cutter:
         self.received += table.num_rows
         if not self.whole_groups:
             self.ready_rows += table.num_rows
-            self.grouped += table.num_rows
             return
         for g in table.column("group_id").to_pylist():
             n = self.group_rows.get(g, 0) + 1
@@ -493,7 +491,11 @@ class _Cutter:
             if n == self.group_size:
                 self.complete.append(g)
                 self.ready_rows += n
-                self.grouped += n
+
+    @property
+    def grouped(self) -> int:
+        """Samples received in complete groups (cut or not): the data mini-batches are cut from."""
+        return self.ready_rows + self.cut * self.gbs
 
     def _next_groups(self) -> list[int] | None:
         """The groups of the next mini-batch, or None while they are not all complete."""

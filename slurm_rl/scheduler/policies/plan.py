@@ -94,7 +94,7 @@ def plan_start_placement(state: SchedState) -> RankMap:
     fc_probe = dataclasses.replace(fc_probe, bias=min(1.0, fc_probe.bias))
     rtp = cfg.rollout_ranks_per_instance
     total = state.rollout.total
-    everything = fc_probe.rollout_view(total, 0, total, 0, 0.0)
+    everything = fc_probe.rollout_view(total, 0, total)
     # samples arrive as the rollout's work progresses: the last iteration's curve in rollout
     # instance-seconds, so a placement that changed under it (the actor taking rollout GPUs
     # early or late) does not distort its shape (a history without it: the curve in seconds)
@@ -230,7 +230,7 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
     cur = state.current
     ro = state.rollout
     out = ro.outstanding
-    view = fc.rollout_view(ro.total, ro.running, ro.pending, ro.finished, state.elapsed_s)
+    view = fc.rollout_view(ro.total, ro.running, ro.pending)
     inf_left = state.inference.total - state.inference.done
     inf_s = fc.inference_s(inf_left, 0 if state.inference.finished else len(cur["inference"]))
     first = state.actor.minibatches_done
