@@ -18,6 +18,7 @@ from slurm_rl.control.acks import read_reshards
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.progress import read_all_progress
 from slurm_rl.data.migration import pending_dir
 from slurm_rl.data.reader import StageReader
 from slurm_rl.inspect.report import read_metrics
@@ -137,6 +138,11 @@ def test_pre_process_lends_actor_ranks_to_rollout(tmp_path: Path, device: str) -
         assert returned, [(e.epoch, e.iteration, e.placement) for e in epochs]
         assert all(p["dp"] >= len(actor0) for p in plans(run_dir, k))
     check_every_sample_once(run_dir, cfg, leader=actor0[0])
+    # the cutter counted the complete groups it received (the actor's data, ``actor_ready``),
+    # also while the actor held no ranks: at the end, every sample of the last iteration
+    last = read_all_progress(RunPaths(run_dir), [actor0[0]])[actor0[0]]
+    assert last.iteration == 1, last
+    assert last.counters.actor_ready == last.counters.actor_received == samples_per_iteration(cfg)
 
 
 @pytest.mark.slow
