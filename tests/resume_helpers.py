@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from emulated_configs import emulated_config
+from identity import assert_losses_match, assert_params_match
+from shared_runs import shared_root, shared_run
 from slurm_rl.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,32 +80,24 @@ def assert_same_outcome(got: Path, ref: Path) -> None:
     for x, y in zip(a, b):
         assert {k: v for k, v in x.items() if k != "losses"} == {k: v for k, v in y.items() if k != "losses"}
         assert (x["losses"] is None) == (y["losses"] is None)
-        for lx, ly in zip(x["losses"] or [], y["losses"] or []):
-            assert abs(lx - ly) <= 1e-6 * max(abs(ly), 1e-6), (x, y)
-    final = ref / "checkpoints" / "final" / "model.safetensors"
-    if final.exists():  # the real actor: final parameters equal too (fp32, 1e-6 relative)
-        from safetensors.torch import load_file
-
-        want, have = load_file(str(final)), load_file(str(got / "checkpoints" / "final" / "model.safetensors"))
-        assert set(want) == set(have)
-        for name, tensor in want.items():
-            scale = float(tensor.abs().max()) or 1.0
-            assert float((have[name] - tensor).abs().max()) <= 1e-6 * scale, name
+        assert_losses_match(x["losses"] or [], y["losses"] or [])
+    if (ref / "checkpoints" / "final" / "model.safetensors").exists():  # the real actor: final parameters too
+        assert_params_match(got, ref, rtol=1e-6)
 
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory):
-    """One uninterrupted run per backend, made on first use."""
-    made: dict[str, Path] = {}
+    """One uninterrupted run per backend, made on first use (once per session, across xdist workers)."""
+    root = shared_root(tmp_path_factory)
+
+    def make(backend: str, base: Path) -> tuple[Path, str]:
+        config = base / "c.yaml"
+        config.write_text(yaml.safe_dump(run_config(backend, base / "run")))
+        proc = cli("run", str(config), "--no-inspect")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return base / "run", proc.stdout
 
     def get(backend: str) -> Path:
-        if backend not in made:
-            base = tmp_path_factory.mktemp(f"reference-{backend}")
-            config = base / "c.yaml"
-            config.write_text(yaml.safe_dump(run_config(backend, base / "run")))
-            proc = cli("run", str(config), "--no-inspect")
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            made[backend] = base / "run"
-        return made[backend]
+        return shared_run(root, f"reference-{backend}", lambda base: make(backend, base))[0]
 
     return get

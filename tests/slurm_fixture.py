@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -117,9 +118,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     """
     if platform.system() != "Linux" or os.geteuid() != 0:
         pytest.skip("the local Slurm test cluster needs Linux and root")
-    cluster = start_cluster()
+    # pytest-xdist workers each ask for the cluster: one start at a time (start.sh is idempotent)
+    with filelock.FileLock(str(REPO_ROOT / ".slurm-test.lock"), timeout=START_TIMEOUT_S + 60):
+        cluster = start_cluster()
     yield cluster
-    if os.environ.get("SLURM_TEST_STOP") == "1":
+    if os.environ.get("SLURM_TEST_STOP") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
         subprocess.run(
             ["bash", str(SLURM_TOOLS / "stop.sh")],
             env={**os.environ, "SLURM_TEST_DIR": str(cluster.test_dir)},

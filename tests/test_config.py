@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from slurm_rl.config import (
     COMPONENTS,
     AlgorithmSection,
@@ -576,7 +578,7 @@ def disjoint_layouts(draw: Any) -> tuple[int, dict[str, str], list[int]]:
     return num_slots, raw, per_slot  # at least two blocks: actor and rollout are placed
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(disjoint_layouts())
 def test_rank_numbering_properties(layout: tuple[int, dict[str, str], list[int]]) -> None:
     num_slots, raw, per_slot = layout

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from slurm_rl.control import (Epoch, EpochOrderError, EpochStore, EpochWatcher, FencedEpochError, RunPaths,
                               TornFileError, UnsafePathError, WaitTimeout, atomic_write_json, safe_join)
 
@@ -176,7 +178,7 @@ def test_torn_epoch_file_is_reported_with_its_path(paths: RunPaths) -> None:
         watcher.poll()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rel=st.text(alphabet=st.sampled_from(list("ab./\\:~ \x00")), max_size=12))
 def test_safe_join_result_always_stays_under_the_root(tmp_path_factory: pytest.TempPathFactory, rel: str) -> None:
     root = tmp_path_factory.getbasetemp() / "safe-join-root"

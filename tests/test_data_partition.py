@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from slurm_rl.data import (
     ROLLOUTS,
     DataPlaneError,
@@ -23,7 +25,7 @@ from slurm_rl.data.emulated import make_fake_prompts, make_fake_rollouts
 from slurm_rl.data.shardio import row_tokens
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(0, 10_000), max_size=300), st.integers(1, 16))
 def test_partition_is_a_balanced_cover(counts: list[int], dp: int) -> None:
     bins = partition_by_tokens(counts, dp)

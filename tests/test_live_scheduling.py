@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from emulated_configs import write_config
+from shared_runs import shared_root, shared_run
 from slurm_rl.config import load_config
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import read_events
@@ -69,10 +70,21 @@ def _stage_ids(run_dir: Path, k: int, stage: str, producers: list[int] | None) -
     return Counter(table.column("sample_id").to_pylist())
 
 
+@pytest.fixture(scope="session")
+def auto_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished run of ``live_config(..., "auto")``, made once and read by several tests. Its
+    iteration times are compared with a static run's: the tests that read it are ``serial``."""
+    def make(base: Path) -> tuple[Path, str]:
+        return _run(base, "auto", live_config(base / "auto", "auto")), ""
+
+    return shared_run(shared_root(tmp_path_factory), "live-auto", make)[0]
+
+
 @pytest.mark.slow
-def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path) -> None:
+@pytest.mark.serial
+def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path, auto_run: Path) -> None:
     static = _run(tmp_path, "static", live_config(tmp_path / "static", "static"))
-    auto = _run(tmp_path, "auto", live_config(tmp_path / "auto", "auto"))
+    auto = auto_run
     t_static, t_auto = iteration_times(static), iteration_times(auto)
     assert len(t_static) == len(t_auto) == 2
     assert sum(t_auto) < sum(t_static), (t_auto, t_static)
@@ -103,10 +115,11 @@ def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_migration_loses_and_duplicates_no_sample(tmp_path: Path) -> None:
+@pytest.mark.serial
+def test_migration_loses_and_duplicates_no_sample(auto_run: Path) -> None:
     """Under auto, released rollout ranks hand their unfinished requests back; every sample id
     is produced once by rollout and trained once by the actor."""
-    run_dir = _run(tmp_path, "auto", live_config(tmp_path / "run", "auto"))
+    run_dir = auto_run
     migrated_total = 0
     for k in range(2):
         expected = {k * 10**9 + i for i in range(256)}
@@ -253,6 +266,7 @@ def test_rollout_or_inference_growth_mid_iteration_is_refused(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     """Calibration: the math-RL profile on 8 emulated ranks (1/20 time, 1/16 tokens) against
     ``slurm-rl simulate`` on the very same config agrees within 10 % on end-to-end time. The

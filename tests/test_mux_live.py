@@ -25,6 +25,7 @@ from slurm_rl.inspect.report import read_metrics
 from slurm_rl.launch.mux import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
+from identity import assert_losses_match, assert_params_match
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["emulated", "cpu"]
@@ -119,23 +120,15 @@ def responses(run_dir: Path, k: int) -> dict[int, tuple[list[int], float]]:
 
 
 def check_same_computation(muxed: Path, alone: Path, cfg: dict) -> None:
-    """Same sampled tokens and rewards for every sample, same per-step losses and final weights.
-
-    Tolerance as in the scaling identity test: the hf engine's logprobs depend on which requests
-    share a generation batch (claims differ from run to run, in solo runs too) at ~1e-7."""
-    from safetensors.torch import load_file
-
+    """Same sampled tokens and rewards for every sample, same per-step losses and final weights
+    (within float noise on each quantity's scale: see ``identity``)."""
     for k in range(cfg["train"]["num_iterations"]):
         assert responses(muxed, k) == responses(alone, k), k
     a = [x for m in read_metrics(muxed) for x in m["losses"]]
     b = [x for m in read_metrics(alone) for x in m["losses"]]
-    assert len(a) == len(b) == 4, (a, b)
-    for x, y in zip(a, b):
-        assert abs(x - y) <= 1e-5 * max(abs(x), abs(y)) + 1e-9, (a, b)
-    pa_, pb = (load_file(str(d / "checkpoints" / "final" / "model.safetensors")) for d in (muxed, alone))
-    assert pa_.keys() == pb.keys()
-    for name, ref in pb.items():
-        assert float((pa_[name] - ref).abs().max()) <= 1e-5 * float(ref.abs().max()) + 1e-9, name
+    assert len(a) == 4, a
+    assert_losses_match(a, b)
+    assert_params_match(muxed, alone, rtol=1e-5)
 
 
 def run_group(path: Path):

@@ -56,6 +56,7 @@ def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, device: str) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_calibrate_recovers_the_emulated_costs(tmp_path: Path) -> None:
     """The emulated ranks follow known costs: calibration fitted from the run's files finds them,
     and the calibrated simulation predicts the run within 10 %."""

@@ -48,11 +48,6 @@ def _run(tmp: Path, name: str, policy: str = "scripted", iterations: int = 3, **
     return run_dir, proc.stdout
 
 
-@pytest.fixture(scope="module")
-def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    return _run(tmp_path_factory.mktemp("runs"), "scripted")
-
-
 def test_run_prints_progress_summary_and_next_steps(scripted_run: tuple[Path, str]) -> None:
     run_dir, out = scripted_run
     # live lines (plain: stdout is not a terminal), one per iteration, in order
@@ -266,12 +261,9 @@ def test_sparkline() -> None:
 
 
 @pytest.mark.slow
-def test_gantt_of_64_ranks_collapses_identical_rows(tmp_path: Path) -> None:
-    run_dir = tmp_path / "r64"
-    cfg = write_config(tmp_path / "c64.yaml", emulated_config(run_dir, nodes=8, gpus_per_node=8, iterations=3))
-    proc = _cli("run", str(cfg), "--no-inspect")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    tl = build_timeline(run_dir)
+@pytest.mark.serial
+def test_gantt_of_64_ranks_collapses_identical_rows(run_64: Path) -> None:
+    tl = build_timeline(run_64)
     assert len({b.rank for b in tl.bars}) == 64
     rows = text_gantt(tl)
     assert len(rows) < 64 // 2  # ranks with identical rows share one line

@@ -25,12 +25,9 @@ def _cli(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[
                           timeout=timeout, **kw)
 
 
-def test_local_run_8_ranks_three_epochs(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", emulated_config(run_dir))
-    proc = _cli("run", str(cfg))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "placement epochs" in proc.stdout
+def test_local_run_8_ranks_three_epochs(scripted_run: tuple[Path, str]) -> None:
+    run_dir, out = scripted_run  # emulated_config(run_dir), launched with `slurm-rl run`
+    assert "placement epochs" in out
 
     epochs = EpochStore(RunPaths(run_dir)).all()
     assert [e.epoch for e in epochs] == [0, 1, 2]
@@ -61,12 +58,9 @@ def test_local_run_8_ranks_three_epochs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_local_run_64_emulated_ranks(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run64"
-    cfg = write_config(tmp_path / "c64.yaml", emulated_config(run_dir, nodes=8, gpus_per_node=8, iterations=3))
-    proc = _cli("run", str(cfg), "--no-inspect")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = report_json(run_dir)["epochs"]
+@pytest.mark.serial
+def test_local_run_64_emulated_ranks(run_64: Path) -> None:
+    records = report_json(run_64)["epochs"]
     assert len(records) == 3 and all(r["acks"] == 64 for r in records)
 
 

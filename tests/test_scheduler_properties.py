@@ -6,6 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
+
 from slurm_rl.scheduler.history import NUM_BUCKETS, DecodeFit, History
 
 from slurm_rl.scheduler.placement_ops import placement_problems
@@ -104,7 +106,7 @@ def _actor_may_be_empty(s: SchedState, policy: str) -> bool:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=states())
 def test_decision_is_a_usable_placement(policy: str, s: SchedState) -> None:
     """Never assigns a GPU twice, never leaves the allocation, always a valid actor DP."""
@@ -120,7 +122,7 @@ def test_decision_is_a_usable_placement(policy: str, s: SchedState) -> None:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=states())
 def test_no_component_with_work_is_starved(policy: str, s: SchedState) -> None:
     """After the decision, every component that still has work holds ranks."""
@@ -134,7 +136,7 @@ def test_no_component_with_work_is_starved(policy: str, s: SchedState) -> None:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=states())
 def test_decisions_converge(policy: str, s: SchedState) -> None:
     """Level-triggered: applying a decision and asking again reaches a fixed point quickly."""
@@ -147,7 +149,7 @@ def test_decisions_converge(policy: str, s: SchedState) -> None:
     assert decide(s) is None
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=states())
 def test_plan_keeps_rollout_and_inference_from_growing_mid_iteration(s: SchedState) -> None:
     """Inside an iteration plan only shrinks rollout and inference (the runtime refuses growth)."""

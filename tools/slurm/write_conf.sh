@@ -60,7 +60,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
 MailProg=/bin/true
 ReturnToService=2
 SlurmdTimeout=60

@@ -1,0 +1,43 @@
+"""What "the same computation" means for two real runs (multiplexed vs alone, scaled vs static,
+resumed vs uninterrupted): same per-step losses and final parameters, within float noise on the
+scale of each quantity's terms.
+
+Why they are not bit-equal: the hf rollout generates the requests a rank claimed in one padded
+batch, and which requests share a batch differs from run to run (two rollout ranks claim from one
+table); a sampled logprob then differs in the last bits (~1e-7) with the matmul's shape. A changed
+DP size changes the order of the gradient reduction the same way.
+
+A GRPO loss is a mean of per-token terms ``-min(r A, clip(r) A) + beta k3`` with ``r`` ~ 1 and a
+group-normalised advantage ``|A|`` of order 1: a logprob moved by ``d`` moves the loss by about
+``|A| d``. So losses are compared with an absolute tolerance on that O(1) scale (a tolerance
+relative to the loss itself, which is a near-zero mean, is meaningless), and parameters with a
+tolerance relative to each tensor's largest entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+# |A| ~ 1 per term; fp32 noise in a logprob is ~1e-7: ten times that.
+LOSS_ATOL = 1e-6
+
+
+def assert_losses_match(got: Sequence[float], want: Sequence[float], atol: float = LOSS_ATOL) -> None:
+    """Same number of optimizer steps, each loss within ``atol`` (terms of order 1)."""
+    assert len(got) == len(want), (got, want)
+    worst = max((abs(a - b) for a, b in zip(got, want)), default=0.0)
+    assert worst <= atol, f"per-step losses differ by up to {worst:.3g} (> {atol:g}): {list(got)} vs {list(want)}"
+
+
+def assert_params_match(got_dir: Path, want_dir: Path, rtol: float) -> None:
+    """``checkpoints/final/model.safetensors`` of two runs: same tensors, each within ``rtol`` of
+    its largest entry."""
+    from safetensors.torch import load_file
+
+    got, want = (load_file(str(d / "checkpoints" / "final" / "model.safetensors")) for d in (got_dir, want_dir))
+    assert got.keys() == want.keys()
+    for name, ref in want.items():
+        scale = float(ref.abs().max()) or 1.0
+        diff = float((got[name] - ref).abs().max())
+        assert diff <= rtol * scale, (name, diff, scale)

@@ -1,0 +1,87 @@
+"""Runs made once per test session and read by several tests, also across pytest-xdist workers.
+
+A run is keyed by a name; the first worker to ask makes it under a file lock in a directory every
+worker of the session shares, the others wait on the lock and read what it left (the run dir and
+the command's stdout). A run that failed is not cached: each test that asks sees the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import filelock
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# A run waits for its lock at most this long (the slowest shared run takes ~2 min on 2 loaded cores).
+LOCK_TIMEOUT_S = 1200.0
+
+
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory shared by every worker of this session (beside the workers' own temp dirs)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def cli_run(config: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``slurm-rl run CONFIG EXTRA...`` as a subprocess of the repository root."""
+    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(config), *extra], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def shared_run(root: Path, key: str, make: Callable[[Path], tuple[Path, str]]) -> tuple[Path, str]:
+    """The run ``key``: ``make(base_dir) -> (run_dir, stdout)`` is called once per session.
+
+    ``make`` gets an empty directory of its own and must raise (assert) when the run failed."""
+    base = root / key
+    done = root / f"{key}.done.json"
+    with filelock.FileLock(str(root / f"{key}.lock"), timeout=LOCK_TIMEOUT_S):
+        if done.exists():
+            doc = json.loads(done.read_text())
+            return Path(doc["run_dir"]), doc["stdout"]
+        if base.exists():  # a failed attempt's leftovers
+            import shutil
+
+            shutil.rmtree(base)
+        base.mkdir(parents=True)
+        run_dir, stdout = make(base)
+        done.write_text(json.dumps({"run_dir": str(run_dir), "stdout": stdout}))
+        return run_dir, stdout
+
+
+@pytest.fixture(scope="session")
+def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The finished 8-rank emulated run of ``emulated_config`` (scripted: two placement changes, three
+    iterations), launched with ``slurm-rl run`` (the summary and plots included); its dir and stdout."""
+    from emulated_configs import emulated_config, write_config
+
+    def make(base: Path) -> tuple[Path, str]:
+        run_dir = base / "scripted"
+        proc = cli_run(write_config(base / "scripted.yaml", emulated_config(run_dir)))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return run_dir, proc.stdout
+
+    return shared_run(shared_root(tmp_path_factory), "scripted-8", make)
+
+
+@pytest.fixture(scope="session")
+def run_64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished 64-rank emulated run of ``emulated_config`` (8 nodes x 8, three iterations);
+    the tests that read it are ``serial`` (64 processes of their own)."""
+    from emulated_configs import emulated_config, write_config
+
+    def make(base: Path) -> tuple[Path, str]:
+        run_dir = base / "run64"
+        cfg = emulated_config(run_dir, nodes=8, gpus_per_node=8, iterations=3)
+        proc = cli_run(write_config(base / "c64.yaml", cfg), "--no-inspect")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return run_dir, proc.stdout
+
+    return shared_run(shared_root(tmp_path_factory), "emulated-64", make)[0]
