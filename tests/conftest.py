@@ -4,8 +4,9 @@ uninterrupted reference run of the checkpoint/resume tests, and the hypothesis p
 Tests run in parallel under pytest-xdist (``-n``, see ``addopts`` in pyproject.toml). A test marked
 ``serial`` (timing-sensitive: ratios against a simulator, calibration, many ranks) runs alone: every
 test holds a shared lock on the machine while it runs, a serial test an exclusive one (a waiting
-serial test keeps new tests from starting). The Slurm tests share one cluster and run one after
-the other in the ``slurm`` xdist group.
+serial test keeps new tests from starting). The Slurm tests share one cluster (started once, under
+a file lock) and queue for its nodes like any Slurm job. Tests of a module with a module-scoped
+fixture run on one worker (xdist group ``module:NAME``), so the fixture is built once.
 """
 
 from __future__ import annotations
@@ -35,15 +36,34 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile(hypothesis_profiles.QUICK if quick else hypothesis_profiles.FULL)
 
 
+def _module_fixture_user(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a module- or class-scoped fixture (set up once per worker that runs it)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d[-1].scope in ("module", "class") for d in defs if d)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        if item.get_closest_marker("slurm") is not None:  # one cluster: its tests one after the other
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif "scripted_run" in getattr(item, "fixturenames", ()):  # `inspect` writes its plots into the run dir
+        if "scripted_run" in getattr(item, "fixturenames", ()):  # `inspect` writes its plots into the run dir
             item.add_marker(pytest.mark.xdist_group("scripted_run"))
+        elif _module_fixture_user(item):  # one worker builds the module's fixture (a vLLM engine, a model)
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.module.__name__}"))
+    # Modules with integration or Slurm tests first, serial tests last: the workers take tests in
+    # this order, so the short ones fill the gaps at the end. A module moves as a whole (its module
+    # fixtures are built once without xdist too); the sort is stable, so every worker agrees.
+    heavy = {item.module.__name__ for item in items
+             if item.get_closest_marker("slow") or item.get_closest_marker("slurm")}
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("serial") is not None:
+            return 2
+        return 0 if item.module.__name__ in heavy else 1
+
+    items.sort(key=rank)
 
 
 def _machine_lock(config: pytest.Config) -> filelock.ReadWriteLock | None:

@@ -25,7 +25,7 @@ from slurm_rl.inspect.report import read_metrics
 from slurm_rl.launch.mux import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
-from identity import assert_losses_match, assert_params_match
+from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["emulated", "cpu"]
@@ -112,18 +112,27 @@ def check_slots_exclusive(group_dir: Path) -> None:
 
 
 def responses(run_dir: Path, k: int) -> dict[int, tuple[list[int], float]]:
+    return {sid: (ids, r) for sid, (ids, r, _) in rollout_rows(run_dir, k).items()}
+
+
+def rollout_rows(run_dir: Path, k: int) -> dict[int, tuple[list[int], float, list[float]]]:
+    """sample id -> (response ids, reward, sampled logprobs) of iteration ``k``."""
     from slurm_rl.data.reader import StageReader
 
     t = StageReader(run_dir, k, "rollouts", None, timeout_s=5).read_all()
-    return {sid: (ids, r) for sid, ids, r in zip(t.column("sample_id").to_pylist(),
-                                                 t.column("response_ids").to_pylist(), t.column("reward").to_pylist())}
+    return {sid: (ids, r, lp) for sid, ids, r, lp in zip(
+        t.column("sample_id").to_pylist(), t.column("response_ids").to_pylist(), t.column("reward").to_pylist(),
+        t.column("sampled_logprobs").to_pylist())}
 
 
 def check_same_computation(muxed: Path, alone: Path, cfg: dict) -> None:
     """Same sampled tokens and rewards for every sample, same per-step losses and final weights
     (within float noise on each quantity's scale: see ``identity``)."""
     for k in range(cfg["train"]["num_iterations"]):
-        assert responses(muxed, k) == responses(alone, k), k
+        a, b = rollout_rows(muxed, k), rollout_rows(alone, k)
+        assert {s: row[:2] for s, row in a.items()} == {s: row[:2] for s, row in b.items()}, k
+        # the logprobs of the sampled tokens: equal up to the batch grouping's float noise
+        assert max(abs(x - y) for s in a for x, y in zip(a[s][2], b[s][2])) <= LOGPROB_ATOL, k
     a = [x for m in read_metrics(muxed) for x in m["losses"]]
     b = [x for m in read_metrics(alone) for x in m["losses"]]
     assert len(a) == 4, a

@@ -63,6 +63,31 @@ def _cpu_sliding_window_causal_mask(sq: int, skv: int, window_size: tuple[int, i
     return ~torch.tril(mu, diagonal=skv - sq + window_size[1])
 
 
+def _no_op_jit_fuser() -> None:
+    """Give megatron-core a no-op ``megatron.core.jit.jit_fuser`` before it is first imported.
+
+    Its fused bias-activation functions are decorated with ``torch.compile`` at import, which
+    imports TorchDynamo and Inductor (with sympy and networkx): about a second of each rank's
+    start on CPU, for fusions the CPU layer spec never calls. A no-op decorator returns the same
+    functions uncompiled. Does nothing once megatron-core is imported (its modules hold the
+    decorator already)."""
+    import sys
+    import types
+
+    if "megatron.core" in sys.modules or "megatron.core.jit" in sys.modules:
+        return
+
+    def noop_decorator(func):  # type: ignore[no-untyped-def]
+        return func
+
+    jit = types.ModuleType("megatron.core.jit", "megatron-core's jit fuser, a no-op on CPU (slurm_rl.cpu_shim)")
+    jit.noop_decorator = noop_decorator  # type: ignore[attr-defined]
+    jit.jit_fuser = noop_decorator  # type: ignore[attr-defined]
+    jit.enable_jit_fuser = lambda: None  # type: ignore[attr-defined]
+    jit.disable_jit_fuser = lambda: None  # type: ignore[attr-defined]
+    sys.modules["megatron.core.jit"] = jit
+
+
 def apply_cpu_shim() -> bool:
     """Patch megatron-core/torch for CPU execution when CUDA is absent.
 
@@ -73,6 +98,7 @@ def apply_cpu_shim() -> bool:
         return False
     if getattr(torch.cuda, _PATCHED_FLAG, False):
         return True
+    _no_op_jit_fuser()
     from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer import utils as mutils
