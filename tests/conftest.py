@@ -11,7 +11,6 @@ fixture run on one worker (xdist group ``module:NAME``), so the fixture is built
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +42,9 @@ def _module_fixture_user(item: pytest.Item) -> bool:
     return any(d[-1].scope in ("module", "class") for d in defs if d)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    # a wrapper, so the groups are marked before xdist's own hook reads them into the node ids
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
@@ -64,6 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 0 if item.module.__name__ in heavy else 1
 
     items.sort(key=rank)
+    return (yield)
 
 
 def _machine_lock(config: pytest.Config) -> filelock.ReadWriteLock | None:

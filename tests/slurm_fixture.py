@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import subprocess
 import time
@@ -53,6 +54,30 @@ class SlurmCluster:
                 f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
             )
         return proc
+
+    def sbatch_wait(self, *args: str, cwd: Path | None = None, timeout: float = 600.0) -> tuple[int, str]:
+        """``sbatch ARGS`` and wait for the job's end; (the batch script's exit code, job id).
+
+        Like ``sbatch --wait``, but polled every 0.2 s: ``sbatch --wait`` sleeps 2, 8, then 32 s
+        between looks, so a job of 11 s returned after 42 s. On a submission error the exit
+        code is sbatch's own and the job id is empty."""
+        proc = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, env=dict(self.env), capture_output=True,
+                              text=True, timeout=60)
+        if proc.returncode != 0:
+            return proc.returncode, ""
+        job_id = proc.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} (sbatch {shlex.join(args)}) did not end within {timeout}s")
+            time.sleep(0.2)
+        # a finished job stays in slurmctld for MinJobAge (300 s): its ExitCode is the script's status
+        shown = self.run("scontrol", "show", "job", job_id).stdout
+        codes = re.findall(r"\bExitCode=(\d+):(\d+)", shown)
+        if not codes:
+            raise RuntimeError(f"scontrol show job {job_id} gave no ExitCode:\n{shown}")
+        status, signal = (int(x) for x in codes[0])
+        return (status if signal == 0 else 128 + signal), job_id
 
     def wait_sacct_state(self, job_id: str, timeout: float = 30.0) -> str:
         """Return the final accounting State of job_id; sacct lags the job end by up to a few seconds."""

@@ -72,13 +72,10 @@ def test_submitit_local_executor(tmp_path: Path) -> None:
 def test_sbatch_path_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "job.out"
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
-         "sbatch/train.sh", str(_slurm_config(tmp_path, run_dir))],
-        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
-    )
+    rc, _ = slurm_cluster.sbatch_wait("--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
+                                      "sbatch/train.sh", str(_slurm_config(tmp_path, run_dir)), cwd=REPO)
     text = log.read_text() if log.exists() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    assert rc == 0, text
     assert text.splitlines()[0] == f"slurm_rl run dir: {run_dir}"
     _check_run(run_dir, 8, hosts={"n1", "n2"})
     inspected = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(run_dir)], cwd=REPO,
@@ -92,12 +89,9 @@ def test_sbatch_rejects_bad_config_with_exit_2(slurm_cluster, tmp_path: Path) ->
     cfg = emulated_config(tmp_path / "never", nodes=2, gpus_per_node=4)
     cfg["cluster"]["component_placement"]["inference"] = "6-9"
     log = tmp_path / "job.out"
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=1", f"--output={log}", "sbatch/train.sh",
-         str(write_config(tmp_path / "bad.yaml", cfg))],
-        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    rc, _ = slurm_cluster.sbatch_wait("--nodes=1", "--ntasks-per-node=1", f"--output={log}", "sbatch/train.sh",
+                                      str(write_config(tmp_path / "bad.yaml", cfg)), cwd=REPO, timeout=300)
+    assert rc == 2, log.read_text() if log.exists() else ""
     assert "cluster.component_placement.inference" in log.read_text()
     assert not (tmp_path / "never").exists()
 
@@ -170,13 +164,10 @@ def test_sbatch_rank_owning_two_gpus_sees_both(slurm_cluster, tmp_path: Path) ->
     cfg["cluster"]["component_placement"] = {"actor": "0-3", "rollout": "4-7:0-1"}
     cfg["scheduler"] = {"policy": "static"}
     log = tmp_path / "job.out"
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
-         "sbatch/train.sh", str(write_config(tmp_path / "c.yaml", cfg))],
-        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600,
-    )
+    rc, _ = slurm_cluster.sbatch_wait("--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
+                                      "sbatch/train.sh", str(write_config(tmp_path / "c.yaml", cfg)), cwd=REPO)
     text = log.read_text() if log.exists() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    assert rc == 0, text
     for line in ["[rank 4/6 host n2 source slurm]", "[rank 4] slots [4, 5] CUDA_VISIBLE_DEVICES=0,1",
                  "[rank 5/6 host n2 source slurm]", "[rank 5] slots [6, 7] CUDA_VISIBLE_DEVICES=2,3",
                  "[rank 0/6 host n1 source slurm]", "[rank 0] slots [0] CUDA_VISIBLE_DEVICES=0",

@@ -280,12 +280,11 @@ def test_bad_group_file_exits_2_naming_each_key(tmp_path: Path) -> None:
 
 
 def sbatch_mux(slurm_cluster, tmp_path: Path, group: Path, *opts: str) -> str:
-    """``sbatch --wait OPTS sbatch/mux.sh GROUP`` on the local cluster; the job log (exit 0 asserted)."""
+    """``sbatch OPTS sbatch/mux.sh GROUP`` on the local cluster, waited for; the job log (exit 0 asserted)."""
     log = tmp_path / "job.out"
-    proc = subprocess.run(["sbatch", "--wait", f"--output={log}", *opts, "sbatch/mux.sh", str(group)],
-                          cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=600)
+    rc, _ = slurm_cluster.sbatch_wait(f"--output={log}", *opts, "sbatch/mux.sh", str(group), cwd=REPO)
     text = log.read_text() if log.exists() else ""
-    assert proc.returncode == 0, proc.stdout + proc.stderr + text
+    assert rc == 0, text
     return text
 
 
@@ -316,10 +315,9 @@ def test_sbatch_mux_rejects_a_bad_group_with_exit_2(slurm_cluster, tmp_path: Pat
     path.write_text(yaml.safe_dump({"group": {"dir": str(tmp_path / "g"), "pools": {"rollout": "0-3", "train": "2-7"}},
                                     "jobs": {"a": {"config": "a.yaml"}}}))
     log = tmp_path / "job.out"
-    proc = subprocess.run(["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=1", f"--output={log}",
-                           "sbatch/mux.sh", str(path)], cwd=REPO, env=dict(slurm_cluster.env),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    rc, _ = slurm_cluster.sbatch_wait("--nodes=1", "--ntasks-per-node=1", f"--output={log}", "sbatch/mux.sh",
+                                      str(path), cwd=REPO, timeout=300)
+    assert rc == 2, log.read_text() if log.exists() else ""
     assert "group.pools.train" in log.read_text()
     assert not (tmp_path / "g").exists()
 

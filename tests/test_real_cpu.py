@@ -84,10 +84,7 @@ def test_real_cpu_run_through_sbatch(slurm_cluster, tmp_path: Path) -> None:
     path = tmp_path / "cpu.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log = tmp_path / "job.out"
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", f"--output={log}",
-         "sbatch/train.sh", str(path)],
-        cwd=REPO, env=dict(slurm_cluster.env), capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr + (log.read_text() if log.exists() else "")
+    rc, _ = slurm_cluster.sbatch_wait("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", f"--output={log}",
+                                      "sbatch/train.sh", str(path), cwd=REPO, timeout=900)
+    assert rc == 0, log.read_text() if log.exists() else ""
     _check_real_run(run_dir, 3)

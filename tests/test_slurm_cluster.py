@@ -51,12 +51,11 @@ def test_multinode_srun_ranks_and_gpus(slurm_cluster: SlurmCluster, tmp_path: Pa
         f"STEP=all srun {task}\n"
         f"STEP=pertask srun --gpus-per-task=1 {task}\n"
     )
-    proc = slurm_cluster.run(
-        "sbatch", "--wait", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={gpus}",
-        f"--gres=gpu:{gpus}", "--signal=B:USR1@60", "--time=5", f"--output={tmp_path}/slurm-%j.out",
-        str(script), timeout=120,
+    rc, job_id = slurm_cluster.sbatch_wait(
+        f"--nodes={nodes}", f"--ntasks-per-node={gpus}", f"--gres=gpu:{gpus}", "--signal=B:USR1@60", "--time=5",
+        f"--output={tmp_path}/slurm-%j.out", str(script), timeout=120,
     )  # fmt: skip
-    job_id = proc.stdout.strip().split(";")[0]
+    assert rc == 0, "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     log = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
 
     batch = json.loads((tmp_path / "batch.json").read_text())
