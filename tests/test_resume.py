@@ -62,15 +62,17 @@ def test_run_whose_ranks_are_killed_resumes_from_its_last_checkpoint(backend: st
     job = LocalJob(run_dir, 4)
     try:
         def inside_iteration_2() -> bool:
+            # A rank reports "working" as it leaves the gate, before it writes anything: wait for
+            # iteration 2's first data too, so the resume meets the interrupted iteration's partial data.
             assert job.poll() is None, "the run ended before it could be killed"
             docs = read_all_progress(RunPaths(run_dir), range(4)).values()
-            return any(d.iteration == 2 and d.state == "working" for d in docs)
+            working = any(d.iteration == 2 and d.state == "working" for d in docs)
+            return working and (run_dir / "data" / "iter-000002").is_dir()
 
-        wait_until("iteration 2 to start", inside_iteration_2)
+        wait_until("iteration 2 to start and write data", inside_iteration_2)
     finally:
         job.kill()  # SIGKILL to each rank's process group (the coordinator included)
     assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
-    assert (run_dir / "data" / "iter-000002").is_dir()  # the interrupted iteration's partial data
 
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
