@@ -20,6 +20,11 @@ from slurm_rl.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
 BACKENDS = ["emulated", pytest.param("cpu", marks=pytest.mark.slow)]
+# For a run that a test interrupts inside an iteration (a signal, a kill): the ranks poll every
+# 0.25 s, not every 10 ms. A cpu iteration then takes ~1.8 s instead of ~0.3 s (measured), so the
+# interruption lands iterations before the run's end: at the default poll, a USR1 sent inside
+# iteration 0 stopped the run at the gate of iteration 3 of 4. Polling changes no result.
+INTERRUPTIBLE = {"poll_interval_s": 0.25}
 # Where a resumed run may put the actor: another DP size than the run started with.
 RESUME_PLACEMENT = 'cluster.component_placement={actor: "0", rollout: "1-2", inference: "3"}'
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resume_helpers import BACKENDS, assert_same_outcome, run_config, wait_until
+from resume_helpers import BACKENDS, INTERRUPTIBLE, assert_same_outcome, run_config, wait_until
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
@@ -63,7 +63,7 @@ def _finish(cluster, job_id: str, run_dir: Path, log: Path) -> str:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_preempted_batch_job_checkpoints_requeues_and_resumes(slurm_cluster, backend: str, reference,
                                                               tmp_path: Path) -> None:
-    config, run_dir = _config(backend, tmp_path)
+    config, run_dir = _config(backend, tmp_path, **INTERRUPTIBLE)
     log = tmp_path / "job.out"
     job_id = _sbatch(slurm_cluster, config, log)
     wait_until("iteration 0 to start", lambda: _in_iteration(run_dir, 0), timeout=JOB_TIMEOUT_S)
@@ -98,7 +98,8 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_job_with_a_killed_rank_requeues_from_its_last_checkpoint(slurm_cluster, backend: str, reference,
                                                                         tmp_path: Path) -> None:
-    config, run_dir = _config(backend, tmp_path, checkpoint_every=1, on_rank_failure="checkpoint_and_requeue")
+    config, run_dir = _config(backend, tmp_path, checkpoint_every=1, on_rank_failure="checkpoint_and_requeue",
+                              **INTERRUPTIBLE)
     log = tmp_path / "job.out"
     job_id = _sbatch(slurm_cluster, config, log)
     wait_until("iteration 2 to start", lambda: _in_iteration(run_dir, 2), timeout=JOB_TIMEOUT_S)

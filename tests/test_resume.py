@@ -20,7 +20,8 @@ from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 from slurm_rl.resume.stop import request_stop
 
-from resume_helpers import BACKENDS, RESUME_PLACEMENT, assert_same_outcome, cli, run_config, start_run, wait_until
+from resume_helpers import (BACKENDS, INTERRUPTIBLE, RESUME_PLACEMENT, assert_same_outcome, cli, run_config, start_run,
+                            wait_until)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -57,7 +58,7 @@ def test_run_whose_ranks_are_killed_resumes_from_its_last_checkpoint(backend: st
 
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(run_config(backend, run_dir, checkpoint_every=1)))
+    config.write_text(yaml.safe_dump(run_config(backend, run_dir, checkpoint_every=1, **INTERRUPTIBLE)))
     assert cli("prepare", str(config)).returncode == 0
     job = LocalJob(run_dir, 4)
     try:
