@@ -215,12 +215,13 @@ def _kill_rank_when_granted(group_dir: Path, job: str, rank: int, stop: threadin
     import psutil
 
     paths = GroupPaths(group_dir)
+    job_dir = str(paths.job_dir(job))  # this group's job: other tests may run groups with a job of that name
     while not stop.is_set():
         if any(p.get("job") == job for p in read_events(paths, "phase")):
             for proc in psutil.process_iter(["cmdline"]):
                 try:
-                    if f"jobs/{job}" in " ".join(proc.info["cmdline"] or []) and \
-                            proc.environ().get("SLURM_RL_RANK") == str(rank):
+                    args = [a.rstrip("/") for a in proc.info["cmdline"] or []]
+                    if job_dir in args and proc.environ().get("SLURM_RL_RANK") == str(rank):
                         proc.kill()
                         return
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
