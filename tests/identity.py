@@ -5,8 +5,8 @@ scale of each quantity's terms.
 Why they are not bit-equal: the hf rollout generates the requests a rank claimed in one padded
 batch, and which requests share a batch differs from run to run (two rollout ranks claim from one
 table); a sampled logprob then differs in the last bits (up to ~5e-7) with the batch's shape, and so
-do the reference logprobs of the inference rank's batches. A changed
-DP size changes the order of the gradient reduction the same way.
+do the reference logprobs of the inference rank's batches. A changed DP size changes the order of
+the gradient reduction the same way.
 
 A GRPO loss is a mean of per-token terms ``-min(r A, clip(r) A) + beta k3`` with ``r`` ~ 1 and a
 group-normalised advantage ``|A|`` of order 1: a logprob moved by ``d`` moves the loss by about

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from emulated_configs import emulated_config
 from identity import assert_losses_match, assert_params_match
-from shared_runs import shared_root, shared_run
+from shared_runs import cli, launch, shared_root, shared_run  # noqa: F401 (cli: re-exported for the resume tests)
 from slurm_rl.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,11 +53,6 @@ def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
     return cfg
 
 
-def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def start_run(config: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -96,11 +90,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     root = shared_root(tmp_path_factory)
 
     def make(backend: str, base: Path) -> tuple[Path, str]:
-        config = base / "c.yaml"
-        config.write_text(yaml.safe_dump(run_config(backend, base / "run")))
-        proc = cli("run", str(config), "--no-inspect")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return base / "run", proc.stdout
+        return base / "run", launch(base / "c.yaml", run_config(backend, base / "run"), "--no-inspect")
 
     def get(backend: str) -> Path:
         return shared_run(root, f"reference-{backend}", lambda base: make(backend, base))[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import filelock
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # A run waits for its lock at most this long (the slowest shared run takes ~2 min on 2 loaded cores).
@@ -30,10 +32,18 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def cli_run(config: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """``slurm-rl run CONFIG EXTRA...`` as a subprocess of the repository root."""
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(config), *extra], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``slurm-rl ARGS...`` as a subprocess of the repository root."""
+    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def launch(config: Path, cfg: dict, *extra: str) -> str:
+    """Write ``cfg`` to ``config`` and ``slurm-rl run`` it (EXTRA appended); its stdout, exit 0 asserted."""
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    proc = cli("run", str(config), *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
 
 
 def shared_run(root: Path, key: str, make: Callable[[Path], tuple[Path, str]]) -> tuple[Path, str]:
@@ -47,8 +57,6 @@ def shared_run(root: Path, key: str, make: Callable[[Path], tuple[Path, str]]) -
             doc = json.loads(done.read_text())
             return Path(doc["run_dir"]), doc["stdout"]
         if base.exists():  # a failed attempt's leftovers
-            import shutil
-
             shutil.rmtree(base)
         base.mkdir(parents=True)
         run_dir, stdout = make(base)
@@ -60,13 +68,11 @@ def shared_run(root: Path, key: str, make: Callable[[Path], tuple[Path, str]]) -
 def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The finished 8-rank emulated run of ``emulated_config`` (scripted: two placement changes, three
     iterations), launched with ``slurm-rl run`` (the summary and plots included); its dir and stdout."""
-    from emulated_configs import emulated_config, write_config
+    from emulated_configs import emulated_config
 
     def make(base: Path) -> tuple[Path, str]:
         run_dir = base / "scripted"
-        proc = cli_run(write_config(base / "scripted.yaml", emulated_config(run_dir)))
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return run_dir, proc.stdout
+        return run_dir, launch(base / "scripted.yaml", emulated_config(run_dir))
 
     return shared_run(shared_root(tmp_path_factory), "scripted-8", make)
 
@@ -75,13 +81,11 @@ def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def run_64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The finished 64-rank emulated run of ``emulated_config`` (8 nodes x 8, three iterations);
     the tests that read it are ``serial`` (64 processes of their own)."""
-    from emulated_configs import emulated_config, write_config
+    from emulated_configs import emulated_config
 
     def make(base: Path) -> tuple[Path, str]:
         run_dir = base / "run64"
         cfg = emulated_config(run_dir, nodes=8, gpus_per_node=8, iterations=3)
-        proc = cli_run(write_config(base / "c64.yaml", cfg), "--no-inspect")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return run_dir, proc.stdout
+        return run_dir, launch(base / "c64.yaml", cfg, "--no-inspect")
 
     return shared_run(shared_root(tmp_path_factory), "emulated-64", make)[0]

@@ -55,6 +55,10 @@ class SlurmCluster:
             )
         return proc
 
+    def job_gone(self, job_id: str) -> bool:
+        """Whether ``job_id`` has left the queue (ended; a requeued job is back in it)."""
+        return self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip() == ""
+
     def sbatch_wait(self, *args: str, cwd: Path | None = None, timeout: float = 600.0) -> tuple[int, str]:
         """``sbatch ARGS`` and wait for the job's end; (the batch script's exit code, job id).
 
@@ -67,7 +71,7 @@ class SlurmCluster:
             return proc.returncode, ""
         job_id = proc.stdout.strip().split(";")[0]
         deadline = time.monotonic() + timeout
-        while self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip():
+        while not self.job_gone(job_id):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} (sbatch {shlex.join(args)}) did not end within {timeout}s")
             time.sleep(0.2)

@@ -111,10 +111,6 @@ def check_slots_exclusive(group_dir: Path) -> None:
             assert b["granted_seen_at"] >= a["released_at"] - 1e-3, (slot, a, b)
 
 
-def responses(run_dir: Path, k: int) -> dict[int, tuple[list[int], float]]:
-    return {sid: (ids, r) for sid, (ids, r, _) in rollout_rows(run_dir, k).items()}
-
-
 def rollout_rows(run_dir: Path, k: int) -> dict[int, tuple[list[int], float, list[float]]]:
     """sample id -> (response ids, reward, sampled logprobs) of iteration ``k``."""
     from slurm_rl.data.reader import StageReader

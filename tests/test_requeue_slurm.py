@@ -33,11 +33,6 @@ def _sbatch(cluster, config: Path, log: Path) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def _job_gone(cluster, job_id: str) -> bool:
-    out = cluster.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip()
-    return out == ""
-
-
 def _config(backend: str, tmp_path: Path, **runtime) -> tuple[Path, Path]:
     run_dir = tmp_path / "run"
     cfg = run_config(backend, run_dir, **runtime)
@@ -53,7 +48,7 @@ def _in_iteration(run_dir: Path, k: int) -> bool:
 
 
 def _finish(cluster, job_id: str, run_dir: Path, log: Path) -> str:
-    wait_until(f"job {job_id} to end", lambda: _job_gone(cluster, job_id), timeout=JOB_TIMEOUT_S)
+    wait_until(f"job {job_id} to end", lambda: cluster.job_gone(job_id), timeout=JOB_TIMEOUT_S)
     text = log.read_text()
     status = read_coordinator_status(RunPaths(run_dir))
     assert status is not None and status.state == "finished", text
@@ -116,7 +111,7 @@ def test_batch_job_with_a_killed_rank_fails_by_default(slurm_cluster, tmp_path: 
     job_id = _sbatch(slurm_cluster, config, log)
     wait_until("iteration 1 to start", lambda: _in_iteration(run_dir, 1), timeout=JOB_TIMEOUT_S)
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
-    wait_until(f"job {job_id} to end", lambda: _job_gone(slurm_cluster, job_id), timeout=JOB_TIMEOUT_S)
+    wait_until(f"job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), timeout=JOB_TIMEOUT_S)
     text = log.read_text()
     assert "not requeued: ranks exited with code" in text and "runtime.on_rank_failure is 'fail'" in text
     assert len(read_metrics(run_dir)) < 4
