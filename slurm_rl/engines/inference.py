@@ -16,7 +16,7 @@ from torch import Tensor
 from slurm_rl.engines.convert import megatron_to_hf
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.parking import HostParking
-from slurm_rl.engines.rollout.hf import build_hf_llama, score_sequences
+from slurm_rl.engines.rollout.hf import build_hf_model, score_sequences
 
 _MEGATRON = re.compile(r"^(?:module\.)*(?:embedding|decoder|output_layer)\.")
 
@@ -38,7 +38,7 @@ class ReferenceScorer:
         self.model_cfg = model_cfg
         self.device = torch.device(device)
         self.max_tokens_per_batch = max_tokens_per_batch
-        self.model = build_hf_llama(model_cfg, seed=0, device=self.device)
+        self.model = build_hf_model(model_cfg, seed=0, device=self.device)
         params = dict(self.model.named_parameters())
         loaded = set()
         with torch.no_grad():

@@ -29,13 +29,19 @@ def shape_problems(hidden_size: int, num_attention_heads: int,
     return problems
 
 
+ARCHITECTURES = ("llama", "qwen2", "qwen3")  # decoder families the engines build and convert
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Llama-style decoder: RMSNorm, SwiGLU, RoPE, no biases.
+    """Llama-family decoder: RMSNorm, SwiGLU, RoPE; Qwen2's q/k/v biases, Qwen3's q/k RMSNorm.
 
     ``num_query_groups=None`` means multi-head attention (one KV head per query head);
-    ``ffn_hidden_size=None`` means the Llama rule: 8/3 * hidden rounded up to a multiple of 64.
-    The head size ``hidden_size // num_attention_heads`` must be at least 32 (vLLM CPU kernels).
+    ``ffn_hidden_size=None`` means the Llama rule: 8/3 * hidden rounded up to a multiple of 64;
+    ``kv_channels=None`` means a head size of ``hidden_size // num_attention_heads`` (Qwen3 names
+    its own ``head_dim``). The head size must be at least 32 (vLLM CPU kernels).
+    ``rope_scaling`` is the checkpoint's ``rope_parameters`` beyond the default (e.g. Llama-3's
+    ``{"rope_type": "llama3", "factor": 8.0, ...}``); None means plain RoPE with ``rotary_base``.
     """
 
     vocab_size: int = 64
@@ -48,15 +54,28 @@ class ModelConfig:
     rotary_base: float = 10000.0
     norm_epsilon: float = 1e-5
     tie_word_embeddings: bool = False
+    architecture: str = "llama"  # llama | qwen2 | qwen3
+    kv_channels: int | None = None  # head size when not hidden / heads (Qwen3's head_dim)
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
+    rope_scaling: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"model.architecture: got {self.architecture!r}; allowed: "
+                             f"{', '.join(ARCHITECTURES)}")
+        if self.kv_channels is not None and (self.kv_channels < 32 or self.kv_channels % 2):
+            raise ValueError(f"model.kv_channels: got {self.kv_channels!r}; allowed: an even "
+                             "head size >= 32")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads",
                      "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"model.{name}: got {value!r}, expected a positive integer")
-        for key, value, allowed in shape_problems(self.hidden_size, self.num_attention_heads,
-                                                  self.num_query_groups)[:1]:
+        problems = shape_problems(self.hidden_size, self.num_attention_heads, self.num_query_groups)
+        if self.kv_channels is not None:  # the head size is given: hidden need not split into heads
+            problems = [p for p in problems if p[0] == "model.num_query_groups"]
+        for key, value, allowed in problems[:1]:
             raise ValueError(f"{key}: got {value!r}; allowed: {allowed}")
         if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
             raise ValueError(
@@ -66,7 +85,7 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         """Size of one attention head."""
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
     def kv_groups(self) -> int:
@@ -96,7 +115,8 @@ class ModelConfig:
     def num_parameters(self) -> int:
         """Parameter count of the model built from this config."""
         h, f, v = self.hidden_size, self.ffn_size, self.vocab_size
-        qkv = h * (self.num_attention_heads + 2 * self.kv_groups) * self.head_dim
-        layer = h + qkv + h * h + h + 2 * h * f + f * h
+        d, n = self.head_dim, self.num_attention_heads
+        qkv = (h + self.qkv_bias) * (n + 2 * self.kv_groups) * d
+        layer = h + qkv + n * d * h + h + 2 * h * f + f * h + (2 * d if self.qk_norm else 0)
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return emb + self.num_layers * layer + h

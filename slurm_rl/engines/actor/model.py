@@ -1,4 +1,4 @@
-"""megatron-core GPTModel (Llama-style) built from a ModelConfig, and next-token log-probs.
+"""megatron-core GPTModel (Llama, Qwen2, Qwen3) built from a ModelConfig, and next-token log-probs.
 
 State-dict names (TP=1, ``L`` = layer index, ``h`` = hidden, ``d`` = head size,
 ``n`` = attention heads, ``g`` = query groups (KV heads), ``f`` = ffn size, ``V`` = vocab)::
@@ -6,6 +6,8 @@ State-dict names (TP=1, ``L`` = layer index, ``h`` = hidden, ``d`` = head size,
     embedding.word_embeddings.weight                   [V, h]
     decoder.layers.L.input_layernorm.weight            [h]        RMSNorm before attention
     decoder.layers.L.self_attention.linear_qkv.weight  [(n + 2g) d, h]
+    decoder.layers.L.self_attention.linear_qkv.bias    [(n + 2g) d]     Qwen2 only
+    decoder.layers.L.self_attention.q_layernorm.weight [d]        Qwen3 only (and k_layernorm)
     decoder.layers.L.self_attention.linear_proj.weight [h, n d]   attention output projection
     decoder.layers.L.pre_mlp_layernorm.weight          [h]        RMSNorm before the MLP
     decoder.layers.L.mlp.linear_fc1.weight             [2f, h]    rows [0, f) = gate, [f, 2f) = up
@@ -59,7 +61,8 @@ def transformer_config(cfg: ModelConfig, tp_size: int = 1, initialize: bool = Tr
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=False,
+        add_qkv_bias=cfg.qkv_bias,
+        qk_layernorm=cfg.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -158,7 +161,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
 
     ensure_megatron_globals()
     tp_size = tp_group.size() if tp_group is not None else 1
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.qk_norm)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTModel(
@@ -175,7 +178,28 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
             else cfg.rotary_base,
             pg_collection=_process_groups(tp_group),
         )
+    if cfg.rope_scaling:
+        model.rotary_pos_emb.inv_freq = rope_inv_freq(cfg)
     return model.to(device)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies of ``cfg`` computed by ``transformers`` itself (Llama-3 and
+    every other ``rope_type`` it knows), so the actor rotates exactly as the HF model does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from slurm_rl.engines.convert import hf_config
+
+    hf = hf_config(cfg)
+    rope_type = dict(cfg.rope_scaling or {}).get("rope_type", "default")
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise EngineStateError(f"model.rope_scaling: rope_type {rope_type!r} is not one of "
+                               f"{sorted(ROPE_INIT_FUNCTIONS)}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, torch.device("cpu"))
+    if abs(float(scaling) - 1.0) > 0:
+        raise EngineStateError(f"model.rope_scaling: rope_type {rope_type!r} scales attention by "
+                               f"{scaling}; only types that leave it at 1.0 are supported")
+    return inv_freq.float()
 
 
 def attention_mask_4d(attention_mask: torch.Tensor | None, batch: int, seq: int,

@@ -1,6 +1,7 @@
-"""``transformers.LlamaForCausalLM`` rollout backend (the CPU default).
+"""``transformers`` rollout backend (the CPU default): Llama, Qwen2 or Qwen3.
 
-The model is built from ``ModelConfig`` with random init (no hub). ``generate`` uses HF
+The model is loaded from the run's HF checkpoint directory, or built from ``ModelConfig`` with
+random init (no hub) when the run has none. ``generate`` uses HF
 ``generate`` with left padding; the returned logprobs are recomputed from the *raw* logits
 (``output_logits``), so they are the temperature-1 model logprobs of the sampled tokens (see
 ``base``), independent of the temperature / top-p used for sampling.
@@ -13,32 +14,36 @@ requests of the call, up to the model's batched-vs-single floating-point differe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
-from slurm_rl.engines.convert import hf_llama_config
+from slurm_rl.engines.convert import hf_config
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.parking import HostParking, ParkedError
 from slurm_rl.engines.rollout.base import Generation, RolloutEngine, SamplingParams
 from slurm_rl.rl.tokenizer import pad_batch
 
 
-def build_hf_llama(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32,
-                   attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """Random-init ``LlamaForCausalLM`` with ``cfg``'s architecture, in eval mode."""
-    from transformers import LlamaForCausalLM
+def build_hf_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+                   checkpoint: str | Path | None = None) -> torch.nn.Module:
+    """The ``transformers`` causal LM of ``cfg``'s architecture (Llama, Qwen2, Qwen3), in eval
+    mode: loaded from the HF ``checkpoint`` directory when given, else random-init by ``seed``."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from transformers import GenerationConfig
-
-    # No default eos: generation stops only on SamplingParams.stop_token_ids.
-    hf_cfg = hf_llama_config(cfg, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-    hf_cfg._attn_implementation = attn_implementation
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(hf_cfg)
+    if checkpoint is not None:
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype,
+                                                     attn_implementation=attn_implementation)
+    else:
+        # No default eos: generation stops only on SamplingParams.stop_token_ids.
+        hf_cfg = hf_config(cfg, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+        hf_cfg._attn_implementation = attn_implementation
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(hf_cfg)
     model.generation_config = GenerationConfig(pad_token_id=0)
     return model.to(device=device, dtype=dtype).eval()
 
@@ -82,12 +87,13 @@ class HFRolloutEngine(RolloutEngine):
     """Rollout with HF ``generate``; weights are replaced in place by ``update_weights``."""
 
     def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
-                 pad_id: int = 0, attn_implementation: str = "sdpa") -> None:
+                 pad_id: int = 0, attn_implementation: str = "sdpa",
+                 checkpoint: str | Path | None = None) -> None:
         self.model_cfg = model_cfg
         self.device = torch.device(device)
         self.pad_id = pad_id
-        self.model = build_hf_llama(model_cfg, seed, self.device,
-                                    attn_implementation=attn_implementation)
+        self.model = build_hf_model(model_cfg, seed, self.device,
+                                    attn_implementation=attn_implementation, checkpoint=checkpoint)
         self.weight_version = 0
         self._parking = HostParking("HFRolloutEngine")
 

