@@ -1,4 +1,4 @@
-"""``slurm-rl run | mux | submit | prepare | validate | inspect | simulate``.
+"""``slurm-rl run | mux | submit | prepare | validate | inspect | export | simulate``.
 
 Exit codes: 0 done; 2 bad config or arguments (a message naming the key, the value and what is
 allowed; nothing launched); 1 any other failure (its message, no traceback); 3 a run stopped at a
@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="two runs side by side (e.g. static vs auto)")
     p.add_argument("--png", type=Path, default=None, help="--compare: where to write the plot")
 
+    p = sub.add_parser("export", help="write a run's trained actor as a Hugging Face directory")
+    p.add_argument("run_dir", type=Path, help="RUN_DIR of a run")
+    p.add_argument("--checkpoint", default="final", help="final (default) or iter-N (a run checkpoint)")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="new directory to write")
+
     p = sub.add_parser("simulate", help="run the scheduling policies on a discrete-event model")
     p.add_argument("config", nargs="?", help="YAML config file (not with --calibrate)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
@@ -94,8 +99,10 @@ def _bad(message: str) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from slurm_rl.config import load_config
+    from slurm_rl.inputs import check_inputs
 
     cfg = load_config(args.config, args.overrides)
+    check_inputs(cfg)
     doc = cfg.placement.to_json()
     if args.json:
         print(json.dumps(doc))
@@ -105,6 +112,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from slurm_rl.inspect.epoch_log import compress_ranks
 
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a run's actor checkpoint as a Hugging Face directory."""
+    from slurm_rl.export import export_run
+
+    figures = export_run(args.run_dir, args.to, args.checkpoint)
+    print(f"exported {figures['checkpoint']} ({figures['architecture']}, {figures['bytes'] / 1e6:.1f} MB) "
+          f"to {figures['to']} in {figures['seconds']:.1f}s")
     return EXIT_OK
 
 
@@ -286,6 +303,7 @@ COMMANDS = {
     "mux": cmd_mux,
     "submit": cmd_submit,
     "prepare": cmd_prepare,
+    "export": cmd_export,
     "validate": cmd_validate,
     "inspect": cmd_inspect,
     "simulate": cmd_simulate,

@@ -39,20 +39,21 @@ from slurm_rl.scheduler.lengths import DISTRIBUTIONS as LENGTH_DISTRIBUTIONS
 from slurm_rl.scheduler.state import PHASES
 
 __all__ = [
-    "COMPONENTS", "TASKS", "ActorSection", "AlgorithmSection", "ClusterConfig", "ComponentPlacement", "Config",
+    "COMPONENTS", "ActorSection", "AlgorithmSection", "ClusterConfig", "ComponentPlacement", "Config",
     "ConfigError", "ConfigIssue", "DataSection", "EmulatedConfig", "InferenceSection", "ModelSection",
     "MuxMemberConfig", "Placement", "RolloutSection", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
-    "TaskConfig", "TrainConfig", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
+    "EvalSection", "RewardSection", "TrainConfig", "model_sizes", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
     "placement_from_ranks", "resolve_gpus_per_node",
 ]
 
 DEVICES = ("emulated", "cpu", "cuda")
 ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
 MINIBATCH_ORDERS = ("arrival", "index")
-TASKS = ("add", "copy", "reverse")  # toy tasks of slurm_rl.rl.tasks
+OVERLONG = ("drop", "error")  # what data.max_prompt_length does to a longer prompt
+REWARD_ON_ERROR = ("raise", "zero")
 ROLLOUT_BACKENDS = ("hf", "vllm")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")  # the LR schedule's decay styles (engines.actor.lr_schedule)
-ENGINE_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "task", "data")
+ENGINE_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "data", "reward", "eval")
 
 
 @dataclass
@@ -167,18 +168,36 @@ class MuxMemberConfig:
 
 @dataclass
 class ModelSection:
-    """Llama-style GPT of the real engines (``engines.model_config.ModelConfig``)."""
+    """The model: a Hugging Face checkpoint (``path``), or a random Llama-style GPT of the sizes
+    below (``engines.model_config.ModelConfig``; a size left null takes :data:`MODEL_DEFAULTS`)."""
 
+    # Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files): Llama, Qwen2/2.5
+    # or Qwen3 dense; the architecture and sizes come from its config.json (the size keys below are refused)
+    path: Optional[str] = None
+    tokenizer_path: Optional[str] = None  # null: model.path's tokenizer, or the built-in character tokenizer
     vocab_size: Optional[int] = None  # null: the tokenizer's vocabulary
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_attention_heads: int = 4  # head size hidden_size / num_attention_heads: even and >= 32
+    hidden_size: Optional[int] = None  # null: 128
+    num_layers: Optional[int] = None  # null: 2
+    num_attention_heads: Optional[int] = None  # null: 4; head size hidden_size / heads: even and >= 32
     num_query_groups: Optional[int] = None  # KV heads (GQA); null: one per query head
     ffn_hidden_size: Optional[int] = None  # null: 8/3 * hidden_size rounded up to a multiple of 64
-    max_position_embeddings: int = 256
-    rotary_base: float = 10000.0
-    norm_epsilon: float = 1e-5
-    tie_word_embeddings: bool = False
+    max_position_embeddings: Optional[int] = None  # null: 256
+    rotary_base: Optional[float] = None  # null: 10000
+    norm_epsilon: Optional[float] = None  # null: 1e-5
+    tie_word_embeddings: Optional[bool] = None  # null: false
+
+
+MODEL_DEFAULTS: Dict[str, Any] = {
+    "hidden_size": 128, "num_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256,
+    "rotary_base": 10000.0, "norm_epsilon": 1e-5, "tie_word_embeddings": False}
+MODEL_SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
+                   "ffn_hidden_size", "max_position_embeddings", "rotary_base", "norm_epsilon",
+                   "tie_word_embeddings")
+
+
+def model_sizes(m: ModelSection) -> Dict[str, Any]:
+    """The size keys of a random model, nulls replaced by :data:`MODEL_DEFAULTS`."""
+    return {k: getattr(m, k) if getattr(m, k) is not None else MODEL_DEFAULTS.get(k) for k in MODEL_SIZE_KEYS}
 
 
 @dataclass
@@ -204,10 +223,14 @@ class ActorSection:
 
 @dataclass
 class RolloutSection:
-    """Rollout engine."""
+    """Rollout engine and sampling (the temperature is ``algorithm.temperature``)."""
 
     backend: str = "hf"  # hf | vllm
     sub_batch: Optional[int] = None  # requests generated together; null: scheduler.max_running_requests
+    max_new_tokens: int = 256  # generation budget per response (EOS ends it earlier)
+    top_p: float = 1.0  # nucleus sampling mass (1: off)
+    top_k: int = 0  # sample among the k most likely tokens (0: off)
+    stop: List[str] = field(default_factory=list)  # strings that end a response (besides the tokenizer's EOS)
 
 
 @dataclass
@@ -225,30 +248,38 @@ class AlgorithmSection:
 
 
 @dataclass
-class TaskConfig:
-    """Which verifiable toy task (``slurm_rl.rl.tasks``) and its size."""
+class DataSection:
+    """Prompt datasets (``rl.dataset``): JSONL or Parquet files of prompts and answers."""
 
-    name: str = "add"  # add | copy | reverse
-    max_operand: int = 9  # add: operands in [0, max_operand]
-    length: int = 3  # copy / reverse: letters per string
-    alphabet: int = 8  # copy / reverse: the first N lower-case letters
-
-    @property
-    def max_answer_chars(self) -> int:
-        """Longest target in characters."""
-        if self.name == "add":
-            return len(str(2 * self.max_operand))
-        return self.length
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Generation budget: longest answer plus ``<eos>``."""
-        return self.max_answer_chars + 1
+    train_files: List[str] = field(default_factory=list)  # .jsonl / .parquet files (required on cpu / cuda)
+    val_files: List[str] = field(default_factory=list)  # evaluated every eval.every iterations
+    prompt_key: str = "prompt"  # column holding a string or a list of chat messages
+    answer_key: str = "answer"  # column handed to the reward; other columns go as ``extra``
+    apply_chat_template: Optional[bool] = None  # null: true when the tokenizer has a chat template
+    max_prompt_length: Optional[int] = None  # tokens; longer prompts are dropped (or an error, see overlong)
+    overlong: str = "drop"  # drop | error
+    shuffle: bool = True  # a new order every epoch, drawn from runtime.seed
 
 
 @dataclass
-class DataSection:
-    """Dataset settings; prompts come from ``task``, so it takes no settings yet."""
+class RewardSection:
+    """Reward of a response (``rewards``): a built-in one or a user function."""
+
+    name: Optional[str] = None  # gsm8k | math | exact
+    fn: Optional[str] = None  # "package.module:function" (prompt, response, answer, extra) -> float
+    timeout_s: float = 30.0  # per sample; a reward that runs longer fails the run (or scores 0, see on_error)
+    on_error: str = "raise"  # raise | zero (a reward that raises or times out scores 0 and is counted)
+    workers: int = 2  # reward worker processes per rollout rank
+
+
+@dataclass
+class EvalSection:
+    """Evaluation on ``data.val_files``: before the first iteration and every N iterations."""
+
+    every: int = 0  # 0: no evaluation
+    n: int = 1  # samples per prompt
+    temperature: float = 0.0  # 0: greedy
+    max_prompts: Optional[int] = None  # null: every validation prompt
 
 
 @dataclass
@@ -266,8 +297,9 @@ class RootSchema:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     inference: InferenceSection = field(default_factory=InferenceSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
-    task: TaskConfig = field(default_factory=TaskConfig)
     data: DataSection = field(default_factory=DataSection)
+    reward: RewardSection = field(default_factory=RewardSection)
+    eval: EvalSection = field(default_factory=EvalSection)
 
 
 @dataclass(frozen=True)
@@ -293,8 +325,9 @@ class Config:
     rollout: RolloutSection
     inference: InferenceSection
     algorithm: AlgorithmSection
-    task: TaskConfig
     data: DataSection
+    reward: RewardSection
+    eval: EvalSection
 
     @property
     def num_slots(self) -> int:
@@ -625,34 +658,64 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
 
 
 def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
-    """Checks of the engine sections (model, actor, rollout, algorithm, task) by the user's keys."""
-    m, a, ro, al, tk = root.model, root.actor, root.rollout, root.algorithm, root.task
-    _positive(issues, "model", m, "vocab_size", "hidden_size", "num_layers", "num_attention_heads",
-              "num_query_groups", "ffn_hidden_size", "max_position_embeddings", "rotary_base", "norm_epsilon")
-    # num_query_groups <= 0 is reported by _positive above
-    groups = m.num_query_groups if m.num_query_groups is None or m.num_query_groups > 0 else None
-    issues.extend(ConfigIssue(*problem) for problem in shape_problems(m.hidden_size, m.num_attention_heads, groups))
+    """Checks of the engine sections (model, actor, rollout, algorithm, data, reward, eval) by the
+    user's keys; the files they name are checked by :mod:`slurm_rl.inputs` before a launch."""
+    m, a, ro, al = root.model, root.actor, root.rollout, root.algorithm
+    real = root.runtime.device != "emulated"
+    if m.path is not None:
+        for key in MODEL_SIZE_KEYS:
+            if getattr(m, key) is not None:
+                issues.append(ConfigIssue(f"model.{key}", getattr(m, key), (
+                    f"null with model.path: the architecture and sizes come from {m.path}/config.json")))
+    else:
+        sizes = model_sizes(m)
+        _positive(issues, "model", m, "vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+                  "num_query_groups", "ffn_hidden_size", "max_position_embeddings", "rotary_base", "norm_epsilon")
+        # num_query_groups <= 0 is reported by _positive above
+        groups = m.num_query_groups if m.num_query_groups is None or m.num_query_groups > 0 else None
+        issues.extend(ConfigIssue(*problem) for problem in shape_problems(
+            sizes["hidden_size"], sizes["num_attention_heads"], groups))
     _positive(issues, "actor", a, "lr", "eps", "clip_grad", "threads")
     _positive(issues, "actor", a, "min_lr", "lr_warmup_samples", "weight_decay", allow_zero=True)
     _positive(issues, "actor", a, "lr_decay_samples")
     if 0 < a.lr < a.min_lr:
         issues.append(ConfigIssue("actor.min_lr", a.min_lr, f"a number in [0, actor.lr ({a.lr})]"))
-    if a.lr_decay_style not in LR_DECAY_STYLES:
-        issues.append(ConfigIssue("actor.lr_decay_style", a.lr_decay_style, "one of " + ", ".join(LR_DECAY_STYLES)))
+    for key, value, allowed in (("actor.lr_decay_style", a.lr_decay_style, LR_DECAY_STYLES),
+                                ("rollout.backend", ro.backend, ROLLOUT_BACKENDS),
+                                ("data.overlong", root.data.overlong, OVERLONG),
+                                ("reward.on_error", root.reward.on_error, REWARD_ON_ERROR)):
+        _choice(issues, key, value, allowed)
     for key in ("beta1", "beta2"):
         if not 0.0 <= getattr(a, key) < 1.0:
             issues.append(ConfigIssue(f"actor.{key}", getattr(a, key), "a number in [0, 1)"))
-    if ro.backend not in ROLLOUT_BACKENDS:
-        issues.append(ConfigIssue("rollout.backend", ro.backend, "one of " + ", ".join(ROLLOUT_BACKENDS)))
-    _positive(issues, "rollout", ro, "sub_batch")
+    _positive(issues, "rollout", ro, "sub_batch", "max_new_tokens")
+    _positive(issues, "rollout", ro, "top_k", allow_zero=True)
+    if not 0.0 < ro.top_p <= 1.0:
+        issues.append(ConfigIssue("rollout.top_p", ro.top_p, "a number in (0, 1]"))
+    for i, text in enumerate(ro.stop):
+        if not isinstance(text, str) or not text:
+            issues.append(ConfigIssue(f"rollout.stop[{i}]", text, "a non-empty string"))
     _positive(issues, "algorithm", al, "temperature")
     _positive(issues, "algorithm", al, "clip_eps", "kl_coef", allow_zero=True)
-    if tk.name not in TASKS:
-        issues.append(ConfigIssue("task.name", tk.name, "one of " + ", ".join(TASKS)))
-    _positive(issues, "task", tk, "max_operand", allow_zero=True)
-    _positive(issues, "task", tk, "length")
-    if not 1 <= tk.alphabet <= 26:
-        issues.append(ConfigIssue("task.alphabet", tk.alphabet, "an int in 1-26 (lower-case letters)"))
+    _positive(issues, "data", root.data, "max_prompt_length")
+    _positive(issues, "reward", root.reward, "timeout_s", "workers")
+    _positive(issues, "eval", root.eval, "every", "temperature", allow_zero=True)
+    _positive(issues, "eval", root.eval, "n", "max_prompts")
+    if real and not root.data.train_files:
+        issues.append(ConfigIssue("data.train_files", [], (
+            f"a list of .jsonl or .parquet prompt files (runtime.device {root.runtime.device} trains on them; "
+            "tools/make_toy_files.py writes a toy set)")))
+    if real and (root.reward.name is None) == (root.reward.fn is None):
+        issues.append(ConfigIssue("reward.name", root.reward.name, (
+            "one of gsm8k, math, exact, or reward.fn 'package.module:function' (exactly one of the two)")))
+    if root.eval.every and not root.data.val_files:
+        issues.append(ConfigIssue("eval.every", root.eval.every, "0, or data.val_files set (the prompts to evaluate)"))
+
+
+def _choice(issues: list[ConfigIssue], key: str, value: Any, allowed: Sequence[str]) -> None:
+    """One issue when ``value`` is not one of ``allowed``."""
+    if value not in allowed:
+        issues.append(ConfigIssue(key, value, "one of " + ", ".join(allowed)))
 
 
 def _node_layout(

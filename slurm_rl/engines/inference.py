@@ -8,6 +8,7 @@ and gives the same logprobs as the actor within 1e-3 in fp32 (see tests/test_rol
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -31,14 +32,22 @@ def to_hf_names(named: Iterable[tuple[str, Tensor]], cfg: ModelConfig
 
 
 class ReferenceScorer:
-    """Frozen copy of the initial policy that scores sequences."""
+    """Frozen copy of the initial policy that scores sequences: the run's HF checkpoint, or the
+    given initial state (a random model's init)."""
 
-    def __init__(self, model_cfg: ModelConfig, initial_state: Iterable[tuple[str, Tensor]],
-                 device: str = "cpu", max_tokens_per_batch: int = 16384) -> None:
+    def __init__(self, model_cfg: ModelConfig, initial_state: Iterable[tuple[str, Tensor]] | None,
+                 device: str = "cpu", max_tokens_per_batch: int = 16384,
+                 checkpoint: str | Path | None = None) -> None:
         self.model_cfg = model_cfg
         self.device = torch.device(device)
         self.max_tokens_per_batch = max_tokens_per_batch
-        self.model = build_hf_model(model_cfg, seed=0, device=self.device)
+        self.model = build_hf_model(model_cfg, seed=0, device=self.device, checkpoint=checkpoint)
+        self.model.requires_grad_(False)
+        self._parking = HostParking("ReferenceScorer")
+        if checkpoint is not None:
+            return  # the checkpoint's weights, as loaded
+        if initial_state is None:
+            raise ValueError("ReferenceScorer: give initial_state or checkpoint")
         params = dict(self.model.named_parameters())
         loaded = set()
         with torch.no_grad():
@@ -50,8 +59,6 @@ class ReferenceScorer:
         missing = sorted(set(params) - loaded)
         if missing:
             raise KeyError(f"ReferenceScorer: initial_state lacks {missing[:5]}")
-        self.model.requires_grad_(False)
-        self._parking = HostParking("ReferenceScorer")
 
     @property
     def parked(self) -> bool:

@@ -47,10 +47,13 @@ def prepare_run(
 ) -> tuple[Config, Path]:
     """Load and validate the config, check and create the run dir, write ``RUN_DIR/config.yaml``.
 
-    Raises ``ConfigError`` (nothing created) on a bad config or an unsafe RUN_DIR (owned by
+    Raises ``ConfigError`` (nothing created) on a bad config, bad input files (``inputs``) or an unsafe RUN_DIR (owned by
     someone else, world-writable), ``FileExistsError`` if RUN_DIR already holds a run.
     """
+    from slurm_rl.inputs import check_inputs
+
     cfg = load_config(config_path, overrides, env=env)
+    check_inputs(cfg)
     run_dir = Path(cfg.runtime.run_dir).absolute()
     check_run_dir(run_dir)
     if (run_dir / "control" / "epochs").is_dir() and any((run_dir / "control" / "epochs").iterdir()):

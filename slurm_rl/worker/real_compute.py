@@ -1,4 +1,4 @@
-"""Compute with the real engines (``runtime.device: cpu | cuda``): GRPO on a verifiable toy task.
+"""Compute with the real engines (``runtime.device: cpu | cuda``): GRPO on a prompt dataset.
 
 - every rank joins one torch.distributed world (gloo on cpu, nccl on cuda); sub-groups are
   created by their members only when first used (``engines.actor.groups``), so a reshard at a
@@ -9,7 +9,11 @@
 - rollout: an hf (or vllm) engine, sampling each request with its own seed (batch-invariant, so
   migration does not change a sample); parked while the rank serves another role, woken without
   a rebuild when it returns;
-- inference: reference-policy logprobs from the frozen initial weights (rebuilt from the seed);
+- the model is ``model.path`` (a Hugging Face checkpoint every engine loads) or a random model of
+  the ``model`` sizes; prompts come from ``data.train_files`` (``rl.dataset``: the prompts of an
+  iteration are a pure function of (seed, iteration)); rewards run in worker processes (``rewards``);
+- inference: reference-policy logprobs from the frozen initial weights (the checkpoint, or the
+  random init rebuilt from the seed);
 - at the end the actor is saved to ``RUN_DIR/checkpoints/final`` (``engines.actor.checkpoint``).
 Calls block; the protocol's next pass is the next safe point.
 """
@@ -72,13 +76,17 @@ def _group_gpu(cfg: Config, info: RankInfo) -> int | None:
 
 
 def engine_model_config(cfg: Config, vocab_size: int) -> Any:
-    """The engines' ``ModelConfig`` of the validated ``model`` section (``vocab_size`` when it is null)."""
-    import dataclasses
-
+    """The engines' ``ModelConfig``: ``model.path``'s config.json, or the ``model`` sizes of a
+    random model (``vocab_size`` when the section's is null)."""
+    from slurm_rl.config import model_sizes
     from slurm_rl.engines.model_config import ModelConfig
 
-    fields = dataclasses.asdict(cfg.model)
-    fields["vocab_size"] = fields["vocab_size"] or vocab_size
+    if cfg.model.path is not None:
+        from slurm_rl.engines.hf_checkpoint import model_config_from_dir
+
+        return model_config_from_dir(cfg.model.path)
+    fields = {k: v for k, v in model_sizes(cfg.model).items() if v is not None}
+    fields["vocab_size"] = fields.get("vocab_size") or vocab_size
     return ModelConfig(**fields)
 
 
@@ -90,6 +98,16 @@ def engine_optim_config(cfg: Config) -> Any:
 
     section = dataclasses.asdict(cfg.actor)
     return OptimConfig(**{f.name: section[f.name] for f in dataclasses.fields(OptimConfig)})
+
+
+def data_spec(cfg: Config) -> Any:
+    """The ``rl.dataset.DataSpec`` of the validated ``data`` section."""
+    from slurm_rl.rl.dataset import DataSpec
+
+    d = cfg.data
+    return DataSpec(train_files=tuple(d.train_files), val_files=tuple(d.val_files), prompt_key=d.prompt_key,
+                    answer_key=d.answer_key, apply_chat_template=d.apply_chat_template,
+                    max_prompt_length=d.max_prompt_length, overlong=d.overlong, shuffle=d.shuffle)
 
 
 class RealDecoder:
@@ -142,15 +160,19 @@ class RealCompute:
         from slurm_rl.engines.actor.groups import GroupCache
         from slurm_rl.engines.actor.microbatch import BatchConfig
         from slurm_rl.engines.actor.trainer import ActorTrainer
-        from slurm_rl.rl.tokenizer import CharTokenizer
+        from slurm_rl.rl.tokenizer import load_tokenizer, stop_token_ids
 
         self.cfg, self.info, self.rank, self.run_dir = cfg, info, info.rank, paths.run_dir
         self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
         torch.set_num_threads(cfg.actor.threads)
         init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s, gpu=_group_gpu(cfg, info))
-        self.tok = CharTokenizer()
-        self.task = cfg.task
-        self.model_cfg = engine_model_config(cfg, self.tok.vocab_size)
+        self.checkpoint = cfg.model.path
+        self.tok = load_tokenizer(cfg.model.path, cfg.model.tokenizer_path)
+        self.stop_ids = stop_token_ids(self.tok, cfg.model.path)
+        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.stop_ids[0]
+        self.model_cfg = engine_model_config(cfg, len(self.tok))
+        self._dataset: Any = None  # rl.dataset.PromptDataset, loaded by the first requests()
+        self._rewards: Any = None  # rewards.RewardRunner, started by the first generate()
         optim_cfg = engine_optim_config(cfg)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
                                 micro_batch_size=cfg.train.micro_batch_size,
@@ -163,7 +185,8 @@ class RealCompute:
         self.seed = cfg.runtime.seed
         self.groups = GroupCache(timeout=cfg.runtime.wait_timeout_s)
         initial = sorted(cfg.placement.components["actor"].ranks)
-        self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device)
+        self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device,
+                                    checkpoint=self.checkpoint)
         self.warm_s = 0.0
         if cfg.actor.warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
             self.warm_s = self.trainer.warm()
@@ -181,7 +204,7 @@ class RealCompute:
                 from slurm_rl.engines.rollout import make_rollout_engine
 
                 self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
-                                                  pad_id=self.tok.pad_id)
+                                                  pad_id=self.pad_id, checkpoint=self.checkpoint)
                 figures["rollout_engine"] = "built"
             elif self.engine.released:
                 self.engine.resume()
@@ -197,28 +220,43 @@ class RealCompute:
         return figures
 
     def _reference_scorer(self) -> Any:
-        """The frozen initial policy: every rank builds the same weights from the seed."""
-        from slurm_rl.engines.actor.model import build_gpt_model
+        """The frozen initial policy: the checkpoint, or the random init every rank rebuilds from the seed."""
         from slurm_rl.engines.inference import ReferenceScorer
+
+        if self.checkpoint is not None:
+            return ReferenceScorer(self.model_cfg, None, device=self.device, checkpoint=self.checkpoint)
+        from slurm_rl.engines.actor.model import build_gpt_model
 
         initial = build_gpt_model(self.model_cfg, self.seed, "cpu")
         return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device)
 
     # -- rollout --------------------------------------------------------------------------------
+    def dataset(self) -> Any:
+        """The training prompts (``data.train_files``), loaded and tokenised once per rank."""
+        if self._dataset is None:
+            from slurm_rl.rl.dataset import PromptDataset
+
+            self._dataset = PromptDataset.load(self.cfg.data.train_files, data_spec(self.cfg), self.tok)
+        return self._dataset
+
     def requests(self, k: int) -> pa.Table:
-        from slurm_rl.rl.tasks import sample_problems
+        from slurm_rl.rl.dataset import iteration_rows
 
         g = self.cfg.train.group_size
-        problems = sample_problems(self.task, self.tok, self.seed, k, self.cfg.train.rollout_batch_size)
+        prompts = iteration_rows(self.dataset(), self.seed, k, self.cfg.train.rollout_batch_size,
+                                 self.cfg.data.shuffle)
         rows = []
-        for p_idx, prob in enumerate(problems):
+        for p_idx, prompt in enumerate(prompts):
+            meta = json.dumps({"answer": prompt.answer, "extra": prompt.extra, "source": prompt.source,
+                               "prompt": prompt.raw_prompt}, default=str)
             for j in range(g):
                 sid = make_sample_id(k, p_idx, j, g)
                 rows.append({
                     "sample_id": sid, "group_id": make_group_id(k, p_idx), "sample_index": j,
-                    "prompt_ids": prob.prompt_ids, "prompt_text": prob.prompt, "partial_response_ids": [],
-                    "partial_logprobs": [], "seed": (self.seed * 1_000_003 + sid) % (2**62), "step": 0,
-                    "weight_version": k, "metadata_json": json.dumps({"target": prob.target}),
+                    "prompt_ids": list(prompt.prompt_ids), "prompt_text": prompt.prompt_text,
+                    "partial_response_ids": [], "partial_logprobs": [],
+                    "seed": (self.seed * 1_000_003 + sid) % (2**62), "step": 0,
+                    "weight_version": k, "metadata_json": meta,
                 })
         return pa.Table.from_pylist(rows, schema=PENDING)
 
@@ -228,24 +266,45 @@ class RealCompute:
     def generate(self, k: int, rows: list[dict[str, Any]]) -> pa.Table:
         """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards."""
         from slurm_rl.engines.rollout import SamplingParams
-        from slurm_rl.rl.tasks import score_answer
+        from slurm_rl.rl.tokenizer import cut_at_stop_strings
 
         t0 = time.time()
         seeds = tuple(int(r["seed"]) % (2**31) for r in rows)
-        sampling = SamplingParams(max_new_tokens=self.task.max_new_tokens, temperature=self.temperature,
-                                  seed=seeds[0], seeds=seeds, stop_token_ids=(self.tok.eos_id,))
+        ro = self.cfg.rollout
+        sampling = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=self.temperature, top_p=ro.top_p,
+                                  top_k=ro.top_k, seed=seeds[0], seeds=seeds, stop_token_ids=self.stop_ids)
         gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
+        ids, logprobs, reasons = [], [], []
+        for g in gens:
+            n = cut_at_stop_strings(g.token_ids, self.tok, ro.stop) if ro.stop else len(g.token_ids)
+            ids.append(g.token_ids[:n])
+            logprobs.append(g.logprobs[:n])
+            reasons.append("stop" if n < len(g.token_ids) else g.finish_reason)
+        rewards = self.score_responses(rows, ids)
         t1 = time.time()
         return pa.Table.from_pydict({
             "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
             "sample_index": [r["sample_index"] for r in rows], "prompt_ids": [r["prompt_ids"] for r in rows],
             "prompt_text": [r["prompt_text"] for r in rows],
-            "response_ids": [g.token_ids for g in gens], "sampled_logprobs": [g.logprobs for g in gens],
-            "reward": [score_answer(g.token_ids, json.loads(r["metadata_json"])["target"], self.tok)
-                       for g, r in zip(gens, rows)],
-            "finish_reason": [g.finish_reason for g in gens], "weight_version": [g.weight_version for g in gens],
+            "response_ids": ids, "sampled_logprobs": logprobs, "reward": rewards,
+            "finish_reason": reasons, "weight_version": [g.weight_version for g in gens],
             "rollout_rank": [self.rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
         }, schema=ROLLOUTS)
+
+    def score_responses(self, rows: list[dict[str, Any]], response_ids: list[list[int]]) -> list[float]:
+        """Rewards of the responses (``reward``), computed in the reward worker processes."""
+        from slurm_rl.rewards import RewardRunner, RewardSample
+
+        if self._rewards is None:
+            r = self.cfg.reward
+            self._rewards = RewardRunner(r.name, r.fn, timeout_s=r.timeout_s, on_error=r.on_error, workers=r.workers)
+        samples = []
+        for row, ids in zip(rows, response_ids):
+            meta = json.loads(row["metadata_json"])
+            samples.append(RewardSample(sample_id=int(row["sample_id"]), prompt=meta["prompt"],
+                                        response=self.tok.decode(ids, skip_special_tokens=True),
+                                        answer=meta["answer"], extra=meta["extra"]))
+        return [float(v) for v in self._rewards.score(samples).values]
 
     def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
         """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations)."""
@@ -346,11 +405,18 @@ class RealCompute:
 
     # -- run checkpoints ------------------------------------------------------------------------
     def save_state(self, directory: Path) -> None:
-        """The actor's state into ``directory/actor`` (collective over its DP group; DP rank 0 writes)."""
+        """The actor's state into ``directory/actor`` (collective over its DP group; DP rank 0 writes),
+        with the data position (the next iteration's first prompt) in its metadata."""
         from slurm_rl.engines.actor.checkpoint import save_checkpoint
+        from slurm_rl.rl.dataset import data_position
 
         if not self.trainer.active:
             return
+        per_iteration = self.cfg.train.rollout_batch_size * self.cfg.train.group_size
+        iteration = self.trainer.consumed_samples // per_iteration
+        self.trainer.data_state = {"iteration": iteration, "files": list(self.cfg.data.train_files),
+                                   "fingerprint": self.dataset().fingerprint,
+                                   **data_position(iteration, self.cfg.train.rollout_batch_size, len(self.dataset().rows))}
         parked = self.trainer.parked  # a group member waits at the gate parked
         if parked:
             self.trainer.unpark()
@@ -378,5 +444,7 @@ class RealCompute:
             save_checkpoint(self.trainer, self.run_dir / "checkpoints" / "final")
         if self.engine is not None:
             self.engine.close()
+        if self._rewards is not None:
+            self._rewards.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -81,11 +81,13 @@ class ActorTrainer:
 
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_cfg: BatchConfig,
                  ranks: Sequence[int], group_cache: GroupCache, seed: int,
-                 device: str = "cpu", stay_warm: bool = False) -> None:
+                 device: str = "cpu", stay_warm: bool = False,
+                 checkpoint: str | None = None) -> None:
         check_dp_size(batch_cfg, len(set(ranks)))
         self.model_cfg, self.optim_cfg, self.batch_cfg = model_cfg, optim_cfg, batch_cfg
         self.group_cache = group_cache
         self.seed = seed
+        self.checkpoint = checkpoint  # HF checkpoint directory of the initial weights (None: random by seed)
         self.device = device
         self.me = dist.get_rank()
         self.ranks: list[int] = sorted(set(ranks))
@@ -160,8 +162,13 @@ class ActorTrainer:
         self._parking.check_live(what)
 
     def _build(self, initialize: bool) -> None:
+        load = initialize and self.checkpoint is not None
         self.model = build_gpt_model(self.model_cfg, self.seed, self.device,
-                                     initialize=initialize)
+                                     initialize=initialize and not load)
+        if load:
+            from slurm_rl.engines.hf_checkpoint import load_into_megatron
+
+            self.load_figures = load_into_megatron(self.model, self.checkpoint, self.model_cfg)
         # Without ZeRO-1 the Adam moments live in slots 1-2 next to the parameters, so a
         # reshard broadcasts parameters and optimizer state as one buffer.
         self.flat = FlatParams(self.model, slots=1 if self.optim_cfg.zero1 else 3,

@@ -28,6 +28,7 @@ class SamplingParams:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # sample among the k most likely tokens; 0: all
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     seeds: tuple[int, ...] | None = None
@@ -39,6 +40,8 @@ class SamplingParams:
             raise ValueError(f"sampling.temperature: got {self.temperature}, expected >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p: got {self.top_p}, expected in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k: got {self.top_k}, expected >= 0 (0: off)")
         if self.seeds is not None:
             object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
 

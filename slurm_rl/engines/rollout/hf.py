@@ -45,7 +45,13 @@ def build_hf_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device =
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(hf_cfg)
     model.generation_config = GenerationConfig(pad_token_id=0)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if checkpoint is not None and torch.device(device).type == "cpu":
+        with torch.no_grad():  # own storage, not the file's memory map: parking resizes it
+            for t in [*model.parameters(), *model.buffers()]:
+                if t.untyped_storage().data_ptr() and not t.untyped_storage().resizable():
+                    t.data = t.data.clone()
+    return model
 
 
 @torch.no_grad()
@@ -63,20 +69,27 @@ def score_sequences(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
     return [tok[i, : len(s) - 1].clone() for i, s in enumerate(sequences)]
 
 
-def draw_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor) -> Tensor:
+def draw_tokens(logits: Tensor, temperature: float, top_p: float, uniforms: Tensor,
+                top_k: int = 0) -> Tensor:
     """Sample one token per row of ``logits`` [B, V] by inverse CDF with ``uniforms`` [B].
 
     Greedy (argmax) when ``temperature == 0``. Otherwise the tokens are sorted by descending
-    probability (stable), cut to the smallest prefix whose mass reaches ``top_p`` and the token
+    probability (stable), cut to the ``top_k`` most likely (0: all), then to the smallest prefix
+    whose mass reaches ``top_p`` and the token
     is the first whose cumulative mass exceeds ``u`` times the kept mass. Every op is row-wise.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    kept: Tensor | float = 1.0  # the mass top-k keeps
+    if 0 < top_k < sorted_p.shape[-1]:
+        sorted_p = sorted_p.clone()
+        sorted_p[:, top_k:] = 0
+        kept = sorted_p.sum(dim=-1, keepdim=True)
     cum = sorted_p.cumsum(dim=-1)
     if top_p < 1:
-        sorted_p = torch.where(cum - sorted_p < top_p, sorted_p, torch.zeros_like(sorted_p))
+        sorted_p = torch.where(cum - sorted_p < top_p * kept, sorted_p, torch.zeros_like(sorted_p))
         cum = sorted_p.cumsum(dim=-1)
     target = (uniforms.to(cum.device, cum.dtype) * cum[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cum, target, right=True).clamp(max=cum.shape[-1] - 1)
@@ -115,7 +128,7 @@ class HFRolloutEngine(RolloutEngine):
         return GenerationConfig(
             max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p, top_k=None,
+            top_p=None if greedy else sampling.top_p, top_k=sampling.top_k or None,
             eos_token_id=stop, pad_token_id=self.pad_id, bos_token_id=None,
             return_dict_in_generate=True, output_logits=True, use_cache=True)
 
@@ -177,7 +190,7 @@ class HFRolloutEngine(RolloutEngine):
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1].float()  # raw model logits of the next token
             uniforms = torch.stack([torch.rand((), generator=g) for g in gens])
-            tok = draw_tokens(logits, sampling.temperature, sampling.top_p, uniforms)
+            tok = draw_tokens(logits, sampling.temperature, sampling.top_p, uniforms, sampling.top_k)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             logps.append(torch.gather(torch.log_softmax(logits, dim=-1), 1,

@@ -118,7 +118,7 @@ class VLLMRolloutEngine(RolloutEngine):
         greedy = sampling.temperature == 0
         params = [VSP(max_tokens=sampling.max_new_tokens,
                       temperature=0.0 if greedy else sampling.temperature,
-                      top_p=1.0 if greedy else sampling.top_p, top_k=0, seed=seed,
+                      top_p=1.0 if greedy else sampling.top_p, top_k=sampling.top_k, seed=seed,
                       stop_token_ids=list(sampling.stop_token_ids), logprobs=0,
                       detokenize=False) for seed in seeds]
         outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)

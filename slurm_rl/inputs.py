@@ -1,0 +1,85 @@
+"""The files a config names, checked before anything is launched: model, tokenizer, data, reward.
+
+:func:`load_config` checks keys and values; :func:`input_problems` opens what they point at
+(``model.path``'s config.json and safetensors headers, the tokenizer, every data file, the reward
+function's module) and tokenises the training prompts once, so that a missing tensor, a data file
+without ``prompt_key``, or no prompt left after ``data.max_prompt_length`` stops ``slurm-rl
+validate`` / ``run`` / ``submit`` / ``sbatch`` with exit code 2 and every problem at once.
+Emulated runs read none of these files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slurm_rl.config import Config, ConfigError, ConfigIssue
+
+
+def input_problems(cfg: Config) -> list[ConfigIssue]:
+    """Every problem of the model, tokenizer, data and reward of a real-engine config."""
+    if cfg.runtime.device == "emulated":
+        return []
+    issues: list[ConfigIssue] = []
+    m = cfg.model
+    if m.path is not None:
+        from slurm_rl.engines.hf_checkpoint import checkpoint_problems
+
+        issues += [ConfigIssue(*p) for p in checkpoint_problems(m.path, "model.path", m.tokenizer_path)]
+    tok = None
+    if m.tokenizer_path is not None and not Path(m.tokenizer_path).is_dir():
+        issues.append(ConfigIssue("model.tokenizer_path", m.tokenizer_path, "an existing tokenizer directory"))
+    elif not any(i.key == "model.path" and "tokenizer" in str(i.allowed) for i in issues):
+        tok = _tokenizer(cfg, issues)
+    from slurm_rl.rl.dataset import check_data_files
+
+    from slurm_rl.worker.real_compute import data_spec
+
+    spec = data_spec(cfg)
+    data_issues = [ConfigIssue(*p) for p in check_data_files(cfg.data.train_files, "data.train_files", spec)]
+    data_issues += [ConfigIssue(*p) for p in check_data_files(cfg.data.val_files, "data.val_files", spec)]
+    issues += data_issues
+    if tok is not None and not data_issues:
+        issues += _prompt_problems(cfg, spec, tok)
+    from slurm_rl.rewards import reward_problems
+
+    issues += [ConfigIssue(*p) for p in reward_problems(cfg.reward.name, cfg.reward.fn)]
+    return issues
+
+
+def _tokenizer(cfg: Config, issues: list[ConfigIssue]) -> Any:
+    from slurm_rl.rl.tokenizer import load_tokenizer
+
+    m = cfg.model
+    if m.path is not None and not Path(m.path).is_dir():
+        return None
+    try:
+        return load_tokenizer(m.path, m.tokenizer_path)
+    except Exception as err:  # transformers raises many kinds of errors for a bad tokenizer
+        key = "model.tokenizer_path" if m.tokenizer_path else "model.path"
+        issues.append(ConfigIssue(key, m.tokenizer_path or m.path, f"a loadable tokenizer (AutoTokenizer: {err})"))
+        return None
+
+
+def _prompt_problems(cfg: Config, spec: Any, tok: Any) -> list[ConfigIssue]:
+    """Tokenise the prompts as the run will: no prompt left, an overlong prompt with
+    ``data.overlong: error``, a chat prompt without a template."""
+    from slurm_rl.errors import InputError
+    from slurm_rl.rl.dataset import PromptDataset
+
+    out = []
+    for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        if not files:
+            continue
+        try:
+            PromptDataset.load(files, spec, tok)
+        except InputError as err:
+            out.append(ConfigIssue(key, list(files), str(err)))
+    return out
+
+
+def check_inputs(cfg: Config) -> None:
+    """Raise :class:`ConfigError` with every problem of :func:`input_problems` (exit code 2)."""
+    issues = input_problems(cfg)
+    if issues:
+        raise ConfigError(issues)

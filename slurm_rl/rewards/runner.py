@@ -1,0 +1,250 @@
+"""Scoring rollouts with a reward function in a pool of worker processes.
+
+:class:`RewardRunner` keeps a pebble ``ProcessPool`` alive across :meth:`RewardRunner.score`
+calls (one per RL iteration). Each sample is one task with its own timeout: a worker that hangs is
+killed by pebble and replaced, and the pool keeps working. The workers are started with the
+``forkserver`` method (never ``fork``: the trainer has threads and torch.distributed state), start
+in the background when the runner is built, and import the reward once.
+
+A sample whose reward raises, times out, kills its worker or returns no finite real number is an
+error: with ``on_error="raise"`` :meth:`~RewardRunner.score` raises :class:`RewardError`
+(:class:`RewardTimeout` for a timeout) naming the reward, the sample id and the cause; with
+``on_error="zero"`` its value is 0.0 and it is counted in :attr:`RewardResult.errors` or
+:attr:`RewardResult.timeouts`.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import numbers
+import os
+import pickle
+import reprlib
+import sys
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import CancelledError, as_completed
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from slurm_rl.engines.errors import EngineStateError
+from slurm_rl.placement import ConfigError, ConfigIssue
+from slurm_rl.rewards.builtin import BUILTIN, RewardFn
+from slurm_rl.rewards.errors import RewardError, RewardTimeout
+from slurm_rl.rewards.loader import import_reward, resolve_reward, reward_label
+
+if TYPE_CHECKING:  # pebble is imported where it is used: resolving a reward needs no pool
+    from pebble import ProcessFuture, ProcessPool
+
+__all__ = ["ON_ERROR", "START_METHOD", "RewardResult", "RewardRunner", "RewardSample"]
+
+START_METHOD = "forkserver"
+"""How the reward workers are started: a fresh server process forks them, so they inherit neither
+the trainer's threads nor its CUDA / torch.distributed state (``fork`` would)."""
+
+ON_ERROR: tuple[str, ...] = ("raise", "zero")
+"""What a failed sample does: raise :class:`RewardError`, or score 0.0 and be counted."""
+
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, cut to about 80 characters."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 80
+    return short.repr(value)
+
+
+@dataclass(frozen=True)
+class RewardSample:
+    """One response to score: ``answer`` is the dataset's ground truth, ``extra`` anything else the
+    reward needs (both must pickle)."""
+
+    sample_id: int
+    prompt: str
+    response: str
+    answer: Any
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class RewardResult:
+    """The rewards of a batch, in the order of the samples; failed samples score 0.0 and are
+    counted in ``errors`` (raised, bad value, worker died) or ``timeouts``."""
+
+    values: list[float]
+    errors: int = 0
+    timeouts: int = 0
+
+
+def _load(name: str | None, fn: str | None) -> RewardFn:
+    """The reward in a worker: a built-in, or ``reward.fn`` imported with the worker's sys.path."""
+    return BUILTIN[name] if name is not None else import_reward(str(fn))
+
+
+def _worker_init(paths: tuple[str, ...], cwd: str, name: str | None, fn: str | None) -> None:
+    """Worker start: the parent's working directory and sys.path, then import (and for ``math``
+    exercise) the reward once so the first sample does not pay for it. Never raises: a problem
+    shows on each sample instead (pebble gives up on a pool whose initializer fails)."""
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
+    sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
+    try:
+        reward = _load(name, fn)
+        if name == "math":
+            reward("", "1", "1", {})
+    except Exception:  # noqa: BLE001 - reported per sample by _score_one
+        pass
+
+
+def _score_one(name: str | None, fn: str | None,
+               sample: RewardSample) -> tuple[float, None, None] | tuple[None, str, str]:
+    """Run the reward on one sample in a worker: (value, None, None) or (None, kind, message)."""
+    try:
+        reward = _load(name, fn)
+        value = reward(sample.prompt, sample.response, sample.answer, sample.extra)
+    except BaseException as exc:  # noqa: BLE001 - math-verify's TimeoutException, SystemExit... too
+        lines = traceback.format_exception(exc)
+        return None, "error", f"{type(exc).__name__}: {exc}\nworker traceback:\n{''.join(lines).rstrip()}"
+    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        return None, "value", (f"returned {_short_repr(value)} ({type(value).__name__}), "
+                               "not a finite real number")
+    return float(value), None, None
+
+
+class RewardRunner:
+    """Scores batches of :class:`RewardSample` with one reward in ``workers`` processes.
+
+    ``name`` is a built-in reward (``gsm8k``, ``math``, ``exact``), ``fn`` a
+    ``package.module:function`` importable from the working directory or sys.path (exactly one).
+    ``timeout_s`` bounds each sample; ``on_error`` is ``"raise"`` or ``"zero"``. Resolves the
+    reward at once (raises :class:`~slurm_rl.placement.ConfigError` for a bad one) and starts the
+    workers in the background. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, name: str | None = None, fn: str | None = None, timeout_s: float = 10.0,
+                 on_error: Literal["raise", "zero"] = "raise", workers: int = 2) -> None:
+        issues = []
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+            issues.append(ConfigIssue("reward.timeout_s", timeout_s, "a positive number of seconds"))
+        if on_error not in ON_ERROR:
+            issues.append(ConfigIssue("reward.on_error", on_error, " or ".join(map(repr, ON_ERROR))))
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            issues.append(ConfigIssue("reward.workers", workers, "a positive integer"))
+        if issues:
+            raise ConfigError(issues)
+        resolve_reward(name, fn)  # a bad reward fails here, in the caller's process
+        self.name = name
+        self.fn = fn
+        self.label = reward_label(name, fn)
+        self.timeout_s = float(timeout_s)
+        self.on_error = on_error
+        self.workers = workers
+        self._cwd = os.getcwd()
+        self._paths = tuple(dict.fromkeys(os.path.abspath(p) if p else self._cwd for p in sys.path))
+        self._closed = False
+        self._pool: ProcessPool | None = self._new_pool()
+
+    def _new_pool(self) -> ProcessPool:
+        from pebble import ProcessPool
+
+        pool = ProcessPool(max_workers=self.workers, initializer=_worker_init,
+                           initargs=(self._paths, self._cwd, self.name, self.fn),
+                           context=multiprocessing.get_context(START_METHOD))
+        if not pool.active:  # reading `active` starts the workers now (pebble waits for a task)
+            raise RewardError(f"reward {self.label!r}: the worker pool did not start",
+                              reward=self.label, kind="pool")
+        return pool
+
+    def _live_pool(self) -> ProcessPool:
+        if self._closed:
+            raise EngineStateError(f"reward {self.label!r}: score() after close()")
+        if self._pool is None or not self._pool.active:
+            self._discard_pool()
+            self._pool = self._new_pool()
+        return self._pool
+
+    def _discard_pool(self) -> None:
+        """Stop the pool, killing its workers and dropping its queued tasks."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+            pool.join()
+
+    def score(self, samples: Sequence[RewardSample]) -> RewardResult:
+        """The rewards of ``samples``, in their order. With ``on_error="raise"`` the first failed
+        sample raises :class:`RewardError` (:class:`RewardTimeout`), and the pool is restarted
+        on the next call; with ``"zero"`` it scores 0.0 and is counted."""
+        samples = list(samples)
+        result = RewardResult(values=[0.0] * len(samples))
+        if not samples:
+            return result
+        pool = self._live_pool()
+        futures: dict[ProcessFuture, int] = {}
+        try:
+            for i, sample in enumerate(samples):
+                future = pool.schedule(_score_one, args=(self.name, self.fn, sample), timeout=self.timeout_s)
+                futures[future] = i
+            for future in as_completed(futures):
+                i = futures[future]
+                value, kind, message = self._outcome(future)
+                if kind is None:
+                    result.values[i] = value  # type: ignore[assignment]
+                elif self.on_error == "raise":
+                    raise self._error(samples[i].sample_id, kind, message)
+                elif kind == "timeout":
+                    result.timeouts += 1
+                else:
+                    result.errors += 1
+        except BaseException:
+            self._discard_pool()  # queued tasks of this batch must not run into the next one
+            raise
+        return result
+
+    def _outcome(self, future: ProcessFuture) -> tuple[float | None, str | None, str]:
+        """(value, kind of failure or None, message) of a finished task."""
+        from pebble import ProcessExpired
+
+        try:
+            value, kind, message = future.result()
+        except FutureTimeout:
+            return None, "timeout", ""
+        except ProcessExpired as exc:
+            return None, "worker", f"its worker process died (exit code {exc.exitcode})"
+        except CancelledError:
+            return None, "worker", "its task was cancelled"
+        except RewardError:
+            raise
+        except (AttributeError, TypeError, pickle.PicklingError) as exc:  # pebble could not pickle the task
+            return None, "error", f"the sample cannot be sent to a worker: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # a broken pool (pebble: BrokenProcessPool, RuntimeError)
+            raise RewardError(f"reward {self.label!r}: the worker pool failed: {type(exc).__name__}: {exc}",
+                              reward=self.label, kind="pool") from exc
+        return value, kind, message or ""
+
+    def _error(self, sample_id: int, kind: str, message: str) -> RewardError:
+        if kind == "timeout":
+            return RewardTimeout(f"reward {self.label!r} timed out on sample {sample_id}: no result after "
+                                 f"reward.timeout_s={self.timeout_s:g} s; its worker was killed",
+                                 reward=self.label, sample_id=sample_id, kind=kind)
+        if kind == "value":
+            return RewardError(f"reward {self.label!r} {message} on sample {sample_id}",
+                               reward=self.label, sample_id=sample_id, kind=kind)
+        return RewardError(f"reward {self.label!r} failed on sample {sample_id}: {message}",
+                           reward=self.label, sample_id=sample_id, kind=kind)
+
+    def close(self) -> None:
+        """Stop the workers; the runner cannot score afterwards. Idempotent."""
+        self._closed = True
+        self._discard_pool()
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
