@@ -661,7 +661,7 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     """Checks of the engine sections (model, actor, rollout, algorithm, data, reward, eval) by the
     user's keys; the files they name are checked by :mod:`slurm_rl.inputs` before a launch."""
     m, a, ro, al = root.model, root.actor, root.rollout, root.algorithm
-    real = root.runtime.device != "emulated"
+    real = root.runtime.device in ("cpu", "cuda")
     if m.path is not None:
         for key in MODEL_SIZE_KEYS:
             if getattr(m, key) is not None:

@@ -313,7 +313,8 @@ def test_quickstart_sections_and_defaults() -> None:
     assert cfg.scheduler.policy == "auto" and cfg.cluster.auto_scheduler and cfg.scheduler.script == []
     assert cfg.train.minibatch_order == "arrival"  # default: stream whole groups as they complete
     assert ranks(cfg.placement) == {"actor": (0,), "rollout": (1, 2), "inference": (3,)}
-    assert cfg.model.num_attention_heads == 2 and cfg.task.name == "add" and cfg.task.max_operand == 4
+    assert cfg.model.path == "runs/toy/model" and cfg.model.num_attention_heads is None  # sizes: its config.json
+    assert cfg.data.train_files == ["runs/toy/train.jsonl"] and cfg.reward.name == "gsm8k"
     assert cfg.algorithm.kl_coef == 0.05 and cfg.actor.beta2 == 0.99 and cfg.rollout.backend == "hf"
     with pytest.raises(Exception):
         cfg.raw.train.num_iterations = 9  # read-only
@@ -331,7 +332,7 @@ def test_emulated_example_sections() -> None:
 
 def test_engine_sections_typed() -> None:
     cfg = config_from_yaml_text(BASE_YAML + "model: {hidden_size: 64, num_attention_heads: 2}\nalgorithm: {kl_coef: 0.1}\n")
-    assert cfg.model.hidden_size == 64 and cfg.model.num_layers == 2 and cfg.algorithm.kl_coef == 0.1
+    assert cfg.model.hidden_size == 64 and cfg.model.num_layers is None and cfg.algorithm.kl_coef == 0.1
     assert cfg.raw.model.hidden_size == 64
 
 
@@ -342,6 +343,8 @@ def test_overrides() -> None:
         "runtime.heartbeat_timeout_s=5",
         "cluster.component_placement.rollout=2-4",
         "runtime.device=cpu",
+        "data.train_files=[prompts.jsonl]",
+        "reward.name=exact",
         "model.hidden_size=256",
     ])
     assert cfg.train.num_iterations == 6
@@ -743,11 +746,13 @@ def test_collocated_components_in_separate_keys() -> None:
 # --------------------------------------------------------------------------- engine sections
 
 ENGINE_KEYS = {
-    "model": "vocab_size, hidden_size, num_layers, num_attention_heads",
+    "model": "path, tokenizer_path, vocab_size, hidden_size",
     "actor": "lr, min_lr, lr_warmup_samples",
-    "rollout": "backend, sub_batch",
+    "rollout": "backend, sub_batch, max_new_tokens, top_p, top_k, stop",
     "algorithm": "clip_eps, kl_coef, temperature",
-    "task": "name, max_operand, length, alphabet",
+    "data": "train_files, val_files, prompt_key, answer_key",
+    "reward": "name, fn, timeout_s, on_error, workers",
+    "eval": "every, n, temperature, max_prompts",
 }
 
 
@@ -761,7 +766,7 @@ def test_unknown_engine_key_refused_with_allowed_keys(section: str) -> None:
     assert_issue(exc.value, f"{section}.bogus", 1, "one of the keys " + ENGINE_KEYS[section])
 
 
-@pytest.mark.parametrize("section", ["inference", "data"])
+@pytest.mark.parametrize("section", ["inference"])
 def test_sections_without_settings_refuse_any_key(section: str) -> None:
     with pytest.raises(ConfigError) as exc:
         config_from_yaml_text(BASE_YAML + f"{section}: {{bogus: 1}}\n")
@@ -772,17 +777,38 @@ def test_engine_defaults_are_the_engines_defaults() -> None:
     cfg = config_from_yaml_text(BASE_YAML)
     assert (cfg.actor.lr, cfg.actor.beta1, cfg.actor.threads, cfg.actor.warm_joiners) == (1e-3, 0.9, 1, True)
     assert (cfg.algorithm.clip_eps, cfg.algorithm.kl_coef, cfg.algorithm.temperature) == (0.2, 0.0, 1.0)
-    assert (cfg.rollout.backend, cfg.rollout.sub_batch) == ("hf", None)
-    assert (cfg.task.name, cfg.task.max_operand, cfg.task.length, cfg.task.alphabet) == ("add", 9, 3, 8)
-    assert cfg.model.vocab_size is None and cfg.model.hidden_size == 128 and cfg.model.num_attention_heads == 4
+    assert (cfg.rollout.backend, cfg.rollout.sub_batch, cfg.rollout.max_new_tokens, cfg.rollout.top_p,
+            cfg.rollout.top_k, cfg.rollout.stop) == ("hf", None, 256, 1.0, 0, [])
+    assert (cfg.data.prompt_key, cfg.data.answer_key, cfg.data.apply_chat_template, cfg.data.overlong,
+            cfg.data.shuffle) == ("prompt", "answer", None, "drop", True)
+    assert (cfg.reward.name, cfg.reward.fn, cfg.reward.on_error, cfg.eval.every) == (None, None, "raise", 0)
+    # a random model's sizes: null in the config, the engines' defaults when built
+    assert cfg.model.vocab_size is None and cfg.model.hidden_size is None
+    from slurm_rl.config import model_sizes
+    from slurm_rl.engines.model_config import ModelConfig
+
+    sizes = model_sizes(cfg.model)
+    assert (sizes["hidden_size"], sizes["num_attention_heads"]) == (128, 4)
+    defaults = ModelConfig()
+    assert all(sizes[k] == getattr(defaults, k) for k in sizes if k not in ("vocab_size", "num_query_groups",
+                                                                              "ffn_hidden_size"))
 
 
-def test_one_task_config_type() -> None:
-    from slurm_rl.config import TaskConfig
-    from slurm_rl.rl.tasks import TaskConfig as TasksTaskConfig
-
-    assert TasksTaskConfig is TaskConfig
-    assert type(config_from_yaml_text(BASE_YAML).task) is TaskConfig
+def test_model_path_refuses_size_keys_and_real_devices_need_data_and_reward() -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["model.path=/m", "model.hidden_size=64", "model.num_layers=2"])
+    assert_issue(exc.value, "model.hidden_size", 64, "null with model.path: the architecture and sizes come from "
+                 "/m/config.json")
+    assert_issue(exc.value, "model.num_layers", 2, "null with model.path")
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "eval.every=5"])
+    assert_issue(exc.value, "data.train_files", [], "a list of .jsonl or .parquet prompt files")
+    assert_issue(exc.value, "reward.name", None, "one of gsm8k, math, exact, or reward.fn")
+    assert_issue(exc.value, "eval.every", 5, "data.val_files set")
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "data.train_files=[a.jsonl]", "reward.name=exact",
+                                          "reward.fn=m:f"])
+    assert_issue(exc.value, "reward.name", "exact", "exactly one of the two")
 
 
 def test_bad_engine_values_named_with_the_users_keys() -> None:
@@ -791,7 +817,8 @@ def test_bad_engine_values_named_with_the_users_keys() -> None:
             "actor.lr=-1", "actor.beta1=1.5", "actor.lr_decay_style=step", "actor.threads=0",
             "actor.clip_grad=0",
             "rollout.backend=sglang", "rollout.sub_batch=0", "algorithm.temperature=0", "algorithm.kl_coef=-0.1",
-            "task.name=sort", "task.alphabet=27", "task.length=0",
+            "data.overlong=truncate", "reward.on_error=ignore", "rollout.top_p=0", "rollout.top_k=-1",
+            "data.max_prompt_length=0", "reward.timeout_s=0",
             "model.hidden_size=130", "model.num_layers=0",
         ])
     err = exc.value
@@ -804,9 +831,12 @@ def test_bad_engine_values_named_with_the_users_keys() -> None:
     assert_issue(err, "rollout.sub_batch", 0, "a positive int")
     assert_issue(err, "algorithm.temperature", 0.0, "a positive number")
     assert_issue(err, "algorithm.kl_coef", -0.1, "a non-negative number")
-    assert_issue(err, "task.name", "sort", "one of add, copy, reverse")
-    assert_issue(err, "task.alphabet", 27, "an int in 1-26")
-    assert_issue(err, "task.length", 0, "a positive int")
+    assert_issue(err, "data.overlong", "truncate", "one of drop, error")
+    assert_issue(err, "reward.on_error", "ignore", "one of raise, zero")
+    assert_issue(err, "rollout.top_p", 0.0, "a number in (0, 1]")
+    assert_issue(err, "rollout.top_k", -1, "a non-negative int")
+    assert_issue(err, "data.max_prompt_length", 0, "a positive int")
+    assert_issue(err, "reward.timeout_s", 0.0, "a positive number")
     assert_issue(err, "model.hidden_size", 130, "a multiple of model.num_attention_heads (4)")
     assert_issue(err, "model.num_layers", 0, "a positive int")
     assert not any(k.startswith(("optim.", "actor.batch.")) for k in issues_of(exc))
@@ -830,7 +860,8 @@ def test_engine_errors_raised_by_load_config(tmp_path: Path) -> None:
 
 
 def test_engine_sections_match_the_engine_types() -> None:
-    """``model`` and ``actor`` carry exactly the engines' fields with the engines' defaults."""
+    """``model`` (its size keys, nulls resolved) and ``actor`` carry the engines' fields with the
+    engines' defaults."""
     import dataclasses
 
     from slurm_rl.config import ActorSection
@@ -840,6 +871,10 @@ def test_engine_sections_match_the_engine_types() -> None:
     def defaults(dc: Any) -> dict[str, Any]:
         return {f.name: f.default for f in dataclasses.fields(dc)}
 
-    assert defaults(ModelSection) == defaults(ModelConfig) | {"vocab_size": None}  # null: the tokenizer's
+    from slurm_rl.config import MODEL_SIZE_KEYS, model_sizes
+
+    engine = {k: v for k, v in defaults(ModelConfig).items() if k in MODEL_SIZE_KEYS}
+    assert set(MODEL_SIZE_KEYS) <= set(defaults(ModelSection))
+    assert model_sizes(ModelSection()) == engine | {"vocab_size": None}  # null: the tokenizer's
     assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True}
     assert list(defaults(ActorSection))[:len(defaults(OptimConfig))] == list(defaults(OptimConfig))

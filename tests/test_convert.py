@@ -95,10 +95,10 @@ def test_unknown_and_incomplete_names_are_errors() -> None:
 
 
 def test_hf_param_shapes_match_transformers_llama() -> None:
-    from slurm_rl.engines.rollout.hf import build_hf_llama
+    from slurm_rl.engines.rollout.hf import build_hf_model
 
     for cfg in (MHA, GQA):
-        model = build_hf_llama(cfg)
+        model = build_hf_model(cfg)
         got = {n: tuple(p.shape) for n, p in model.named_parameters()}
         assert got == dict(hf_param_shapes(cfg))
 
@@ -108,11 +108,11 @@ def test_hf_param_shapes_match_transformers_llama() -> None:
 def test_megatron_and_hf_logits_agree(cfg: ModelConfig) -> None:
     from slurm_rl.engines.actor.model import (build_gpt_model, forward_logits,
                                               init_local_process_group)
-    from slurm_rl.engines.rollout.hf import build_hf_llama
+    from slurm_rl.engines.rollout.hf import build_hf_model
 
     init_local_process_group()
     actor = build_gpt_model(cfg, seed=3)
-    hf = build_hf_llama(cfg, seed=99)
+    hf = build_hf_model(cfg, seed=99)
     result = hf.load_state_dict(dict(megatron_to_hf(actor.named_parameters(), cfg)),
                                 strict=False)
     assert not result.unexpected_keys

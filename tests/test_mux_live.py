@@ -26,6 +26,7 @@ from slurm_rl.launch.mux import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
+from toy_data import TOY_DATA
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["emulated", "cpu"]
@@ -50,10 +51,10 @@ def job_config(device: str, run_dir: Path, iterations: int = 2, seed: int = 1234
                       "global_batch_size": 32, "micro_batch_size": 8, "minibatch_order": "index"},
             "scheduler": {"policy": "static", "max_running_requests": 16},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "task": {"name": "copy", "length": 6, "alphabet": 6},
+            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"name": "exact"},
             "actor": {"lr": 1.0e-3},
             "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
-            "rollout": {"backend": "hf", "sub_batch": 4},
+            "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},
         }
     return {  # 8 ranks: actor 0-1, inference 2-3, rollout 4-7; 128 long-tailed samples
         "cluster": {"num_nodes": 1, "gpus_per_node": 8,
@@ -184,7 +185,8 @@ def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path, 
     jobs = {"a": job_config(device, tmp_path / "x", seed=5), "b": job_config(device, tmp_path / "y", seed=6)}
     for cfg in jobs.values():
         if device == "cpu":
-            cfg["task"]["length"], cfg["model"]["max_position_embeddings"] = 12, 64
+            cfg["data"]["train_files"], cfg["model"]["max_position_embeddings"] = [str(TOY_DATA / "copy_12.jsonl")], 64
+            cfg["rollout"]["max_new_tokens"] = 13
             cfg["rollout"]["sub_batch"], cfg["scheduler"]["max_running_requests"] = 2, 32
         else:
             cfg["emulated"].update(rollout_s_per_token=1.0e-4, response_len_max=2048, response_len_sigma=1.5)

@@ -7,7 +7,7 @@ import torch
 
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
-from slurm_rl.engines.rollout.hf import HFRolloutEngine, build_hf_llama
+from slurm_rl.engines.rollout.hf import HFRolloutEngine, build_hf_model
 
 CFG = ModelConfig(vocab_size=40, hidden_size=64, num_layers=2, num_attention_heads=2,
                   max_position_embeddings=64)
@@ -71,7 +71,7 @@ def test_update_weights_changes_outputs_and_version() -> None:
     engine = HFRolloutEngine(CFG, seed=0)
     seqs = [p + [3, 4] for p in PROMPTS]
     before = engine.score(seqs)
-    other = build_hf_llama(CFG, seed=1)
+    other = build_hf_model(CFG, seed=1)
     engine.update_weights(other.named_parameters(), version=5)
     assert engine.weight_version == 5
     after = engine.score(seqs)

@@ -24,7 +24,7 @@ SEQS = [[1, 5, 6, 7, 8], [1, 9, 3]]
 def _worker(rank: int, world: int, store_path: str, out_dir: str, absent: int) -> None:
     torch.set_num_threads(1)
     from slurm_rl.engines.convert import hf_param_shapes, hf_to_megatron, megatron_to_hf
-    from slurm_rl.engines.rollout.hf import HFRolloutEngine, build_hf_llama
+    from slurm_rl.engines.rollout.hf import HFRolloutEngine, build_hf_model
     from slurm_rl.engines.weight_sync import WeightSyncError, broadcast_weights
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
@@ -38,7 +38,7 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str, absent: int) -
                 time.sleep(0.2)
             return
         if rank == 0:  # the actor: megatron-named weights of a seed-7 model
-            actor = build_hf_llama(CFG, seed=7)
+            actor = build_hf_model(CFG, seed=7)
             meg = list(hf_to_megatron(actor.named_parameters(), CFG))
             if present is not None:
                 dist.barrier(group=present)  # the present ranks start the sync together

@@ -17,7 +17,7 @@ from slurm_rl.engines.actor.groups import GroupCache
 from slurm_rl.engines.actor.trainer import ActorTrainer
 from slurm_rl.engines.parking import HostParking, ParkedError
 from slurm_rl.engines.rollout import SamplingParams
-from slurm_rl.engines.rollout.hf import HFRolloutEngine, build_hf_llama
+from slurm_rl.engines.rollout.hf import HFRolloutEngine, build_hf_model
 from test_actor_reshard import BATCH, MODEL, OPTIM, make_batch
 from test_rollout_hf import CFG, PROMPTS
 
@@ -151,7 +151,7 @@ def test_free_while_parked_keeps_a_warm_skeleton_resident() -> None:
 
 # ----------------------------------------------------------------- rollout and reference
 def _new_weights() -> list[tuple[str, torch.Tensor]]:
-    return [(n, t.detach().clone()) for n, t in build_hf_llama(CFG, seed=5).named_parameters()]
+    return [(n, t.detach().clone()) for n, t in build_hf_model(CFG, seed=5).named_parameters()]
 
 
 SEEDED = SamplingParams(max_new_tokens=6, seeds=(11, 12, 13), temperature=0.9)

@@ -35,15 +35,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from slurm_rl.engines.model_config import ModelConfig
     from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
-    from slurm_rl.rl.tasks import TaskConfig, sample_problems
     from slurm_rl.rl.tokenizer import CharTokenizer
+    from slurm_rl.toy.tasks import task_rows
 
     tok = CharTokenizer()
-    task = TaskConfig(name="add", max_operand=4)
     cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
                       num_attention_heads=args.heads, max_position_embeddings=128)
-    prompts = [q.prompt_ids for q in sample_problems(task, tok, 0, 0, args.prompts)]
-    cases = {"quickstart": SamplingParams(max_new_tokens=task.max_new_tokens,
+    prompts = [tok.encode(r["prompt"]) for r in task_rows("add", rows=args.prompts, max_operand=4)]
+    cases = {"quickstart": SamplingParams(max_new_tokens=3,
                                           stop_token_ids=(tok.eos_id,)),
              "decode": SamplingParams(max_new_tokens=args.long)}
     for backend in args.backends.split(","):

@@ -129,7 +129,7 @@ import torch
 
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
-from slurm_rl.engines.rollout.hf import build_hf_llama
+from slurm_rl.engines.rollout.hf import build_hf_model
 
 if __name__ == "__main__":
     device = sys.argv[1]
@@ -151,7 +151,7 @@ if __name__ == "__main__":
     engine.resume()
     out["wake_s"] = time.perf_counter() - t0
     after = [g.token_ids for g in engine.generate(prompts, greedy)]
-    other = [(n, p.detach()) for n, p in build_hf_llama(cfg, seed=1).named_parameters()]
+    other = [(n, p.detach()) for n, p in build_hf_model(cfg, seed=1).named_parameters()]
     t0 = time.perf_counter()
     engine.update_weights(other, version=1)
     out["update_weights_s"] = time.perf_counter() - t0

@@ -1,8 +1,8 @@
 """Resolving ``reward.name`` (a built-in reward) or ``reward.fn`` (``package.module:function``, a
 user's reward importable from the working directory or ``sys.path``) to a callable.
 
-:func:`reward_problems` reports what is wrong as (config key, value, what is allowed) tuples, the
-form ``load_config`` collects; :func:`resolve_reward` raises them as a
+:func:`reward_problems` reports what is wrong as (config key, value, what is allowed) tuples (the
+form of :class:`~slurm_rl.placement.ConfigIssue`); :func:`resolve_reward` raises them as a
 :class:`~slurm_rl.placement.ConfigError` (an :class:`~slurm_rl.errors.InputError`).
 """
 

@@ -23,7 +23,7 @@ import pickle
 import reprlib
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError, as_completed
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -47,6 +47,9 @@ the trainer's threads nor its CUDA / torch.distributed state (``fork`` would).""
 
 ON_ERROR: tuple[str, ...] = ("raise", "zero")
 """What a failed sample does: raise :class:`RewardError`, or score 0.0 and be counted."""
+
+_RESTART_S = 30.0
+"""Slack per round of samples for a worker restart when bounding a whole :meth:`RewardRunner.score`."""
 
 
 
@@ -110,10 +113,14 @@ def _score_one(name: str | None, fn: str | None,
     except BaseException as exc:  # noqa: BLE001 - math-verify's TimeoutException, SystemExit... too
         lines = traceback.format_exception(exc)
         return None, "error", f"{type(exc).__name__}: {exc}\nworker traceback:\n{''.join(lines).rstrip()}"
-    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+    try:
+        number = float(value) if isinstance(value, numbers.Real) else math.nan
+    except (OverflowError, ValueError, TypeError):  # an int too big for a float, an odd Real
+        number = math.nan
+    if not math.isfinite(number):
         return None, "value", (f"returned {_short_repr(value)} ({type(value).__name__}), "
                                "not a finite real number")
-    return float(value), None, None
+    return number, None, None
 
 
 class RewardRunner:
@@ -129,8 +136,8 @@ class RewardRunner:
     def __init__(self, name: str | None = None, fn: str | None = None, timeout_s: float = 10.0,
                  on_error: Literal["raise", "zero"] = "raise", workers: int = 2) -> None:
         issues = []
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
-            issues.append(ConfigIssue("reward.timeout_s", timeout_s, "a positive number of seconds"))
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+            issues.append(ConfigIssue("reward.timeout_s", timeout_s, "a positive, finite number of seconds"))
         if on_error not in ON_ERROR:
             issues.append(ConfigIssue("reward.on_error", on_error, " or ".join(map(repr, ON_ERROR))))
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -156,8 +163,7 @@ class RewardRunner:
                            initargs=(self._paths, self._cwd, self.name, self.fn),
                            context=multiprocessing.get_context(START_METHOD))
         if not pool.active:  # reading `active` starts the workers now (pebble waits for a task)
-            raise RewardError(f"reward {self.label!r}: the worker pool did not start",
-                              reward=self.label, kind="pool")
+            raise self._pool_error(RuntimeError("the worker pool did not start"))
         return pool
 
     def _live_pool(self) -> ProcessPool:
@@ -186,10 +192,13 @@ class RewardRunner:
         pool = self._live_pool()
         futures: dict[ProcessFuture, int] = {}
         try:
-            for i, sample in enumerate(samples):
-                future = pool.schedule(_score_one, args=(self.name, self.fn, sample), timeout=self.timeout_s)
-                futures[future] = i
-            for future in as_completed(futures):
+            try:
+                for i, sample in enumerate(samples):
+                    future = pool.schedule(_score_one, args=(self.name, self.fn, sample), timeout=self.timeout_s)
+                    futures[future] = i
+            except RuntimeError as exc:  # pebble: the pool is no longer running
+                raise self._pool_error(exc) from exc
+            for future in self._completed(futures):
                 i = futures[future]
                 value, kind, message = self._outcome(future)
                 if kind is None:
@@ -205,8 +214,23 @@ class RewardRunner:
             raise
         return result
 
+    def _completed(self, futures: dict[ProcessFuture, int]) -> Iterator[ProcessFuture]:
+        """The futures as they finish; a pool that stops finishing them (its threads died) is
+        an error after a generous bound: every sample timing out, and a worker restart each."""
+        rounds = -(-len(futures) // self.workers)
+        try:
+            yield from as_completed(futures, timeout=rounds * (self.timeout_s + _RESTART_S) + _RESTART_S)
+        except FutureTimeout as exc:
+            raise self._pool_error(exc) from exc
+
+    def _pool_error(self, exc: BaseException) -> RewardError:
+        return RewardError(f"reward {self.label!r}: the worker pool failed: {type(exc).__name__}: {exc}",
+                           reward=self.label, kind="pool")
+
     def _outcome(self, future: ProcessFuture) -> tuple[float | None, str | None, str]:
         """(value, kind of failure or None, message) of a finished task."""
+        from concurrent.futures.process import BrokenProcessPool
+
         from pebble import ProcessExpired
 
         try:
@@ -217,13 +241,12 @@ class RewardRunner:
             return None, "worker", f"its worker process died (exit code {exc.exitcode})"
         except CancelledError:
             return None, "worker", "its task was cancelled"
-        except RewardError:
-            raise
+        except BrokenProcessPool as exc:
+            raise self._pool_error(exc) from exc
         except (AttributeError, TypeError, pickle.PicklingError) as exc:  # pebble could not pickle the task
             return None, "error", f"the sample cannot be sent to a worker: {type(exc).__name__}: {exc}"
-        except Exception as exc:  # a broken pool (pebble: BrokenProcessPool, RuntimeError)
-            raise RewardError(f"reward {self.label!r}: the worker pool failed: {type(exc).__name__}: {exc}",
-                              reward=self.label, kind="pool") from exc
+        except Exception as exc:  # noqa: BLE001 - _score_one catches the reward's own; anything else
+            return None, "error", f"{type(exc).__name__}: {exc}"
         return value, kind, message or ""
 
     def _error(self, sample_id: int, kind: str, message: str) -> RewardError:

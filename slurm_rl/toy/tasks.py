@@ -1,6 +1,6 @@
 """Toy verifiable tasks as dataset files (``.jsonl`` or ``.parquet``), like a downloaded data set.
 
-The generators are those of :mod:`slurm_rl.rl.tasks`, made pure functions of ``(seed, index)``:
+The toy tasks (once generated inside the training loop), pure functions of ``(seed, index)``:
 * ``add``: prompt ``"3+4="``, answer ``"#### 7"`` (the GSM8K answer format: the number after
   ``"#### "``), operands in ``[0, max_operand]``;
 * ``copy``: prompt ``"abc="``, answer ``"abc"``; ``reverse``: answer ``"cba"`` (reward: exact match);

@@ -27,10 +27,15 @@ def model_params(job: GroupJob) -> int:
     cfg = job.cfg
     if cfg.runtime.device == "emulated":
         return int(cfg.emulated.model_params)
+    from slurm_rl.config import model_sizes
     from slurm_rl.rl.tokenizer import CharTokenizer
 
-    m = cfg.model
-    h, layers, vocab = m.hidden_size, m.num_layers, m.vocab_size or CharTokenizer().vocab_size
+    if cfg.model.path is not None:
+        from slurm_rl.engines.hf_checkpoint import model_config_from_dir
+
+        return model_config_from_dir(cfg.model.path).num_parameters()
+    m = model_sizes(cfg.model)
+    h, layers, vocab = m["hidden_size"], m["num_layers"], m["vocab_size"] or CharTokenizer().vocab_size
     return 12 * layers * h * h + 2 * vocab * h
 
 
