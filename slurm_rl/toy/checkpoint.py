@@ -87,7 +87,7 @@ def hf_config(arch: str, *, vocab_size: int, hidden_size: int = 64, num_layers: 
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch {arch!r}: expected one of {ARCHITECTURES}")
-    if hidden_size % num_heads:
+    if head_dim is None and hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_heads % num_kv_heads:
@@ -201,18 +201,20 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _chunks(name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: str,
-            gen: torch.Generator, max_elements: int = 1 << 24) -> Iterator[bytes]:
-    """The bytes of one tensor, in pieces of at most ``max_elements`` elements."""
+            gen: torch.Generator, max_elements: int = 1 << 24) -> Iterator[memoryview]:
+    """The bytes of one tensor, in pieces of at most ``max_elements`` elements (little-endian, as
+    safetensors stores them)."""
     total, done = _numel(shape), 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    zeros = memoryview(bytes(min(total, max_elements) * itemsize)) if fill == "zeros" else None
     norm = len(shape) == 1 and "norm" in name
     while done < total:
         n = min(max_elements, total - done)
-        if fill == "zeros":
-            piece = torch.zeros(n, dtype=dtype)
+        if zeros is not None:
+            yield zeros[:n * itemsize]
         else:
-            piece = torch.randn(n, generator=gen) * _NOISE_STD + (1.0 if norm else 0.0)
-            piece = piece.to(dtype)
-        yield piece.view(torch.uint8).numpy().tobytes()
+            piece = (torch.randn(n, generator=gen) * _NOISE_STD + (1.0 if norm else 0.0)).to(dtype)
+            yield memoryview(piece.view(torch.uint8).numpy())
         done += n
 
 

@@ -88,6 +88,11 @@ class Compute(Protocol):
     def unpark(self) -> dict[str, Any]:
         """Warm switch in: bring the parked state back in place; figures ``seconds`` and ``bytes``."""
 
+    def evaluate(self, k: int) -> dict[str, Any] | None:
+        """Validation figures (``val/*``) of the weights of version ``k`` this rollout rank holds;
+        None when the backend does not evaluate."""
+        ...
+
     def save_state(self, directory: Path) -> None:
         """Write this rank's share of a run checkpoint into ``directory`` (collective over the
         actor's ranks: its DP rank 0 writes ``directory/actor``)."""

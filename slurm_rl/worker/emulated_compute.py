@@ -153,6 +153,9 @@ class EmulatedCompute:
     def unpark(self) -> dict[str, Any]:
         return self._switch()
 
+    def evaluate(self, k: int) -> dict[str, Any] | None:
+        return None  # emulated runs read no validation files
+
     def save_state(self, directory: Path) -> None:
         pass  # the cost model has no state: a checkpoint is the manifest (iteration, epoch, metrics)
 

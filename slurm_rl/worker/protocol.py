@@ -60,6 +60,7 @@ from slurm_rl.faults import fault_point
 from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics
+from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.formulas import k3
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
@@ -214,6 +215,10 @@ class IterationProtocol:
             with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {ranks}", self.info,
                             start.epoch, iteration):
                 sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks)
+        if rollout and self.info.rank == rollout[0] and eval_due(self.cfg.eval.every, iteration):
+            figures = self.compute.evaluate(iteration)  # the weights v{iteration} just received
+            if figures is not None:
+                write_eval(self.run_dir, iteration, figures)
         self._iteration = _Iteration(self, iteration, rt, start, sync, before)  # writes the expected producers
         if self.gate is not None:
             samples = self.samples_per_iteration
@@ -878,4 +883,8 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "seconds", "resharded")} for e in c.plan],
         }
+        if self.p.cfg.runtime.device != "emulated" and eval_due(self.p.cfg.eval.every, self.k):
+            path = eval_path(self.p.run_dir, self.k)  # written by the iteration's first rollout rank
+            self.rt.wait_for(path.exists, f"the evaluation of iteration {self.k} ({path})")
+            row.update({key: v for key, v in read_json(path).items() if key.startswith("val/")})
         append_metrics(self.p.run_dir, row)

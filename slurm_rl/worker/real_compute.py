@@ -172,6 +172,7 @@ class RealCompute:
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.stop_ids[0]
         self.model_cfg = engine_model_config(cfg, len(self.tok))
         self._dataset: Any = None  # rl.dataset.PromptDataset, loaded by the first requests()
+        self._val: Any = None  # the validation prompts, loaded by the first evaluate()
         self._rewards: Any = None  # rewards.RewardRunner, started by the first generate()
         optim_cfg = engine_optim_config(cfg)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
@@ -266,7 +267,6 @@ class RealCompute:
     def generate(self, k: int, rows: list[dict[str, Any]]) -> pa.Table:
         """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards."""
         from slurm_rl.engines.rollout import SamplingParams
-        from slurm_rl.rl.tokenizer import cut_at_stop_strings
 
         t0 = time.time()
         seeds = tuple(int(r["seed"]) % (2**31) for r in rows)
@@ -276,7 +276,7 @@ class RealCompute:
         gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
         ids, logprobs, reasons = [], [], []
         for g in gens:
-            n = cut_at_stop_strings(g.token_ids, self.tok, ro.stop) if ro.stop else len(g.token_ids)
+            n = len(self._cut(g.token_ids))
             ids.append(g.token_ids[:n])
             logprobs.append(g.logprobs[:n])
             reasons.append("stop" if n < len(g.token_ids) else g.finish_reason)
@@ -290,6 +290,37 @@ class RealCompute:
             "finish_reason": reasons, "weight_version": [g.weight_version for g in gens],
             "rollout_rank": [self.rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
         }, schema=ROLLOUTS)
+
+    def evaluate(self, k: int) -> dict[str, Any] | None:
+        """``eval.n`` samples per validation prompt with the rollout engine (weights v``k``), scored."""
+        from slurm_rl.engines.rollout import SamplingParams
+        from slurm_rl.rl.dataset import PromptDataset, val_rows
+        from slurm_rl.rl.evaluation import eval_figures
+
+        if self.engine is None or not self.cfg.data.val_files:
+            return None
+        ev, ro = self.cfg.eval, self.cfg.rollout
+        if self._val is None:
+            self._val = PromptDataset.load(self.cfg.data.val_files, data_spec(self.cfg), self.tok, key="data.val_files")
+        prompts = val_rows(self._val)[:ev.max_prompts]
+        rows = [{"sample_id": p_idx * ev.n + j, "prompt_ids": list(p.prompt_ids), "metadata_json": json.dumps(
+                    {"answer": p.answer, "extra": p.extra, "prompt": p.raw_prompt}, default=str)}
+                for p_idx, p in enumerate(prompts) for j in range(ev.n)]
+        t0, rewards = time.perf_counter(), []
+        for i in range(0, len(rows), self.sub_batch):
+            chunk = rows[i:i + self.sub_batch]
+            seeds = tuple((self.seed * 7919 + r["sample_id"]) % (2**31) for r in chunk)
+            sampling = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ev.temperature, top_p=ro.top_p,
+                                      top_k=ro.top_k, seed=seeds[0], seeds=seeds, stop_token_ids=self.stop_ids)
+            gens = self.engine.generate([r["prompt_ids"] for r in chunk], sampling)
+            rewards += self.score_responses(chunk, [self._cut(g.token_ids) for g in gens])
+        return {**eval_figures(rewards, ev.n), "val/seconds": time.perf_counter() - t0}
+
+    def _cut(self, ids: list[int]) -> list[int]:
+        """``ids`` up to the first ``rollout.stop`` string."""
+        from slurm_rl.rl.tokenizer import cut_at_stop_strings
+
+        return ids[:cut_at_stop_strings(ids, self.tok, self.cfg.rollout.stop)] if self.cfg.rollout.stop else ids
 
     def score_responses(self, rows: list[dict[str, Any]], response_ids: list[list[int]]) -> list[float]:
         """Rewards of the responses (``reward``), computed in the reward worker processes."""
