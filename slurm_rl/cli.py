@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="--follow: give up after this many seconds")
     p.add_argument("--compare", action="store_true", help="two runs side by side (e.g. static vs auto)")
     p.add_argument("--png", type=Path, default=None, help="--compare: where to write the plot")
+    p.add_argument("--iterations", default=None, metavar="A:B",
+                   help="only iterations A to B-1 (like a Python slice: A:, :B; --iterations=-20: the last 20): "
+                        "the summary, the epochs, the reward curve and the PNGs")
 
     p = sub.add_parser("export", help="write a run's trained actor as a Hugging Face directory")
     p.add_argument("run_dir", type=Path, help="RUN_DIR of a run")
@@ -274,7 +277,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.interval <= 0 or args.timeout <= 0:
             return _bad(f"inspect --follow: got --interval {args.interval} --timeout {args.timeout}; allowed: > 0")
         return commands.follow(args.run_dir, interval_s=args.interval, timeout_s=args.timeout)
-    return commands.inspect_run(args.run_dir, as_json=args.json, all_epochs=getattr(args, "all", False))
+    return commands.inspect_run(args.run_dir, as_json=args.json, all_epochs=getattr(args, "all", False),
+                                iterations=getattr(args, "iterations", None))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

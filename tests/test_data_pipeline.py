@@ -16,7 +16,8 @@ from slurm_rl.data import (
     iter_dp_share,
     read_dp_share,
 )
-from slurm_rl.data.emulated import make_actor_batch, make_fake_inference, make_fake_prompts, make_fake_rollouts
+from slurm_rl.data.actor_batch import make_actor_batch
+from slurm_rl.data.emulated import make_fake_inference, make_fake_prompts, make_fake_rollouts
 
 IT, GROUP, N_PROMPTS = 5, 4, 24
 TIMEOUT = 30.0

@@ -24,7 +24,8 @@ from slurm_rl.data import (
     make_sample_id,
     write_expected,
 )
-from slurm_rl.data.emulated import make_actor_batch, make_fake_inference, make_fake_prompts, make_fake_rollouts
+from slurm_rl.data.actor_batch import make_actor_batch
+from slurm_rl.data.emulated import make_fake_inference, make_fake_prompts, make_fake_rollouts
 from slurm_rl.data.layout import manifest_path, stage_dir
 from slurm_rl.data.schemas import META_VERSION, split_sample_id
 

@@ -13,8 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slurm_rl.data.schemas import ACTOR_BATCH, ID_STRIDE, PENDING, PROMPTS, ROLLOUTS, inference_table
-from slurm_rl.rl.formulas import group_advantages
+from slurm_rl.data.schemas import ID_STRIDE, PENDING, PROMPTS, ROLLOUTS, inference_table
 
 LengthSpec = int | tuple[int, int] | np.ndarray | Callable[[np.random.Generator, int], np.ndarray]
 
@@ -210,24 +209,3 @@ def make_fake_inference(rollouts: pa.Table, *, seed: int = 0, inference_rank: in
     ref = _ragged_logprobs(lengths, rng)
     values = _ragged_logprobs(lengths, rng) if with_values else None
     return inference_table(rollouts, ref, inference_rank, values)
-
-
-def make_actor_batch(inference: pa.Table, *, eps: float = 1e-6) -> pa.Table:
-    """GRPO-style batch: advantage = (reward - group mean) / (group std + eps): ACTOR_BATCH."""
-    adv = group_advantages(inference.column("reward").to_numpy(), inference.column("group_id").to_numpy(),
-                           eps=eps).astype(np.float32)
-    return pa.table(
-        {
-            "sample_id": inference.column("sample_id"),
-            "group_id": inference.column("group_id"),
-            "prompt_ids": inference.column("prompt_ids"),
-            "response_ids": inference.column("response_ids"),
-            "old_logprobs": inference.column("sampled_logprobs"),
-            "ref_logprobs": inference.column("ref_logprobs"),
-            "values": inference.column("values"),
-            "advantage": pa.array(adv),
-            "reward": inference.column("reward"),
-            "weight_version": inference.column("weight_version"),
-        },
-        schema=ACTOR_BATCH,
-    )

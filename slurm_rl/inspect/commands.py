@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from slurm_rl.control.heartbeats import read_heartbeat
 from slurm_rl.control.paths import RunPaths
@@ -16,18 +17,28 @@ from slurm_rl.control.status import read_coordinator_status
 FOLLOW_STALE_S = 120.0
 
 
-def write_artifacts(run_dir: Path) -> list[str]:
-    """Write ``timeline.png``, ``reward_curve.png`` and the TensorBoard files; one line per result."""
+def write_artifacts(run_dir: Path, timeline: Any = None, rows: list[dict[str, Any]] | None = None,
+                    window: tuple[int, int] | None = None) -> list[str]:
+    """Write ``timeline.png``, ``reward_curve.png`` and the TensorBoard files; one line per result.
+
+    ``timeline`` / ``rows``: what to draw (default: read from the run dir); ``window``: the
+    iterations ``[first, stop)`` they cover (``--iterations``): the PNGs are then
+    ``timeline-iterations-FIRST-LAST.png`` and ``reward_curve-iterations-FIRST-LAST.png``, so the
+    whole run's stay."""
     from slurm_rl.inspect.report import plot_reward_curve
     from slurm_rl.inspect.run_gantt import write_run_gantt
     from slurm_rl.inspect.run_timeline import build_timeline
     from slurm_rl.inspect.tensorboard import write_tensorboard
     from slurm_rl.metrics import read_metrics
 
+    suffix = "" if window is None else f"-iterations-{window[0]}-{window[1] - 1}"
+    title = None if window is None else f"reward of {run_dir.name}, iterations {window[0]}-{window[1] - 1}"
     lines = []
     try:
-        lines.append(f"placement timeline: {write_run_gantt(build_timeline(run_dir))}")
-        curve = plot_reward_curve(read_metrics(run_dir), run_dir / "reward_curve.png")
+        tl = timeline if timeline is not None else build_timeline(run_dir)
+        lines.append(f"placement timeline: {write_run_gantt(tl, run_dir / f'timeline{suffix}.png')}")
+        curve = plot_reward_curve(rows if rows is not None else read_metrics(run_dir),
+                                  run_dir / f"reward_curve{suffix}.png", title=title)
         if curve is not None:
             lines.append(f"reward curve: {curve}")
     except ImportError:
@@ -43,18 +54,31 @@ def write_artifacts(run_dir: Path) -> list[str]:
     return lines
 
 
-def inspect_run(run_dir: Path, as_json: bool = False, all_epochs: bool = False, artifacts: bool = True) -> int:
-    """Print the one-screen summary (or ``--json``: the full data); write the PNGs beside it."""
-    from slurm_rl.inspect.summary import format_summary, run_report_json
+def inspect_run(run_dir: Path, as_json: bool = False, all_epochs: bool = False, artifacts: bool = True,
+                iterations: str | None = None) -> int:
+    """Print the one-screen summary (or ``--json``: the full data) and the reward curve; write the
+    PNGs beside it. ``iterations`` (``--iterations A:B``): only those iterations; exit 2 when the
+    run has no such iterations."""
+    from slurm_rl.inspect.report import reward_curve_text
+    from slurm_rl.inspect.summary import WindowError, _timeline_from_json, format_summary, run_report_json
 
-    report = run_report_json(run_dir)
+    try:
+        report = run_report_json(run_dir, iterations=iterations)
+    except WindowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if as_json:
         print(json.dumps(report, indent=1))
         return 0
     print(format_summary(run_dir, all_epochs=all_epochs, report=report), flush=True)
+    if any(r.get("reward_mean") is not None for r in report["metrics"]):
+        print("")
+        print(reward_curve_text(report["metrics"]))
     if artifacts:
         print("")
-        for line in write_artifacts(run_dir):
+        window = tuple(report["window"]["iterations"]) if "window" in report else None
+        for line in write_artifacts(run_dir, timeline=_timeline_from_json(report["timeline"]),
+                                    rows=report["metrics"], window=window):
             print(line)
     return 0
 

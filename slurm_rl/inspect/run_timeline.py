@@ -72,6 +72,7 @@ class RunTimeline:
     reshards: list[dict[str, Any]] = field(default_factory=list)  # epoch, start, end, old, new, bytes
     migrations: list[dict[str, Any]] = field(default_factory=list)  # rank, epoch, at, requests
     missing: list[str] = field(default_factory=list)
+    origin: float | None = None  # where the run's clock starts (epoch 0) when this is a window of it; None: t0
 
     @property
     def window(self) -> tuple[float | None, float | None]:
@@ -310,6 +311,61 @@ def component_seconds(tl: RunTimeline) -> dict[str, dict[str, float | None]]:
         out = {k: {"held_s": v["held_s"], "busy_s": None, "switch_s": None, "bubble_s": None} for k, v in out.items()}
     order = {c: i for i, c in enumerate(COMPONENTS)}
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == "idle", "+" in kv[0], order.get(kv[0], 9), kv[0])))
+
+
+def iteration_spans(tl: RunTimeline) -> list[tuple[int, float, float]]:
+    """``(iteration, released at, ended at)`` of each iteration released in ``tl``, in order: an
+    iteration ends at the next release (the last one at ``tl.end``). The final gate, and the gate
+    that closes a window of iterations (:func:`clip_timeline`), start no iteration."""
+    last: dict[int, float] = {}
+    for k, t in sorted(tl.gates, key=lambda g: g[1]):
+        last[k] = t  # a released again iteration (a resumed run): its last release
+    gates = sorted(last.items(), key=lambda g: g[1])
+    out = []
+    for i, (k, t) in enumerate(gates):
+        if tl.iterations is not None and k >= tl.iterations:
+            continue
+        end = gates[i + 1][1] if i + 1 < len(gates) else tl.end
+        if end is None or (end <= t and i + 1 == len(gates)):
+            continue
+        out.append((k, t, max(t, end)))
+    return out
+
+
+def release_time(tl: RunTimeline, iteration: int) -> float | None:
+    """When ``iteration`` was released (iteration 0: epoch 0 if its gate is missing; a later one
+    never released: the next release, else the end)."""
+    released = {k: t for k, t in sorted(tl.gates, key=lambda g: g[1])}
+    if iteration in released:
+        return released[iteration]
+    if iteration == 0 and tl.t0 is not None:
+        return tl.t0
+    return min((t for k, t in released.items() if k >= iteration), default=tl.end)
+
+
+def clip_timeline(tl: RunTimeline, first: int, stop: int) -> RunTimeline:
+    """The part of ``tl`` from the release of iteration ``first`` to the release of ``stop`` (or the
+    end): bars and activity spans cut to that window, the epochs of those iterations, the gates
+    ``first..stop``, the reshards and migrations inside it. Its ``t0`` is the window's start,
+    ``origin`` the run's clock (epoch 0), so that times still read as seconds into the run."""
+    lo, hi = release_time(tl, first), release_time(tl, stop)
+    origin = tl.origin if tl.origin is not None else tl.t0
+    out = RunTimeline(run_dir=tl.run_dir, world=list(tl.world), t0=lo, end=hi, state=tl.state,
+                      iterations=tl.iterations, missing=list(tl.missing), origin=origin)
+    if lo is None or hi is None:
+        return out
+    out.epochs = [e for e in tl.epochs if first <= e["iteration"] < stop]
+    out.gates = [(k, t) for k, t in tl.gates if first <= k <= stop and lo <= t <= hi]
+    for b in tl.bars:
+        a, z = max(b.start, lo), min(b.end, hi)
+        if z > a:
+            out.bars.append(RoleBar(b.rank, b.epoch, b.roles, a, z, open=b.open and b.end <= hi))
+    for rank, spans in tl.spans.items():
+        out.spans[rank] = [dict(s, start=max(s["start"], lo), end=min(s["end"], hi)) for s in spans
+                           if s["end"] > lo and s["start"] < hi]
+    out.reshards = [r for r in tl.reshards if lo <= r["start"] < hi]
+    out.migrations = [m for m in tl.migrations if lo <= m["at"] <= hi]
+    return out
 
 
 def _ranges(ranks: Iterable[int]) -> str:

@@ -12,14 +12,50 @@ from typing import Any
 
 from slurm_rl.inspect.epoch_log import EpochRecord, _human_bytes, compress_ranks, epoch_records
 from slurm_rl.inspect.run_gantt import gantt_legend_text, text_gantt
-from slurm_rl.inspect.run_timeline import RunTimeline, build_timeline, component_seconds
+from slurm_rl.inspect.run_timeline import RunTimeline, build_timeline, clip_timeline, component_seconds, iteration_spans
 from slurm_rl.metrics import read_metrics
 from slurm_rl.placement import COMPONENTS
 
 SPARK = "▁▂▃▄▅▆▇█"
-METRIC_KEYS = ("reward_mean", "kl", "loss", "lr", "seconds", "tokens_per_s", "actor_dp", "sync_s", "train_s")
+METRIC_KEYS = ("reward_mean", "kl", "loss", "lr", "seconds", "tokens_per_s", "actor_dp", "sync_s", "train_s",
+               "val/reward_mean", "val/pass@1", "val/mean@n")
 LOWER_IS_BETTER = {"kl", "loss", "seconds", "sync_s", "train_s"}
-HIGHER_IS_BETTER = {"reward_mean", "tokens_per_s"}
+HIGHER_IS_BETTER = {"reward_mean", "tokens_per_s", "val/reward_mean", "val/pass@1", "val/mean@n"}
+WINDOW_HELP = "A:B (iterations A to B-1, like a Python slice; A: and :B too, negative counts from the end)"
+
+
+class WindowError(ValueError):
+    """``--iterations`` names no window of the run's iterations (the message says what is allowed)."""
+
+
+def run_iteration_end(tl: RunTimeline, rows: list[dict[str, Any]]) -> int:
+    """One past the last iteration the run released or finished (0: none yet)."""
+    done = [int(r["iteration"]) for r in rows if isinstance(r.get("iteration"), int)]
+    released = [k for k, _, _ in iteration_spans(tl)]
+    return max(done + released, default=-1) + 1
+
+
+def resolve_window(text: str, end: int) -> tuple[int, int]:
+    """``--iterations TEXT`` as ``(first, stop)`` within the run's iterations ``0..end-1``:
+    ``A:B`` (half open), ``A:``, ``:B``, a single ``A``; negative values count from ``end``."""
+    where = (f"the run's iterations are 0-{end - 1} (0:{end})" if end > 0
+             else "the run has no iteration released yet")
+    bad = WindowError(f"--iterations: got {text!r}; allowed: {WINDOW_HELP} within the run: {where}")
+    try:
+        if ":" in text:
+            a, b = text.split(":")
+            first = int(a) if a.strip() else 0
+            stop = int(b) if b.strip() else end
+            first, stop = (first + end if first < 0 else first), (stop + end if stop < 0 else stop)
+        else:
+            first = int(text)
+            first = first + end if first < 0 else first
+            stop = first + 1
+    except ValueError:
+        raise bad from None
+    if not 0 <= first < stop <= end:
+        raise bad
+    return first, stop
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -81,8 +117,12 @@ def collapse_epochs(records: list[EpochRecord]) -> list[tuple[list[int], list[Ep
     return list(patterns.values())
 
 
-def run_report_json(run_dir: str | Path, now: float | None = None) -> dict[str, Any]:
-    """Everything inspection knows about a run, JSON-ready; ``missing`` says what could not be found."""
+def run_report_json(run_dir: str | Path, now: float | None = None, iterations: str | None = None) -> dict[str, Any]:
+    """Everything inspection knows about a run, JSON-ready; ``missing`` says what could not be found.
+
+    ``iterations`` (``--iterations A:B``, see :func:`resolve_window`): the epochs, metrics,
+    GPU-seconds, switches and timeline of those iterations only (``facts`` stay the whole run's;
+    ``window`` says which); :class:`WindowError` when the run has no such iterations."""
     root = Path(run_dir)
     tl = build_timeline(root, now=now)
     try:
@@ -93,11 +133,19 @@ def run_report_json(run_dir: str | Path, now: float | None = None) -> dict[str, 
     rows = read_metrics(root)
     if not rows:
         tl.missing.append(f"{root / 'metrics.jsonl'}: no iteration finished yet (no metrics)")
+    facts, window = _facts(root, tl, rows), None
+    if iterations is not None:
+        first, stop = resolve_window(iterations, run_iteration_end(tl, rows))
+        tl = clip_timeline(tl, first, stop)
+        records = [r for r in records if first <= r.iteration < stop]
+        rows = [r for r in rows if isinstance(r.get("iteration"), int) and first <= r["iteration"] < stop]
+        window = _window_facts(iterations, first, stop, tl, rows)
     latencies = [r.switch_latency_s for r in records if r.switch_latency_s is not None and r.epoch > 0]
     reshards = [r.reshard_s for r in records if r.reshard_s is not None]
     return {
         "run_dir": str(root),
-        "facts": _facts(root, tl, rows),
+        "facts": facts,
+        **({"window": window} if window is not None else {}),
         "epochs": [r.to_json() for r in records],
         "metrics": rows,
         "metrics_summary": metric_summary(rows),
@@ -116,9 +164,21 @@ def _facts(root: Path, tl: RunTimeline, rows: list[dict[str, Any]]) -> dict[str,
     _, _, facts = config_facts(root, [])
     lo, hi = tl.window
     seconds = [float(r["seconds"]) for r in rows if isinstance(r.get("seconds"), (int, float))]
-    return {**facts, "state": tl.state, "iterations_done": len(rows), "epochs": len(tl.epochs),
+    done = len({r["iteration"] for r in rows if isinstance(r.get("iteration"), int)}) or len(rows)
+    return {**facts, "state": tl.state, "iterations_done": done, "epochs": len(tl.epochs),
             "startup_s": (lo - tl.t0) if lo is not None and tl.t0 is not None else None,
             "train_s": (hi - lo) if lo is not None and hi is not None else None,
+            "s_per_iteration": sum(seconds) / len(seconds) if seconds else None}
+
+
+def _window_facts(spec: str, first: int, stop: int, tl: RunTimeline, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``--iterations`` picked: its iterations, when they ran (seconds into the run), their pace."""
+    origin = tl.origin if tl.origin is not None else tl.t0
+    seconds = [float(r["seconds"]) for r in rows if isinstance(r.get("seconds"), (int, float))]
+    return {"spec": spec, "iterations": [first, stop],
+            "iterations_done": len({r["iteration"] for r in rows}), "epochs": len(tl.epochs),
+            "start_s": tl.t0 - origin if tl.t0 is not None and origin is not None else None,
+            "end_s": tl.end - origin if tl.end is not None and origin is not None else None,
             "s_per_iteration": sum(seconds) / len(seconds) if seconds else None}
 
 
@@ -136,6 +196,12 @@ def format_summary(run_dir: str | Path, all_epochs: bool = False, columns: int =
     out.append(f"  {f.get('device', '?')} · {f.get('world_size', '?')} ranks · policy {f.get('policy', '?')} · "
                f"state {f['state']} · iterations {done} · {f['epochs']} epochs · startup {_f(f['startup_s'])}s · "
                f"training {_f(f['train_s'])}s · {_f(f['s_per_iteration'], '{:.2f}')} s/iteration")
+    w = r.get("window")
+    if w is not None:
+        first, stop = w["iterations"]
+        out.append(f"  --iterations {w['spec']}: only iterations {first}-{stop - 1} below ({w['iterations_done']} "
+                   f"finished) · {w['epochs']} epochs · {_f(w['start_s'])}s to {_f(w['end_s'])}s into the run · "
+                   f"{_f(w['s_per_iteration'], '{:.2f}')} s/iteration")
     out.append("")
     out.extend(_epoch_lines(r, all_epochs))
     out.append("")
@@ -156,8 +222,9 @@ def format_summary(run_dir: str | Path, all_epochs: bool = False, columns: int =
 def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> list[str]:
     records = [EpochRecord(**e) for e in r["epochs"]]
     if not records:
-        return ["  placement epochs: none published"]
-    t0 = records[0].published_at
+        return ["  placement epochs: none published" + (" in these iterations" if r.get("window") else "")]
+    origin = r["timeline"].get("origin")  # a window: times stay seconds into the run
+    t0 = origin if origin is not None else records[0].published_at
     head = (f"  {'epoch':>5} {'iter':>4} {'boundary':<9} {'at':>7}  {'actor':<9} {'rollout':<9} {'inference':<9} "
             f"{'switch s':>8} {'reshard s':>9} {'moved':>8}  reason")
     lines = [f"  placement epochs ({len(records)}; " + ("all rows" if all_epochs else
@@ -197,9 +264,10 @@ def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> lis
 def _metric_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     if not summary:
         return ["  metrics: none yet"]
-    lines = [f"  {'metric':<12} {'first':>10} {'best':>10} {'last':>10}  per iteration"]
+    wide = max(12, *(len(k) for k in summary))
+    lines = [f"  {'metric':<{wide}} {'first':>10} {'best':>10} {'last':>10}  per iteration"]
     for key, m in summary.items():
-        lines.append(f"  {key:<12} {m['first']:>10.4g} {_f(m['best'], '{:.4g}'):>10} {m['last']:>10.4g}  {m['spark']}")
+        lines.append(f"  {key:<{wide}} {m['first']:>10.4g} {_f(m['best'], '{:.4g}'):>10} {m['last']:>10.4g}  {m['spark']}")
     return lines
 
 
@@ -228,5 +296,5 @@ def _timeline_from_json(doc: dict[str, Any]) -> RunTimeline:
                            for b in doc["bars"]],
                      spans={int(k): v for k, v in doc["spans"].items()},
                      gates=[tuple(g) for g in doc["gates"]], reshards=doc["reshards"], migrations=doc["migrations"],
-                     missing=doc["missing"])
+                     missing=doc["missing"], origin=doc.get("origin"))
     return tl

@@ -29,6 +29,7 @@ engines a call blocks and the loop's next pass is the next safe point.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -39,6 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from slurm_rl.config import Config
 from slurm_rl.control.acks import write_reshard
@@ -46,7 +48,7 @@ from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.epochs import Epoch, read_epoch_file
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
-from slurm_rl.data.emulated import make_actor_batch
+from slurm_rl.data.actor_batch import make_actor_batch
 from slurm_rl.data.follow import StageFollower
 from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
@@ -470,6 +472,7 @@ class _Cutter:
         self.prev_end: float | None = 0.0  # predicted end of the last mini-batch (None: not known)
         self.plan: list[dict[str, Any]] = []
         self.rewards: list[float] = []
+        self.prompts: dict[int, list[int]] = {}  # group id -> prompt ids: which prompts the iteration trained on
         self.kl: list[float] = []
         self.started = time.monotonic()
         self.writer = StageWriter(it.p.run_dir, it.k, ACTOR_STAGE, it.rank, ACTOR_BATCH)
@@ -585,6 +588,7 @@ class _Cutter:
                           {"iteration": self.it.k, "minibatches": self.plan}, durable=False)
         self.writer.write(batch)
         self.rewards.extend(batch.column("reward").to_pylist())
+        self.prompts.update(zip(batch.column("group_id").to_pylist(), batch.column("prompt_ids").to_pylist()))
         kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
         if kl is not None:
             self.kl.append(kl)
@@ -876,6 +880,8 @@ class _Iteration:
             "lr": steps[-1].get("lr"),
             "consumed_samples": steps[-1].get("consumed_samples"),
             "samples": len(c.rewards),
+            # the iteration's prompts in group order: equal in a resumed or re-placed run (data order kept)
+            "prompts_digest": xxhash.xxh3_64_hexdigest(json.dumps(sorted(c.prompts.items())).encode()),
             "minibatches": c.cut,
             "seconds": time.monotonic() - c.started,
             "sync_s": self.sync.get("seconds"), "sync_bytes": self.sync.get("bytes"),
