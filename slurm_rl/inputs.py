@@ -72,10 +72,24 @@ def _prompt_problems(cfg: Config, spec: Any, tok: Any) -> list[ConfigIssue]:
         if not files:
             continue
         try:
-            PromptDataset.load(files, spec, tok)
-        except InputError as err:
-            out.append(ConfigIssue(key, list(files), str(err)))
+            PromptDataset.load(files, spec, tok, key=key)
+        except InputError as err:  # the dataset names its own key: "KEY: got V; allowed: A" per line
+            for line in str(err).splitlines():
+                head, sep, allowed = line.partition("; allowed: ")
+                name, _, value = head.partition(": got ")
+                out.append(ConfigIssue(name, _literal(value), allowed) if sep and value
+                           else ConfigIssue(key, list(files), line))
     return out
+
+
+def _literal(text: str) -> Any:
+    """The value a message printed with ``repr`` (the text itself when it is not a literal)."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def check_inputs(cfg: Config) -> None:

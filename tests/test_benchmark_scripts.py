@@ -32,3 +32,18 @@ def test_bench_scheduling_prints_every_policy_of_a_cell() -> None:
 def test_bench_mux_prints_the_trace_comparison() -> None:
     out = _run("bench_mux.py", "--jobs", "4", "--seeds", "0")
     assert "mux" in out["mux_variants"] and out["prices_per_gpu_hour"]
+
+
+def test_bench_load_prints_a_json_line_per_section(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_load.py"), "--scale",
+                           "small", "--dir", str(tmp_path), "--repeat", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["section"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    assert set(rows) == {"checkpoint", "raw", "raw_cold", "actor", "rollout", "sync"}
+    assert rows["checkpoint"]["written_now"] and rows["checkpoint"]["architecture"] == "qwen2"
+    params = rows["checkpoint"]["parameters"]
+    assert rows["actor"]["parameters"] == rows["rollout"]["parameters"] == params
+    assert rows["raw"]["bytes"] == rows["actor"]["bytes"] == 2 * params  # bf16, read once each
+    assert rows["actor"]["load_vs_raw_fp32_kept"] > 0 and rows["rollout"]["load_s_min"] > 0
+    assert rows["sync"]["bytes"] == 4 * params and rows["sync"]["equal"]  # fp32 over the wire

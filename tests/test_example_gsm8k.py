@@ -1,5 +1,5 @@
-"""configs/examples/gsm8k_qwen2.5_0.5b.yaml holds together: its GSM8K conversion snippet (run here on
-parquet files of the hub's layout) writes prompts the run accepts, and with a checkpoint of
+"""configs/examples/gsm8k_qwen2.5_0.5b.yaml holds together: its GSM8K conversion snippet (run here
+on parquet files of the hub's layout) writes prompts the run accepts, and with a checkpoint of
 Qwen2.5-0.5B's exact shapes (zeros, written on the spot) and a small chat tokenizer in place of the
 downloads the example validates (``load_config`` + ``input_problems``, and ``slurm_rl.cli validate``
 as a user runs it from the directory holding ``models/`` and ``data/``)."""
@@ -75,7 +75,7 @@ def conversion_snippet() -> str:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A directory laid out as the example's comments leave it: ``models/...`` and ``data/gsm8k``."""
+    """A directory as the example's comments leave it: ``models/...`` and ``data/gsm8k``."""
     root = tmp_path_factory.mktemp("gsm8k_example")
     texts = [r["question"] + SUFFIX for rows in ROWS.values() for r in rows]
     train_tokenizer(root / "tokenizer", texts, chat_template=CHAT_TEMPLATE)
@@ -107,7 +107,8 @@ def test_checkpoint_has_qwen25_05b_architecture_and_size(workdir: dict) -> None:
     cfg = model_config_from_dir(path)
     assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_attention_heads) == (
         "qwen2", 896, 24, 14)
-    assert (cfg.num_query_groups, cfg.kv_groups, cfg.ffn_size, cfg.vocab_size) == (2, 2, 4864, 151936)
+    assert (cfg.num_query_groups, cfg.kv_groups, cfg.ffn_size, cfg.vocab_size) == (
+        2, 2, 4864, 151936)
     assert cfg.head_dim == 64 and cfg.tie_word_embeddings and cfg.qkv_bias and not cfg.qk_norm
     assert cfg.rotary_base == 1e6 and cfg.norm_epsilon == 1e-6
     numel = 0

@@ -74,10 +74,10 @@ def _val_text(row: dict[str, Any] | None, with_iteration: bool) -> str:
 def reward_curve_text(rows: list[dict[str, Any]], width: int = 50, max_lines: int = 50) -> str:
     """The reward curve, terminal friendly: one bar per iteration, with the validation figures of
     the iterations that evaluated. A long run is cut into buckets of consecutive iterations (their
-    mean reward; the last evaluation in each) so that the text has at most ``max_lines`` lines."""
+    mean reward; the last evaluation in each) so that it has at most ``max_lines`` lines below its heading."""
     points = reward_points(rows)
     vals = val_rows(rows)
-    room = max(1, max_lines - 2)  # the heading, and a line for evaluations after the last bucket
+    room = max(1, max_lines)
     if len(points) <= room:
         lines = ["reward curve (mean reward per iteration" + ("; validation where evaluated" if vals else "") + "):"]
         by_it = {int(r["iteration"]): r for r in vals}
@@ -91,8 +91,8 @@ def reward_curve_text(rows: list[dict[str, Any]], width: int = 50, max_lines: in
         return "\n".join(lines)
     size = math.ceil(len(points) / room)
     buckets = [points[i:i + size] for i in range(0, len(points), size)]
-    lines = [f"reward curve ({len(points)} iterations {points[0][0]}-{points[-1][0]}; mean reward of each {size} iterations"
-             + ("; the last validation in each" if vals else "") + "):"]
+    lines = [f"reward curve ({len(points)} iterations {points[0][0]}-{points[-1][0]}; "
+             f"mean reward of each {size} iterations" + ("; the last validation in each" if vals else "") + "):"]
     label = max(len(f"{b[0][0]}-{b[-1][0]}") for b in buckets)
     v = 0
     for n, bucket in enumerate(buckets):

@@ -358,7 +358,8 @@ def _draw_long_run(tl: RunTimeline, spans: list[tuple[int, float, float]], out: 
 
     _draw_gantt(ax_detail, detail, f"the last {stop - first} iterations in detail: {first}-{stop - 1} "
                                    f"({len(detail.epochs)} epochs)")
-    fig.suptitle(title or f"placement timeline of {Path(tl.run_dir).name} ({len(spans)} iterations, "
+    name = Path(tl.run_dir).name + (f", iterations {k0}-{k1}" if tl.origin is not None else "")  # a window
+    fig.suptitle(title or f"placement timeline of {name} ({len(spans)} iterations, "
                           f"{len(tl.epochs)} epochs, {len(tl.world)} ranks, state {tl.state})", fontsize=11)
     _save(fig, out, tight=False)
     return GanttDrawing(out, "overview+detail", ["roles per iteration", "seconds per iteration", "gantt"],

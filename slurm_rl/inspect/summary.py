@@ -12,7 +12,8 @@ from typing import Any
 
 from slurm_rl.inspect.epoch_log import EpochRecord, _human_bytes, compress_ranks, epoch_records
 from slurm_rl.inspect.run_gantt import gantt_legend_text, text_gantt
-from slurm_rl.inspect.run_timeline import RunTimeline, build_timeline, clip_timeline, component_seconds, iteration_spans
+from slurm_rl.inspect.run_timeline import (RunTimeline, build_timeline, clip_timeline, component_seconds,
+                                           iteration_spans)
 from slurm_rl.metrics import read_metrics
 from slurm_rl.placement import COMPONENTS
 
@@ -267,7 +268,8 @@ def _metric_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     wide = max(12, *(len(k) for k in summary))
     lines = [f"  {'metric':<{wide}} {'first':>10} {'best':>10} {'last':>10}  per iteration"]
     for key, m in summary.items():
-        lines.append(f"  {key:<{wide}} {m['first']:>10.4g} {_f(m['best'], '{:.4g}'):>10} {m['last']:>10.4g}  {m['spark']}")
+        lines.append(f"  {key:<{wide}} {m['first']:>10.4g} {_f(m['best'], '{:.4g}'):>10} {m['last']:>10.4g}  "
+                     f"{m['spark']}")
     return lines
 
 

@@ -60,6 +60,22 @@ def write_hf_checkpoint(model_cfg: ModelConfig, directory: str | Path, seed: int
     return directory
 
 
+def _refresh_tied_lm_head(worker: Any) -> bool:
+    """Redo the output layer's post-load processing after an in-place reload (run on a worker).
+
+    With tied embeddings vLLM's ``lm_head`` shares ``embed_tokens.weight`` but is not itself in
+    the weights reloaded (``lm_head.weight`` is not a checkpoint name), so ``reload_weights``
+    updates the shared weight and leaves the head unprocessed: on CPU its GEMM keeps the weight
+    packed at start-up (``cpu_linear``) and the logits stay those of the old embedding. A no-op
+    where processing does nothing (GPU)."""
+    head = getattr(worker.model_runner.get_model(), "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if method is None:
+        return False
+    method.process_weights_after_loading(head)
+    return True
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """Rollout with ``vllm.LLM``; one engine per process, started in the constructor."""
 
@@ -151,6 +167,8 @@ class VLLMRolloutEngine(RolloutEngine):
         weights = [(n, t.detach().to(device=self.device, dtype=torch.float32))
                    for n, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.model_cfg.tie_word_embeddings:
+            self.llm.collective_rpc(_refresh_tied_lm_head)
         self.llm.reset_prefix_cache()
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
