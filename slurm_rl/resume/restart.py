@@ -11,7 +11,7 @@ The run goes on from its newest valid checkpoint (iteration ``k``; none: from th
 - the coordinator status says ``resuming`` with iteration ``k - 1`` released.
 
 Overrides may change how the run executes (placement, hence the actor's DP size, timeouts,
-iterations); what would change its results (model, seed, batch sizes, algorithm, task) is
+iterations); what would change its results (model, seed, batch sizes, algorithm, data, reward) is
 refused with exit code 2.
 """
 
@@ -42,7 +42,7 @@ from slurm_rl.resume.stop import clear_stop
 
 RESUME_FILE = "resume.json"
 # Sections and keys a resumed run may not change: they decide what the run computes.
-FROZEN = ("model", "algorithm", "task", "actor", "rollout", "emulated", "runtime.seed", "runtime.device",
+FROZEN = ("model", "algorithm", "data", "reward", "actor", "rollout", "emulated", "runtime.seed", "runtime.device",
           "train.rollout_batch_size", "train.group_size", "train.global_batch_size", "train.micro_batch_size",
           "train.max_tokens_per_microbatch", "train.minibatch_order", "scheduler.seed")
 
