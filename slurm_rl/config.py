@@ -16,13 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slurm_rl.engines.model_config import shape_problems
 from slurm_rl.placement import (
     COMPONENTS,
     MISSING_VALUE,
@@ -33,10 +32,6 @@ from slurm_rl.placement import (
     parse_placement,
     placement_from_ranks,
 )
-from slurm_rl.scheduler import defaults as sched_defaults
-from slurm_rl.scheduler.defaults import POLICIES
-from slurm_rl.scheduler.lengths import DISTRIBUTIONS as LENGTH_DISTRIBUTIONS
-from slurm_rl.scheduler.state import PHASES
 
 __all__ = [
     "COMPONENTS", "ActorSection", "AlgorithmSection", "ClusterConfig", "ComponentPlacement", "Config",
@@ -46,14 +41,72 @@ __all__ = [
     "placement_from_ranks", "resolve_gpus_per_node",
 ]
 
-DEVICES = ("emulated", "cpu", "cuda")
-ON_RANK_FAILURE = ("fail", "checkpoint_and_requeue")
-MINIBATCH_ORDERS = ("arrival", "index")
-OVERLONG = ("drop", "error")  # what data.max_prompt_length does to a longer prompt
-REWARD_ON_ERROR = ("raise", "zero")
-ROLLOUT_BACKENDS = ("hf", "vllm")
-LR_DECAY_STYLES = ("cosine", "linear", "constant")  # the LR schedule's decay styles (engines.actor.lr_schedule)
+# The config's vocabularies: every allowed value of a choice key is declared here, once, as a
+# ``Literal`` (the schema fields stay ``str``: OmegaConf has no ``Literal``) and checked by
+# ``_choice``; other packages import the tuples from here.
+Device = Literal["emulated", "cpu", "cuda"]
+OnRankFailure = Literal["fail", "checkpoint_and_requeue"]
+MinibatchOrder = Literal["arrival", "index"]
+Policy = Literal["static", "scripted", "auto", "plan"]  # the scheduling policies (scheduler.policies)
+Phase = Literal["start", "rollout", "train", "end"]  # iteration phases (a scripted step's at_phase)
+LengthDistribution = Literal["lognormal", "pareto", "fixed"]  # response lengths (scheduler.lengths)
+RolloutBackend = Literal["hf", "vllm"]
+LrDecayStyle = Literal["cosine", "linear", "constant"]  # the LR schedule's decay (engines.actor.lr_schedule)
+Overlong = Literal["drop", "error"]  # what data.max_prompt_length does to a longer prompt
+RewardOnError = Literal["raise", "zero"]
+RewardName = Literal["gsm8k", "math", "exact"]  # built-in rewards (rewards.builtin)
+
+DEVICES = typing.get_args(Device)
+ON_RANK_FAILURE = typing.get_args(OnRankFailure)
+MINIBATCH_ORDERS = typing.get_args(MinibatchOrder)
+POLICIES = typing.get_args(Policy)
+PHASES = typing.get_args(Phase)
+LENGTH_DISTRIBUTIONS = typing.get_args(LengthDistribution)
+ROLLOUT_BACKENDS = typing.get_args(RolloutBackend)
+LR_DECAY_STYLES = typing.get_args(LrDecayStyle)
+OVERLONG = typing.get_args(Overlong)
+REWARD_ON_ERROR = typing.get_args(RewardOnError)
+REWARD_NAMES = typing.get_args(RewardName)
+
+# Scheduler defaults (documented in slurm_rl.scheduler.defaults, which re-exports them)
+POLICY = "static"
+MAX_RUNNING_REQUESTS = 64
+PRE_PROCESS_THRESHOLD = 0.5
+PRE_PROCESS_MIN_FINISHED = 0.1
+USE_PRE_PROCESS_POLICY = False
+USE_WAIT_BEFORE_LAST_ITER_POLICY = False
+RANKS_PER_INSTANCE = 1
+LIVE_TICK_S = 0.05
+SWITCH_LATENCY_S = 0.5
+TICK_S = 0.5
+SEED = 0
+RESPONSE_LEN_DIST = "lognormal"
+RESPONSE_LEN_SIGMA = 1.0
+PARETO_ALPHA = 1.5
+DECODE_FIXED_FRACTION = 1.0
 ENGINE_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "data", "reward", "eval")
+
+
+def shape_problems(hidden_size: int, num_attention_heads: int,
+                   num_query_groups: int | None) -> list[tuple[str, Any, str]]:
+    """What is wrong with an attention shape, as (key, value, what is allowed): the hidden size
+    splits into heads of an even size >= 32 (vLLM CPU kernels; RoPE rotates pairs), and the KV
+    groups divide the heads. The one rule for the engines and for ``load_config``."""
+    if hidden_size <= 0 or num_attention_heads <= 0:
+        return []  # a non-positive size is reported on its own
+    problems: list[tuple[str, Any, str]] = []
+    head = hidden_size // num_attention_heads
+    if hidden_size % num_attention_heads:
+        problems.append(("model.hidden_size", hidden_size,
+                         f"a multiple of model.num_attention_heads ({num_attention_heads})"))
+    elif head < 32 or head % 2:
+        problems.append(("model.num_attention_heads", num_attention_heads, (
+            f"a count that gives an even head size >= 32 (model.hidden_size {hidden_size} / "
+            f"{num_attention_heads} = {head}; vLLM CPU kernels need >= 32, RoPE an even size)")))
+    if num_query_groups is not None and (num_query_groups <= 0 or num_attention_heads % num_query_groups):
+        problems.append(("model.num_query_groups", num_query_groups,
+                         f"a positive divisor of model.num_attention_heads ({num_attention_heads}) or null"))
+    return problems
 
 
 @dataclass
@@ -65,8 +118,8 @@ class ClusterConfig:
     # (SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE); required locally
     gpus_per_node: Optional[int] = None
     auto_scheduler: bool = False  # RLinf: enable the automatic (online) scheduler
-    use_pre_process_policy: bool = sched_defaults.USE_PRE_PROCESS_POLICY  # RLinf: let idle actor GPUs pre-process rollouts
-    use_wait_before_last_iter_policy: bool = sched_defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY  # RLinf: hold placement in the last iteration
+    use_pre_process_policy: bool = USE_PRE_PROCESS_POLICY  # RLinf: let idle actor GPUs pre-process rollouts
+    use_wait_before_last_iter_policy: bool = USE_WAIT_BEFORE_LAST_ITER_POLICY  # RLinf: hold placement in the last iteration
     component_placement: Dict[str, Any] = MISSING  # RLinf placement forms; see configs/examples
     # node groups: {label: {nodes: "1" | "0-1,3" (node indices), gpus_per_node: N (default: gpus_per_node)}};
     # {node_group: label, placement: "0"} numbers the accelerators of the group's nodes from 0
@@ -124,17 +177,17 @@ class ScriptStep:
 class SchedulerConfig:
     """Which policy decides placement epochs, and its knobs (defaults from :mod:`slurm_rl.scheduler.defaults`)."""
 
-    policy: str = sched_defaults.POLICY  # static | scripted | auto | plan
+    policy: str = POLICY  # static | scripted | auto | plan
     script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
-    max_running_requests: int = sched_defaults.MAX_RUNNING_REQUESTS  # per rollout instance (used by auto)
+    max_running_requests: int = MAX_RUNNING_REQUESTS  # per rollout instance (used by auto)
     # pre-process ends when outstanding requests fall to this fraction
-    pre_process_threshold: float = sched_defaults.PRE_PROCESS_THRESHOLD
+    pre_process_threshold: float = PRE_PROCESS_THRESHOLD
     # GPUs per rollout instance / per actor model replica (TP x PP), used by auto
-    rollout_ranks_per_instance: int = sched_defaults.RANKS_PER_INSTANCE
-    actor_ranks_per_instance: int = sched_defaults.RANKS_PER_INSTANCE
-    switch_latency_s: float = sched_defaults.SWITCH_LATENCY_S  # simulator: publish-to-applied latency of one epoch
-    tick_s: float = sched_defaults.TICK_S  # simulator: simulated seconds between policy calls when idle
-    seed: int = sched_defaults.SEED  # simulator: seed of the response-length sampler
+    rollout_ranks_per_instance: int = RANKS_PER_INSTANCE
+    actor_ranks_per_instance: int = RANKS_PER_INSTANCE
+    switch_latency_s: float = SWITCH_LATENCY_S  # simulator: publish-to-applied latency of one epoch
+    tick_s: float = TICK_S  # simulator: simulated seconds between policy calls when idle
+    seed: int = SEED  # simulator: seed of the response-length sampler
     iteration_overhead_s: float = 0.0  # simulator: idle seconds at each iteration start (fitted by calibrate)
 
 
@@ -147,14 +200,14 @@ class EmulatedConfig:
     actor_s_per_token: float = 6.0e-6  # per trained token on one GPU
     response_len_mean: int = 256  # mean generated tokens per response
     response_len_max: int = 1024  # cap on generated tokens per response
-    response_len_dist: str = sched_defaults.RESPONSE_LEN_DIST  # lognormal | pareto | fixed
-    response_len_sigma: float = sched_defaults.RESPONSE_LEN_SIGMA  # lognormal shape (median = mean * exp(-sigma**2 / 2))
-    response_len_alpha: float = sched_defaults.PARETO_ALPHA  # pareto shape, > 1
+    response_len_dist: str = RESPONSE_LEN_DIST  # lognormal | pareto | fixed
+    response_len_sigma: float = RESPONSE_LEN_SIGMA  # lognormal shape (median = mean * exp(-sigma**2 / 2))
+    response_len_alpha: float = PARETO_ALPHA  # pareto shape, > 1
     prompt_len: int = 128  # tokens per prompt
     scaling: float = 0.9  # throughput grows as gpus**scaling
     reshard_s_per_gb: float = 0.5  # seconds per GB moved on reshard
     model_params: int = 1_000_000_000  # parameters, for bytes moved on reshard
-    decode_fixed_fraction: float = sched_defaults.DECODE_FIXED_FRACTION  # part of a decode step that does not shrink with the batch
+    decode_fixed_fraction: float = DECODE_FIXED_FRACTION  # part of a decode step that does not shrink with the batch
 
 
 @dataclass
@@ -571,12 +624,10 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     """Semantic checks on the typed sections (placement is checked separately)."""
     c, r, t, s, e = root.cluster, root.runtime, root.train, root.scheduler, root.emulated
     _positive(issues, "cluster", c, "num_nodes")
-    if r.device not in DEVICES:
-        issues.append(ConfigIssue("runtime.device", r.device, "one of " + ", ".join(DEVICES)))
+    _choice(issues, "runtime.device", r.device, DEVICES)
     if not r.run_dir.strip():
         issues.append(ConfigIssue("runtime.run_dir", r.run_dir, "a non-empty path"))
-    if r.on_rank_failure not in ON_RANK_FAILURE:
-        issues.append(ConfigIssue("runtime.on_rank_failure", r.on_rank_failure, "one of " + ", ".join(ON_RANK_FAILURE)))
+    _choice(issues, "runtime.on_rank_failure", r.on_rank_failure, ON_RANK_FAILURE)
     for key in ("checkpoint_every", "coordinator_restarts"):
         if getattr(r, key) < 0:
             issues.append(ConfigIssue(f"runtime.{key}", getattr(r, key), "an integer >= 0"))
@@ -590,9 +641,8 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     if t.global_batch_size > 0 and t.micro_batch_size > 0 and t.global_batch_size % t.micro_batch_size:
         issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size,
                                   f"a multiple of train.micro_batch_size ({t.micro_batch_size})"))
-    if t.minibatch_order not in MINIBATCH_ORDERS:
-        issues.append(ConfigIssue("train.minibatch_order", t.minibatch_order, "one of " + ", ".join(MINIBATCH_ORDERS)))
-    elif t.minibatch_order == "index" and t.group_size > 0 and t.global_batch_size % t.group_size:
+    _choice(issues, "train.minibatch_order", t.minibatch_order, MINIBATCH_ORDERS)
+    if t.minibatch_order == "index" and t.group_size > 0 and t.global_batch_size % t.group_size:
         issues.append(ConfigIssue("train.minibatch_order", t.minibatch_order, (
             f"'arrival' unless train.global_batch_size ({t.global_batch_size}) is a multiple of "
             f"train.group_size ({t.group_size}): 'index' cuts whole groups")))
@@ -601,8 +651,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size, (
             "a divisor of train.rollout_batch_size * train.group_size "
             f"({t.rollout_batch_size} * {t.group_size} = {samples})")))
-    if s.policy not in POLICIES:
-        issues.append(ConfigIssue("scheduler.policy", s.policy, "one of " + ", ".join(POLICIES)))
+    _choice(issues, "scheduler.policy", s.policy, POLICIES)
     m = root.mux
     if (m.group_dir is None) != (m.job is None):
         issues.append(ConfigIssue("mux.job" if m.job is None else "mux.group_dir", None,
@@ -625,8 +674,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
         if not 0 <= step.at_iteration < max(t.num_iterations, 1):
             issues.append(ConfigIssue(f"{key}.at_iteration", step.at_iteration,
                                       f"an iteration in 0-{t.num_iterations - 1} (train.num_iterations)"))
-        if step.at_phase not in PHASES:
-            issues.append(ConfigIssue(f"{key}.at_phase", step.at_phase, "one of " + ", ".join(PHASES)))
+        _choice(issues, f"{key}.at_phase", step.at_phase, PHASES)
         if not 0.0 <= step.at_rollout_fraction < 1.0:
             issues.append(ConfigIssue(f"{key}.at_rollout_fraction", step.at_rollout_fraction, "a number in [0, 1)"))
         elif step.at_rollout_fraction and step.at_phase != "rollout":
@@ -642,9 +690,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
               "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma")
     # 0 leaves a cost out (prompt tokens; reshard bytes), as the cost models allow
     _positive(issues, "emulated", e, "reshard_s_per_gb", "prompt_len", "model_params", allow_zero=True)
-    if e.response_len_dist not in LENGTH_DISTRIBUTIONS:
-        issues.append(ConfigIssue("emulated.response_len_dist", e.response_len_dist,
-                                  "one of " + ", ".join(LENGTH_DISTRIBUTIONS)))
+    _choice(issues, "emulated.response_len_dist", e.response_len_dist, LENGTH_DISTRIBUTIONS)
     if e.response_len_alpha <= 1.0:
         issues.append(ConfigIssue("emulated.response_len_alpha", e.response_len_alpha, "a number > 1"))
     if not 0.0 < e.decode_fixed_fraction <= 1.0:
@@ -707,7 +753,9 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
             "tools/make_toy_files.py writes a toy set)")))
     if real and (root.reward.name is None) == (root.reward.fn is None):
         issues.append(ConfigIssue("reward.name", root.reward.name, (
-            "one of gsm8k, math, exact, or reward.fn 'package.module:function' (exactly one of the two)")))
+            f"one of {', '.join(REWARD_NAMES)}, or reward.fn 'package.module:function' (exactly one of the two)")))
+    if root.reward.name is not None:
+        _choice(issues, "reward.name", root.reward.name, REWARD_NAMES)
     if root.eval.every and not root.data.val_files:
         issues.append(ConfigIssue("eval.every", root.eval.every, "0, or data.val_files set (the prompts to evaluate)"))
 

@@ -878,3 +878,19 @@ def test_engine_sections_match_the_engine_types() -> None:
     assert model_sizes(ModelSection()) == engine | {"vocab_size": None}  # null: the tokenizer's
     assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True}
     assert list(defaults(ActorSection))[:len(defaults(OptimConfig))] == list(defaults(OptimConfig))
+
+
+def test_the_config_owns_its_vocabularies() -> None:
+    """Allowed values are declared once in the config (the bottom layer) and used by their packages."""
+    from slurm_rl import config
+    from slurm_rl.engines.actor import lr_schedule
+    from slurm_rl.rewards.builtin import BUILTIN
+    from slurm_rl.scheduler import lengths, state
+    from slurm_rl.scheduler.policies import POLICIES
+
+    assert POLICIES is config.POLICIES and state.PHASES is config.PHASES
+    assert lengths.DISTRIBUTIONS is config.LENGTH_DISTRIBUTIONS and lr_schedule.DECAY_STYLES is config.LR_DECAY_STYLES
+    assert set(BUILTIN) == set(config.REWARD_NAMES)
+    imports = [line for line in (REPO / "slurm_rl" / "config.py").read_text().splitlines()
+               if line.startswith(("from slurm_rl", "import slurm_rl"))]
+    assert all(line.startswith(("from slurm_rl.placement", "from slurm_rl.errors")) for line in imports), imports

@@ -6,27 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-
-def shape_problems(hidden_size: int, num_attention_heads: int,
-                   num_query_groups: int | None) -> list[tuple[str, Any, str]]:
-    """What is wrong with an attention shape, as (key, value, what is allowed): the hidden size
-    splits into heads of an even size >= 32 (vLLM CPU kernels; RoPE rotates pairs), and the KV
-    groups divide the heads. The one rule for the engines and for ``load_config``."""
-    if hidden_size <= 0 or num_attention_heads <= 0:
-        return []  # a non-positive size is reported on its own
-    problems: list[tuple[str, Any, str]] = []
-    head = hidden_size // num_attention_heads
-    if hidden_size % num_attention_heads:
-        problems.append(("model.hidden_size", hidden_size,
-                         f"a multiple of model.num_attention_heads ({num_attention_heads})"))
-    elif head < 32 or head % 2:
-        problems.append(("model.num_attention_heads", num_attention_heads, (
-            f"a count that gives an even head size >= 32 (model.hidden_size {hidden_size} / "
-            f"{num_attention_heads} = {head}; vLLM CPU kernels need >= 32, RoPE an even size)")))
-    if num_query_groups is not None and (num_query_groups <= 0 or num_attention_heads % num_query_groups):
-        problems.append(("model.num_query_groups", num_query_groups,
-                         f"a positive divisor of model.num_attention_heads ({num_attention_heads}) or null"))
-    return problems
+from slurm_rl.config import shape_problems
 
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # decoder families the engines build and convert

@@ -1,4 +1,5 @@
-"""Every default of the scheduler, in one place.
+"""Every default of the scheduler, documented in one place (the values are the config's own,
+``slurm_rl.config``, the bottom layer; this module re-exports them).
 
 RLinf's own code disagrees with itself about some of these (``use_wait_before_last_iter_policy``
 defaults to ``True`` in its managers but ``False`` in its documented example); ours are set here
@@ -34,21 +35,26 @@ Simulator
 
 from __future__ import annotations
 
-POLICIES = ("static", "scripted", "auto", "plan")
-POLICY = "static"
-MAX_RUNNING_REQUESTS = 64
-PRE_PROCESS_THRESHOLD = 0.5
-PRE_PROCESS_MIN_FINISHED = 0.1
-USE_PRE_PROCESS_POLICY = False
-USE_WAIT_BEFORE_LAST_ITER_POLICY = False
-RANKS_PER_INSTANCE = 1
+from slurm_rl.config import (  # noqa: F401  (re-exported)
+    DECODE_FIXED_FRACTION,
+    LIVE_TICK_S,
+    MAX_RUNNING_REQUESTS,
+    PARETO_ALPHA,
+    POLICIES,
+    POLICY,
+    PRE_PROCESS_MIN_FINISHED,
+    PRE_PROCESS_THRESHOLD,
+    RANKS_PER_INSTANCE,
+    RESPONSE_LEN_DIST,
+    RESPONSE_LEN_SIGMA,
+    SEED,
+    SWITCH_LATENCY_S,
+    TICK_S,
+    USE_PRE_PROCESS_POLICY,
+    USE_WAIT_BEFORE_LAST_ITER_POLICY,
+)
 
-LIVE_TICK_S = 0.05
-
-SWITCH_LATENCY_S = 0.5
-TICK_S = 0.5
-SEED = 0
-RESPONSE_LEN_DIST = "lognormal"
-RESPONSE_LEN_SIGMA = 1.0
-PARETO_ALPHA = 1.5
-DECODE_FIXED_FRACTION = 1.0
+__all__ = ["DECODE_FIXED_FRACTION", "LIVE_TICK_S", "MAX_RUNNING_REQUESTS", "PARETO_ALPHA", "POLICIES", "POLICY",
+           "PRE_PROCESS_MIN_FINISHED", "PRE_PROCESS_THRESHOLD", "RANKS_PER_INSTANCE", "RESPONSE_LEN_DIST",
+           "RESPONSE_LEN_SIGMA", "SEED", "SWITCH_LATENCY_S", "TICK_S", "USE_PRE_PROCESS_POLICY",
+           "USE_WAIT_BEFORE_LAST_ITER_POLICY"]

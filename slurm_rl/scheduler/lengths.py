@@ -6,9 +6,9 @@ import math
 import random
 from dataclasses import dataclass
 
+from slurm_rl.config import LENGTH_DISTRIBUTIONS as DISTRIBUTIONS
 from slurm_rl.scheduler import defaults
 
-DISTRIBUTIONS = ("lognormal", "pareto", "fixed")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from slurm_rl.config import PHASES
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.history import History
@@ -22,7 +23,6 @@ is the full parsed placement)."""
 #: Phases of one iteration, in order. ``start``: nothing generated yet; ``rollout``: samples are
 #: being generated, the actor has not trained yet; ``train``: the actor has started its mini-batches;
 #: ``end``: the actor finished every mini-batch of the iteration.
-PHASES = ("start", "rollout", "train", "end")
 
 #: When a decision is applied. ``now``: at the next generation chunk / inference batch (rollout and
 #: inference changes only); ``minibatch``: at the actor's next mini-batch boundary (the actor's
