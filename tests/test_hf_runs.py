@@ -25,7 +25,10 @@ pytestmark = pytest.mark.slow
 ITERATIONS = 2
 USER_REWARD = '''
 def reward(prompt, response, answer, extra):
-    """0.5 for a prompt of the add task handed over whole (prompt, answer and extra columns)."""
+    """0.5 for a prompt of the add task handed over whole (prompt, answer and extra columns); the
+    rows of even id raise (scored 0 and counted under reward.on_error: zero)."""
+    if extra["id"] % 2 == 0:
+        raise ValueError("even row")
     return 0.5 if prompt.endswith("=") and answer.startswith("####") and extra["task"] == "add" else 0.0
 '''
 
@@ -93,7 +96,7 @@ RUNS: dict[str, Any] = {
     "fn": lambda f: {"model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2,
                                "max_position_embeddings": 32},
                      "data": {"train_files": [str(f["add.jsonl"])]},
-                     "reward": {"fn": "user_rewards.toy:reward"}},
+                     "reward": {"fn": "user_rewards.toy:reward", "on_error": "zero"}},
 }
 
 
@@ -131,8 +134,11 @@ def test_a_cpu_auto_run_trains_on_prompt_files_with_each_reward(runs, name: str)
     assert len({m["prompts_digest"] for m in metrics}) == ITERATIONS  # each iteration its own prompts
     # auto moved ranks: the actor (rank 0 alone in the placement) trained with more ranks
     assert any(p["dp"] > 1 for m in metrics for p in m["plan"]), [m["plan"] for m in metrics]
-    if name == "fn":  # the user function saw prompt, answer and the extra columns of every sample
-        assert all(m["reward_mean"] == 0.5 for m in metrics)
+    if name == "fn":  # the user function saw prompt, answer and extra columns; its errors scored 0, counted
+        assert all(m["reward_mean"] == 0.5 * (16 - m["reward_errors"]) / 16 for m in metrics), metrics
+        assert sum(m["reward_errors"] for m in metrics) > 0 and all(m["reward_timeouts"] == 0 for m in metrics)
+    else:
+        assert all(m["reward_errors"] == 0 == m["reward_timeouts"] for m in metrics)
     if name == "gsm8k":  # evaluated before the first iteration and after each
         assert all(m["val/prompts"] == 6.0 and m["val/n"] == 2.0 and 0.0 <= m["val/pass@1"] <= 1.0 for m in metrics)
         assert (run_dir / "eval" / "iter-000000.json").exists()

@@ -61,7 +61,7 @@ from slurm_rl.errors import WorkerError
 from slurm_rl.faults import fault_point
 from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
-from slurm_rl.metrics import append_metrics
+from slurm_rl.metrics import append_metrics, reward_faults
 from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.formulas import k3
 from slurm_rl.scheduler.history import length_bucket
@@ -889,6 +889,8 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "seconds", "resharded")} for e in c.plan],
         }
+        if self.p.cfg.runtime.device != "emulated":  # every rollout rank's generate ended before training did
+            row.update(reward_faults(self.p.run_dir, self.k))
         if self.p.cfg.runtime.device != "emulated" and eval_due(self.p.cfg.eval.every, self.k):
             path = eval_path(self.p.run_dir, self.k)  # written by the iteration's first rollout rank
             self.rt.wait_for(path.exists, f"the evaluation of iteration {self.k} ({path})")

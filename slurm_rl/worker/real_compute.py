@@ -174,6 +174,7 @@ class RealCompute:
         self._dataset: Any = None  # rl.dataset.PromptDataset, loaded by the first requests()
         self._val: Any = None  # the validation prompts, loaded by the first evaluate()
         self._rewards: Any = None  # rewards.RewardRunner, started by the first generate()
+        self._reward_faults: dict[int, tuple[int, int]] = {}  # iteration -> (errors, timeouts) scored 0
         optim_cfg = engine_optim_config(cfg)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
                                 micro_batch_size=cfg.train.micro_batch_size,
@@ -280,7 +281,7 @@ class RealCompute:
             ids.append(g.token_ids[:n])
             logprobs.append(g.logprobs[:n])
             reasons.append("stop" if n < len(g.token_ids) else g.finish_reason)
-        rewards = self.score_responses(rows, ids)
+        rewards = self.score_responses(rows, ids, k)
         t1 = time.time()
         return pa.Table.from_pydict({
             "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
@@ -322,8 +323,11 @@ class RealCompute:
 
         return ids[:cut_at_stop_strings(ids, self.tok, self.cfg.rollout.stop)] if self.cfg.rollout.stop else ids
 
-    def score_responses(self, rows: list[dict[str, Any]], response_ids: list[list[int]]) -> list[float]:
-        """Rewards of the responses (``reward``), computed in the reward worker processes."""
+    def score_responses(self, rows: list[dict[str, Any]], response_ids: list[list[int]],
+                        k: int | None = None) -> list[float]:
+        """Rewards of the responses (``reward``), computed in the reward worker processes; those of
+        iteration ``k`` that scored 0 on an error or a timeout (``reward.on_error: zero``) are counted
+        for its metrics row."""
         from slurm_rl.rewards import RewardRunner, RewardSample
 
         if self._rewards is None:
@@ -335,7 +339,14 @@ class RealCompute:
             samples.append(RewardSample(sample_id=int(row["sample_id"]), prompt=meta["prompt"],
                                         response=self.tok.decode(ids, skip_special_tokens=True),
                                         answer=meta["answer"], extra=meta["extra"]))
-        return [float(v) for v in self._rewards.score(samples).values]
+        result = self._rewards.score(samples)
+        if k is not None and (result.errors or result.timeouts):
+            from slurm_rl.metrics import record_reward_faults
+
+            errors, timeouts = self._reward_faults.get(k, (0, 0))
+            self._reward_faults = {k: (errors + result.errors, timeouts + result.timeouts)}
+            record_reward_faults(self.run_dir, k, self.rank, *self._reward_faults[k])
+        return [float(v) for v in result.values]
 
     def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
         """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations)."""
