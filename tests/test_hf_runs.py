@@ -100,9 +100,13 @@ RUNS: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return _inputs(tmp_path_factory.mktemp("inputs"))
+    """Made once per session, shared by the xdist workers (the runs spread over them)."""
+    def make(base: Path) -> tuple[Path, str]:
+        return base, json.dumps({k: str(v) for k, v in _inputs(base).items()})
+
+    return {k: Path(v) for k, v in json.loads(shared_run(shared_root(tmp_path_factory), "hf-inputs", make)[1]).items()}
 
 
 def _run(base: Path, cfg: dict, user: Path) -> tuple[Path, str]:
@@ -115,7 +119,7 @@ def _run(base: Path, cfg: dict, user: Path) -> tuple[Path, str]:
     return Path(cfg["runtime"]["run_dir"]), proc.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]):
     root = shared_root(tmp_path_factory)
 
@@ -214,17 +218,22 @@ def test_bad_inputs_exit_2_before_a_launch_with_every_problem(inputs: dict[str, 
 
 
 def test_no_prompt_left_after_filtering_is_refused(inputs: dict[str, Path], tmp_path: Path) -> None:
-    proc = _bad(inputs, tmp_path, model={"path": str(inputs["llama"])},
-                data={"train_files": [str(inputs["add.jsonl"])], "max_prompt_length": 3},
-                reward={"name": "gsm8k"})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    print(proc.stderr)
-    assert "data.train_files" in proc.stderr and "max_prompt_length" in proc.stderr
-    strict = _bad(inputs, tmp_path, model={"path": str(inputs["llama"])},
-                  data={"train_files": [str(inputs["add.jsonl"])], "max_prompt_length": 3, "overlong": "error"},
-                  reward={"name": "gsm8k"})
-    assert strict.returncode == 2 and "add.jsonl" in strict.stderr, strict.stderr
-    print(strict.stderr)
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.inputs import input_problems
+
+    def problems(**data: Any) -> list[str]:
+        cfg = config_from_mapping(_config(tmp_path / "run", model={"path": str(inputs["llama"])}, reward={"name": "gsm8k"},
+                                          data={"train_files": [str(inputs["add.jsonl"])], **data}))
+        return [str(issue) for issue in input_problems(cfg)]
+
+    assert problems() == []
+    (dropped,) = problems(max_prompt_length=3)
+    print(dropped)
+    assert dropped.startswith("data.max_prompt_length: got 3; allowed: a limit that keeps at least one prompt")
+    (strict,) = problems(max_prompt_length=3, overlong="error")
+    print(strict)
+    assert strict.startswith("data.max_prompt_length: got 3; allowed: at least every prompt's length: ")
+    assert "add.jsonl:1 has 23 tokens (> 3)" in strict
 
 
 def test_a_corrupt_data_file_read_mid_run_names_file_and_row(inputs: dict[str, Path], tmp_path: Path) -> None:

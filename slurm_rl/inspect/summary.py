@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from slurm_rl.errors import InputError
 from slurm_rl.inspect.epoch_log import EpochRecord, _human_bytes, compress_ranks, epoch_records
 from slurm_rl.inspect.run_gantt import gantt_legend_text, text_gantt
 from slurm_rl.inspect.run_timeline import (RunTimeline, build_timeline, clip_timeline, component_seconds,
@@ -25,7 +26,7 @@ HIGHER_IS_BETTER = {"reward_mean", "tokens_per_s", "val/reward_mean", "val/pass@
 WINDOW_HELP = "A:B (iterations A to B-1, like a Python slice; A: and :B too, negative counts from the end)"
 
 
-class WindowError(ValueError):
+class WindowError(InputError):
     """``--iterations`` names no window of the run's iterations (the message says what is allowed)."""
 
 
