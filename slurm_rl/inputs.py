@@ -1,4 +1,5 @@
-"""The files a config names, checked before anything is launched: model, tokenizer, data, reward.
+"""What a config names, checked before anything is launched: model, tokenizer, data, reward files,
+and whether the scheduling policy can start from the placement.
 
 :func:`load_config` checks keys and values; :func:`input_problems` opens what they point at
 (``model.path``'s config.json and safetensors headers, the tokenizer, every data file, the reward
@@ -92,8 +93,22 @@ def _literal(text: str) -> Any:
         return text
 
 
+def schedule_problems(cfg: Config) -> list[ConfigIssue]:
+    """The initial placement as the configured policy sees it (the coordinator refuses the same
+    placement at its start): e.g. ``auto`` with actor and inference on one rank."""
+    from slurm_rl.scheduler.live_state import check_setup
+
+    try:
+        check_setup(cfg)
+    except ValueError as err:
+        return [ConfigIssue("cluster.component_placement", dict(cfg.raw.cluster.component_placement),
+                            str(err).split(": ", 1)[-1])]
+    return []
+
+
 def check_inputs(cfg: Config) -> None:
-    """Raise :class:`ConfigError` with every problem of :func:`input_problems` (exit code 2)."""
-    issues = input_problems(cfg)
+    """Raise :class:`ConfigError` with every problem of :func:`input_problems` and
+    :func:`schedule_problems` (exit code 2)."""
+    issues = schedule_problems(cfg) + input_problems(cfg)
     if issues:
         raise ConfigError(issues)

@@ -372,3 +372,21 @@ def test_unknown_engine_key_is_refused_at_launch_with_exit_2(tmp_path: Path) -> 
     assert "algorithm.kl_coeff: got 0.1; allowed: one of the keys clip_eps, kl_coef, temperature" in proc.stderr
     assert "actor.lr: got -1" in proc.stderr, proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written
+
+
+def test_a_placement_the_policy_cannot_start_from_is_refused_before_a_launch(tmp_path: Path) -> None:
+    """``auto`` with actor and inference on one rank: refused by validate (exit 2), not by the
+    coordinator once the ranks have started."""
+    import yaml
+
+    from emulated_configs import emulated_config
+
+    cfg = emulated_config(tmp_path / "run", gpus_per_node=2, iterations=1)
+    cfg["cluster"].update(auto_scheduler=True, component_placement={"actor,inference": "0", "rollout": "1"})
+    cfg["scheduler"] = {"policy": "auto"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(tmp_path / "c.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cluster.component_placement: got {'actor,inference': '0', 'rollout': '1'}; allowed: rank 0 assigned " \
+           "to both actor and inference" in proc.stderr

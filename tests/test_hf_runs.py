@@ -75,6 +75,7 @@ def _config(run_dir: Path, **sections: Any) -> dict:
         "actor": {"lr": 1.0e-3},
         "algorithm": {"kl_coef": 0.05},
         "rollout": {"backend": "hf", "max_new_tokens": 4},
+        "reward": {"workers": 1},
     }
     for name, section in sections.items():
         cfg[name] = {**cfg.get(name, {}), **section}
