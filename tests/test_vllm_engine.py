@@ -1,21 +1,20 @@
 """The vllm rollout backend against the hf backend and the megatron-core actor.
 
-One vLLM engine serves the whole module: this file doubles as the script that runs it in a
-subprocess (vLLM wants a ``__main__``-guarded entry point and changes process-wide torch
-settings); the tests assert on the JSON it writes.
+One vLLM engine serves the whole module, in the session's one vLLM subprocess (``vllm_checks.py``:
+vLLM wants a ``__main__``-guarded entry point and changes process-wide torch settings); the tests
+assert on the JSON ``run_checks`` writes.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from vllm_checks import vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -103,15 +102,9 @@ def run_checks(out: Path) -> None:
     out.write_text(json.dumps(res))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("vllm") / "checks.json"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, __file__, str(out)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return vllm_results(tmp_path_factory, "engine")  # one vLLM subprocess for the session's vLLM checks
 
 
 def test_same_init_gives_same_greedy_tokens(checks: dict[str, Any]) -> None:
@@ -149,6 +142,3 @@ def test_stop_tokens_and_release(checks: dict[str, Any]) -> None:
         assert (reason == "stop") == (last in (2, 7))
     assert checks["released_blocks"] and checks["resumed"]
 
-
-if __name__ == "__main__":
-    run_checks(Path(sys.argv[1]))

@@ -2,22 +2,21 @@
 equal the actor's on the loaded checkpoint and again after a weight sync from a trained actor, and
 its greedy tokens equal the hf rollout's.
 
-vLLM sets process-wide state, so all three engines run in ONE subprocess (this file is its script,
-as in ``test_vllm_engine.py``), one after the other, paying the vLLM import once; the tests assert
-on the JSON it writes.
+vLLM sets process-wide state, so all three engines run in the session's one vLLM subprocess
+(``vllm_checks.py``, after ``test_vllm_engine``'s checks), one after the other, paying the vLLM
+import once; the tests assert on the JSON ``run_checks`` writes.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from vllm_checks import vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -125,15 +124,9 @@ def run_checks(out: Path) -> None:
     out.write_text(json.dumps(res))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("vllm_hf") / "checks.json"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, __file__, str(out)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(out.read_text())
+    res = vllm_results(tmp_path_factory, "hf_models")  # one vLLM subprocess for the session's vLLM checks
     for arch, r in res.items():
         print(f"\n{arch}: vllm vs actor max |dlogprob| loaded {r['loaded']:.2e}, after sync "
               f"{r['synced']:.2e} (sync moved it by {r['sync_changed']:.2e}); greedy logprobs "
@@ -159,6 +152,3 @@ def test_vllm_greedy_equals_hf_after_a_weight_sync(checks: dict[str, Any], arch:
     assert vllm == hf and all(len(t) == MAX_NEW for t in vllm)
     assert checks[arch]["greedy_logprob_diff"] < LOGPROB_ATOL
 
-
-if __name__ == "__main__":
-    run_checks(Path(sys.argv[1]))
