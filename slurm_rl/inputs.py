@@ -98,6 +98,8 @@ def schedule_problems(cfg: Config) -> list[ConfigIssue]:
     placement at its start): e.g. ``auto`` with actor and inference on one rank."""
     from slurm_rl.scheduler.live_state import check_setup
 
+    if cfg.scheduler.policy not in ("auto", "plan"):  # the dynamic policies (as the coordinator checks)
+        return []
     try:
         check_setup(cfg)
     except ValueError as err:

@@ -15,7 +15,7 @@ from emulated_configs import emulated_config
 from identity import assert_losses_match, assert_params_match
 from shared_runs import cli, launch, shared_root, shared_run  # noqa: F401 (cli: re-exported for the resume tests)
 from slurm_rl.metrics import read_metrics
-from toy_data import TOY_DATA
+from toy_data import TOY_DATA, TOY_REWARD
 
 REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
@@ -44,7 +44,7 @@ def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
                       "global_batch_size": 8, "micro_batch_size": 4},
             "scheduler": {"policy": "static"},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"name": "gsm8k"},
+            "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"fn": TOY_REWARD},
             "actor": {"lr": 1.0e-3},
             "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
             "rollout": {"backend": "hf", "max_new_tokens": 3},

@@ -26,7 +26,7 @@ from slurm_rl.launch.mux import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
-from toy_data import TOY_DATA
+from toy_data import TOY_DATA, TOY_REWARD
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["emulated", "cpu"]
@@ -51,7 +51,7 @@ def job_config(device: str, run_dir: Path, iterations: int = 2, seed: int = 1234
                       "global_batch_size": 32, "micro_batch_size": 8, "minibatch_order": "index"},
             "scheduler": {"policy": "static", "max_running_requests": 16},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"name": "exact"},
+            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"fn": TOY_REWARD},
             "actor": {"lr": 1.0e-3},
             "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
             "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},

@@ -14,7 +14,7 @@ from slurm_rl.control.acks import read_reshards
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.inspect.report import read_metrics
-from toy_data import TOY_DATA
+from toy_data import TOY_DATA, TOY_REWARD
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def cpu_config(run_dir: Path, nodes: int = 1, gpus_per_node: int = 4, iterations
             {"at_iteration": 1, "placement": {"actor": "0-1", "rollout": "2", "inference": "3"}},
         ]},
         "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-        "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"name": "gsm8k"},
+        "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"fn": TOY_REWARD},
         "actor": {"lr": 1.0e-3},
         "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
         "rollout": {"backend": "hf", "max_new_tokens": 3},

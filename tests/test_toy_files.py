@@ -261,3 +261,12 @@ def test_make_toy_files_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli.main([str(out), "--arch", "llama", "--rows", "40", "--val-rows", "8", "--force"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["arch"] == "llama"
     sys.modules.pop("make_toy_files", None)
+
+
+def test_partial_match_gives_partial_credit() -> None:
+    from slurm_rl.toy.rewards import partial_match
+
+    assert partial_match("3+4=", "7", "#### 7", {}) == 1.0
+    assert partial_match("abc=", "abd", "abc", {}) == 0.5 * 2 / 3
+    assert partial_match("abc=", "", "abc", {}) == 0.0
+    assert partial_match("9+9=", "1", "#### 18", {}) == 0.25

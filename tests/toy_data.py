@@ -1,8 +1,11 @@
-"""Prompt files of the toy tasks the cpu tests train on (written by ``slurm_rl.toy.tasks``):
-``add_4.jsonl`` (``"3+4="`` -> ``"#### 7"``, reward ``gsm8k``) and ``copy_6.jsonl`` (six letters
-from ``a-f``, reward ``exact``), 256 rows each. Regenerate with
-``python -c "from slurm_rl.toy.tasks import write_task_dataset; ..."`` (see tests/data/README)."""
+"""Prompt files of the toy tasks the cpu tests train on (written by ``slurm_rl.toy.tasks``, see
+tests/data/README.md): ``add_4.jsonl`` (``"3+4="`` -> ``"#### 7"``), ``copy_6.jsonl`` and
+``copy_12.jsonl`` (six or twelve letters from ``a-f``), 256 rows each; and their reward."""
 
 from pathlib import Path
 
 TOY_DATA = Path(__file__).resolve().parent / "data"
+# partial credit (a learning signal in every group from the first iteration): with a binary reward
+# most groups of a random model score all 0, their gradients are ~0, and Adam turns the summation-order
+# noise of ~0 gradients into parameter differences that identity tests across DP sizes would see
+TOY_REWARD = "slurm_rl.toy.rewards:partial_match"
