@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,6 +36,7 @@ def test_bench_mux_prints_the_trace_comparison() -> None:
     assert "mux" in out["mux_variants"] and out["prices_per_gpu_hour"]
 
 
+@pytest.mark.slow  # three processes import torch, megatron-core and transformers (a real gloo weight sync)
 def test_bench_load_prints_a_json_line_per_section(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_load.py"), "--scale",
                            "small", "--dir", str(tmp_path), "--repeat", "1"], cwd=REPO,
