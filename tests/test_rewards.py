@@ -4,7 +4,9 @@ worker, and the pool working on afterwards)."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
 import sys
 import textwrap
 import threading
@@ -274,3 +276,44 @@ def test_timeout_kills_the_worker_and_the_pool_goes_on(user_pkg: str) -> None:
         result = runner.score(_samples(["r"] * 4, extras={2: {"sleep": 60}}))
         assert result == RewardResult(values=[0.5, 0.5, 0.0, 0.5], errors=0, timeouts=1)
         assert runner.score(_samples(["r"] * 4)).values == [0.5] * 4  # the hung worker was replaced
+
+
+_SIGNALLED = '''
+import os, signal, subprocess, sys, threading, time
+
+
+def main() -> None:
+    got = []
+    signal.signal(signal.SIGUSR1, lambda *a: got.append("usr1"))
+    from slurm_rl.rewards import RewardRunner, RewardSample
+    runner = RewardRunner(name="exact", workers=2)
+    samples = [RewardSample(i, "p", "a", "a", {}) for i in range(40000)]
+
+    def stop_signals() -> None:  # what Slurm's --signal (sbatch/train.sh: USR1) and submitit (USR2) send
+        time.sleep(0.2)
+        for pid in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split():
+            for p in [pid] + subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split():
+                for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                    os.kill(int(p), sig)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=stop_signals).start()
+    result = runner.score(samples)
+    runner.close()
+    print(sum(result.values), result.errors, got)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_stop_signals_to_every_process_leave_the_workers_scoring(tmp_path: Path) -> None:
+    """A rank asked to checkpoint (USR1 / USR2 to every process of the step) keeps scoring:
+    its reward workers and their forkserver never see those signals; the rank still gets its own."""
+    script = tmp_path / "signalled.py"
+    script.write_text(_SIGNALLED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["40000.0", "0", "['usr1']"], proc.stdout + proc.stderr[-2000:]

@@ -19,6 +19,7 @@ import math
 import multiprocessing
 import numbers
 import os
+import signal
 import pickle
 import reprlib
 import sys
@@ -49,6 +50,8 @@ ON_ERROR: tuple[str, ...] = ("raise", "zero")
 """What a failed sample does: raise :class:`RewardError`, or score 0.0 and be counted."""
 
 _RESTART_S = 30.0
+# the signals that ask a rank to checkpoint and stop (worker.main): never delivered to reward workers
+STOP_SIGNALS = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM}
 """Slack per round of samples for a worker restart when bounding a whole :meth:`RewardRunner.score`."""
 
 
@@ -90,7 +93,11 @@ def _load(name: str | None, fn: str | None) -> RewardFn:
 def _worker_init(paths: tuple[str, ...], cwd: str, name: str | None, fn: str | None) -> None:
     """Worker start: the parent's working directory and sys.path, then import (and for ``math``
     exercise) the reward once so the first sample does not pay for it. Never raises: a problem
-    shows on each sample instead (pebble gives up on a pool whose initializer fails)."""
+    shows on each sample instead (pebble gives up on a pool whose initializer fails). The rank's
+    stop signals are ignored (pebble's own SIGTERM handler included: it stops a worker with SIGKILL
+    3 s later)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     try:
         os.chdir(cwd)
     except OSError:
@@ -157,12 +164,26 @@ class RewardRunner:
         self._pool: ProcessPool | None = self._new_pool()
 
     def _new_pool(self) -> ProcessPool:
+        """A started pool whose processes never see the signals that ask the rank to stop.
+
+        Slurm delivers ``--signal`` (USR1), submitit's USR2 and preemption's TERM to every process
+        of the job step: unhandled, they would kill the workers (and the forkserver) in the middle
+        of a batch, and the rank would fail instead of checkpointing at its gate. They are blocked
+        while the pool's manager thread, the forkserver and the workers are made (a blocked mask is
+        inherited by threads, forks and exec), and unblocked again here, so a signal that arrives
+        meanwhile still reaches the rank. pebble stops a hung worker with SIGTERM, then SIGKILL
+        after 3 s: a timed-out sample's worker dies 3 s late."""
         from pebble import ProcessPool
 
-        pool = ProcessPool(max_workers=self.workers, initializer=_worker_init,
-                           initargs=(self._paths, self._cwd, self.name, self.fn),
-                           context=multiprocessing.get_context(START_METHOD))
-        if not pool.active:  # reading `active` starts the workers now (pebble waits for a task)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            pool = ProcessPool(max_workers=self.workers, initializer=_worker_init,
+                               initargs=(self._paths, self._cwd, self.name, self.fn),
+                               context=multiprocessing.get_context(START_METHOD))
+            started = pool.active  # reading `active` starts the workers now (pebble waits for a task)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if not started:
             raise self._pool_error(RuntimeError("the worker pool did not start"))
         return pool
 
