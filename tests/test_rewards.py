@@ -289,11 +289,11 @@ def main() -> None:
     runner = RewardRunner(name="exact", workers=2)
     samples = [RewardSample(i, "p", "a", "a", {}) for i in range(40000)]
 
-    def stop_signals() -> None:  # what Slurm's --signal (sbatch/train.sh: USR1) and submitit (USR2) send
+    def stop_signals() -> None:  # Slurm's --signal (sbatch/train.sh: USR1), submitit's USR2, preemption's TERM
         time.sleep(0.2)
         for pid in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split():
             for p in [pid] + subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split():
-                for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
                     os.kill(int(p), sig)
         os.kill(os.getpid(), signal.SIGUSR1)
 
@@ -309,8 +309,8 @@ if __name__ == "__main__":
 
 
 def test_stop_signals_to_every_process_leave_the_workers_scoring(tmp_path: Path) -> None:
-    """A rank asked to checkpoint (USR1 / USR2 to every process of the step) keeps scoring:
-    its reward workers and their forkserver never see those signals; the rank still gets its own."""
+    """A rank asked to checkpoint (USR1 / USR2 / TERM to every process of the step) keeps scoring:
+    its reward workers never see those signals; the rank still gets its own."""
     script = tmp_path / "signalled.py"
     script.write_text(_SIGNALLED)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,

@@ -3,7 +3,8 @@
 :class:`RewardRunner` keeps a pebble ``ProcessPool`` alive across :meth:`RewardRunner.score`
 calls (one per RL iteration). Each sample is one task with its own timeout: a worker that hangs is
 killed by pebble and replaced, and the pool keeps working. The workers are started with the
-``forkserver`` method (never ``fork``: the trainer has threads and torch.distributed state), start
+``spawn`` method (never ``fork``: the trainer has threads and torch.distributed state; not
+``forkserver``: a forkserver dies of the SIGTERM a preemption sends to every process), start
 in the background when the runner is built, and import the reward once.
 
 A sample whose reward raises, times out, kills its worker or returns no finite real number is an
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # pebble is imported where it is used: resolving a reward nee
 
 __all__ = ["ON_ERROR", "START_METHOD", "RewardResult", "RewardRunner", "RewardSample"]
 
-START_METHOD = "forkserver"
+START_METHOD = "spawn"
 """How the reward workers are started: a fresh server process forks them, so they inherit neither
 the trainer's threads nor its CUDA / torch.distributed state (``fork`` would)."""
 
@@ -167,9 +168,9 @@ class RewardRunner:
         """A started pool whose processes never see the signals that ask the rank to stop.
 
         Slurm delivers ``--signal`` (USR1), submitit's USR2 and preemption's TERM to every process
-        of the job step: unhandled, they would kill the workers (and the forkserver) in the middle
-        of a batch, and the rank would fail instead of checkpointing at its gate. They are blocked
-        while the pool's manager thread, the forkserver and the workers are made (a blocked mask is
+        of the job step: unhandled, they would kill the workers in the middle of a batch, and the
+        rank would fail instead of checkpointing at its gate. They are blocked while the pool's
+        manager thread and the workers are made (a blocked mask is
         inherited by threads, forks and exec), and unblocked again here, so a signal that arrives
         meanwhile still reaches the rank. pebble stops a hung worker with SIGTERM, then SIGKILL
         after 3 s: a timed-out sample's worker dies 3 s late."""
