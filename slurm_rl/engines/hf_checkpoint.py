@@ -21,7 +21,7 @@ import json
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -219,9 +219,11 @@ def checkpoint_problems(path: Any, key: str = "model.path",
 
 
 @torch.no_grad()
-def load_into_megatron(model: torch.nn.Module, path: str | Path, cfg: ModelConfig) -> dict[str, float]:
+def load_into_megatron(model: torch.nn.Module, path: str | Path, cfg: ModelConfig,
+                       shard: Callable[[str, Tensor], Tensor] | None = None) -> dict[str, float]:
     """Copy the checkpoint's weights into the megatron-core ``model`` of ``cfg`` in place,
-    tensor by tensor (each parameter reads only its own HF tensors). Returns ``bytes`` read and
+    tensor by tensor (each parameter reads only its own HF tensors). ``shard(name, full)`` cuts
+    a tensor-parallel rank's part of a full megatron tensor. Returns ``bytes`` read and
     ``seconds``."""
     import time
 
@@ -231,6 +233,8 @@ def load_into_megatron(model: torch.nn.Module, path: str | Path, cfg: ModelConfi
             sources = [files.read(s) for s in hf_sources(name, cfg)]
             nbytes += sum(t.numel() * t.element_size() for t in sources)
             value = fuse_sources(name, sources, cfg)
+            if shard is not None:
+                value = shard(name, value)
             if tuple(value.shape) != tuple(param.shape):
                 raise CheckpointError(f"{path}: {hf_sources(name, cfg)} make shape "
                                       f"{list(value.shape)}, the actor's {name} is {list(param.shape)}")

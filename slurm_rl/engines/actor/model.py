@@ -45,10 +45,22 @@ if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
 
-def transformer_config(cfg: ModelConfig, tp_size: int = 1, initialize: bool = True) -> Any:
-    """The megatron ``TransformerConfig`` for ``cfg`` (fp32, no dropout, no fused kernels)."""
+RECOMPUTE = {"none": {},
+             "selective": {"recompute_granularity": "selective"},
+             "full": {"recompute_granularity": "full", "recompute_method": "uniform",
+                      "recompute_num_layers": 1}}
+"""megatron-core activation recompute settings of ``actor.recompute``."""
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def transformer_config(cfg: ModelConfig, tp_size: int = 1, initialize: bool = True,
+                       precision: str = "fp32", recompute: str = "none") -> Any:
+    """The megatron ``TransformerConfig`` for ``cfg`` (no dropout, no fused kernels): parameters
+    in ``precision`` (fp32 | bf16), activation ``recompute`` (none | selective | full)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    dtype = DTYPES[precision]
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -65,7 +77,8 @@ def transformer_config(cfg: ModelConfig, tp_size: int = 1, initialize: bool = Tr
         qk_layernorm=cfg.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        params_dtype=torch.float32,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         perform_initialization=initialize,
         bias_dropout_fusion=False,
@@ -74,6 +87,7 @@ def transformer_config(cfg: ModelConfig, tp_size: int = 1, initialize: bool = Tr
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp_size,
+        **RECOMPUTE[recompute],
     )
 
 
@@ -139,14 +153,17 @@ def _process_groups(tp_group: Any | None) -> Any:
 
 
 def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
-                    tp_group: Any | None = None, initialize: bool = True) -> "GPTModel":
+                    tp_group: Any | None = None, initialize: bool = True,
+                    precision: str = "fp32", recompute: str = "none") -> "GPTModel":
     """Build the megatron-core GPTModel for ``cfg`` with weights determined by ``seed``.
 
     Initialisation is done on CPU from a generator seeded with ``seed`` (the global torch RNG
     is left untouched), so every rank that builds the model gets identical weights. With a
-    ``tp_group`` of size > 1 each rank keeps its tensor-parallel shard of the same full init.
-    ``initialize=False`` skips weight initialisation (a skeleton whose weights are about to be
-    overwritten, e.g. by a reshard or a checkpoint load).
+    ``tp_group`` of size > 1 each rank keeps its tensor-parallel shard (``layout.ParamSpec``) of
+    the TP 1 model of the same seed, so the initial model does not depend on the TP size; logits
+    are gathered over TP (``parallel_output=False``). ``initialize=False`` skips weight
+    initialisation (a skeleton whose weights are about to be overwritten, e.g. by a reshard or a
+    checkpoint load). ``precision`` is the parameters' dtype (fp32 | bf16).
     """
     import torch.distributed as dist
 
@@ -165,7 +182,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTModel(
-            config=transformer_config(cfg, tp_size, initialize),
+            config=transformer_config(cfg, tp_size, initialize and tp_size == 1, precision, recompute),
             transformer_layer_spec=spec,
             vocab_size=cfg.vocab_size,
             max_sequence_length=cfg.max_position_embeddings,
@@ -177,10 +194,24 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
             rotary_base=int(cfg.rotary_base) if float(cfg.rotary_base).is_integer()
             else cfg.rotary_base,
             pg_collection=_process_groups(tp_group),
+            parallel_output=False,
         )
+    if initialize and tp_size > 1:
+        _copy_tp_shard(model, build_gpt_model(cfg, seed, "cpu"), tp_size, tp_group.rank())
     if cfg.rope_scaling:
         model.rotary_pos_emb.inv_freq = rope_inv_freq(cfg)
     return model.to(device)
+
+
+def _copy_tp_shard(model: torch.nn.Module, full: torch.nn.Module, tp: int, tp_rank: int) -> None:
+    """Copy TP rank ``tp_rank``'s shard of ``full``'s parameters into ``model``."""
+    from .layout import param_specs
+
+    params = dict(full.named_parameters())
+    named = list(model.named_parameters())
+    with torch.no_grad():
+        for (name, p), spec in zip(named, param_specs(((n, p.shape) for n, p in named), tp)):
+            p.copy_(spec.shard(params[name].detach(), tp, tp_rank))
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -72,11 +72,17 @@ def _no_decay(name: str, param: torch.Tensor) -> bool:
 
 
 class FlatParams:
-    """The model's trainable parameters and gradients as views into two flat fp32 buffers.
+    """The model's trainable parameters: an fp32 master copy in one flat buffer, gradients in another.
 
-    ``slots > 1`` makes the parameter buffer the first of ``slots`` adjacent ``numel``-sized
+    In fp32 the model's parameters *are* views of the master buffer. When the model was built in
+    bf16 (``actor.precision: bf16``), its parameters are views of a flat bf16 *compute* buffer that
+    :meth:`sync_compute` refreshes from the master; each parameter's bf16 gradient is added into the
+    fp32 gradient buffer as soon as autograd has accumulated it (a post-accumulate hook) and then
+    dropped, so micro-batch gradients are summed in fp32.
+
+    ``slots > 1`` makes the master buffer the first of ``slots`` adjacent ``numel``-sized
     slots of one ``storage`` tensor; the optimizer keeps its (unsharded) Adam moments in slots
-    1 and 2, so parameters plus optimizer state are one contiguous buffer that a reshard sends
+    1 and 2, so master weights plus optimizer state are one contiguous buffer that a reshard sends
     as a single message. ``copy_values=False`` skips copying the model's current values (a
     skeleton whose weights are about to be overwritten).
     """
@@ -93,6 +99,7 @@ class FlatParams:
         self.numel = total
         self.slots = slots
         device = named[0][1].device if named else torch.device("cpu")
+        self.compute_dtype = named[0][1].dtype if named else torch.float32
         # A skeleton's storage is zero-filled here so that its pages are resident before a
         # reshard receives into it (faulting them in during the receive made the transfer
         # ~2x slower than the broadcast bound); its gradients are zeroed by train_step.
@@ -101,15 +108,39 @@ class FlatParams:
         self.data = self.storage[:total]
         grad_alloc = torch.zeros if copy_values else torch.empty
         self.grad = grad_alloc(total, dtype=torch.float32, device=device)
+        self.mixed = self.compute_dtype != torch.float32
+        self.compute = (torch.zeros(total, dtype=self.compute_dtype, device=device) if self.mixed
+                        else self.data)
         self.params = [p for _, p in named]
         self.decay_segments = [(o, o + p.numel()) for (n, p), o in zip(named, self.offsets)
                                if not _no_decay(n, p)]
+        self._hooks = []
         with torch.no_grad():
             for p, off in zip(self.params, self.offsets):
                 if copy_values:
                     self.data[off:off + p.numel()].copy_(p.detach().reshape(-1))
-                p.data = self.data[off:off + p.numel()].view(p.shape)
-                p.grad = self.grad[off:off + p.numel()].view(p.shape)
+                if self.mixed:
+                    if copy_values:
+                        self.compute[off:off + p.numel()].copy_(p.detach().reshape(-1))
+                    p.data = self.compute[off:off + p.numel()].view(p.shape)
+                    p.grad = None
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulate(off)))
+                else:
+                    p.data = self.data[off:off + p.numel()].view(p.shape)
+                    p.grad = self.grad[off:off + p.numel()].view(p.shape)
+
+    def _accumulate(self, off: int) -> Any:
+        def hook(p: torch.Tensor) -> None:
+            assert p.grad is not None
+            self.grad[off:off + p.numel()].add_(p.grad.reshape(-1))
+            p.grad = None
+        return hook
+
+    def sync_compute(self) -> None:
+        """Copy the fp32 master weights into the bf16 compute parameters (no-op in fp32)."""
+        if self.mixed:
+            with torch.no_grad():
+                self.compute.copy_(self.data)
 
     def slot(self, index: int) -> torch.Tensor:
         """Slot ``index`` of ``storage`` (slot 0 is the parameters)."""
@@ -120,25 +151,34 @@ class FlatParams:
     def release(self) -> None:
         """Drop the model's references to the flat buffers so that they are freed with this
         object even if the model sits in a reference cycle (no ``gc.collect`` needed)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
         empty = torch.empty(0, dtype=torch.float32, device=self.data.device)
         for p in self.params:
-            p.data = empty
+            p.data = empty.to(p.dtype)
             p.grad = None
         self.params = []
-        self.storage = self.data = self.grad = empty
+        self.storage = self.data = self.grad = self.compute = empty
 
     def zero_grad(self) -> None:
-        """Zero gradients, keeping every ``param.grad`` a view of the flat buffer."""
+        """Zero gradients, keeping every fp32 ``param.grad`` a view of the flat buffer."""
         self.grad.zero_()
         for p, off in zip(self.params, self.offsets):
-            if p.grad is None or p.grad.data_ptr() != self.grad[off:].data_ptr():
+            if self.mixed:
+                p.grad = None
+            elif p.grad is None or p.grad.data_ptr() != self.grad[off:].data_ptr():
                 p.grad = self.grad[off:off + p.numel()].view(p.shape)
 
     def collect_grads(self) -> None:
         """Copy any gradient autograd did not accumulate in place into the flat buffer."""
         for p, off in zip(self.params, self.offsets):
             view = self.grad[off:off + p.numel()]
-            if p.grad is None:
+            if self.mixed:
+                if p.grad is not None:  # no hook ran (e.g. a gradient set by hand)
+                    view.add_(p.grad.reshape(-1).float())
+                    p.grad = None
+            elif p.grad is None:
                 view.zero_()
                 p.grad = view.view(p.shape)
             elif p.grad.data_ptr() != view.data_ptr():
@@ -156,11 +196,20 @@ class DPAdamW:
     """AdamW with fp32 state over a DP group; ZeRO-1 shards ``exp_avg``/``exp_avg_sq``."""
 
     def __init__(self, flat: FlatParams, cfg: OptimConfig, dp_group: dist.ProcessGroup | None,
-                 dp_rank: int, dp_size: int, zero_state: bool = True) -> None:
-        """``zero_state=False`` leaves the moments uninitialised (about to be received)."""
+                 dp_rank: int, dp_size: int, zero_state: bool = True,
+                 tp_group: dist.ProcessGroup | None = None,
+                 split_segments: Sequence[tuple[int, int]] = ()) -> None:
+        """``zero_state=False`` leaves the moments uninitialised (about to be received).
+
+        Under tensor parallelism ``tp_group`` is this rank's TP group and ``split_segments`` the
+        ranges of the flat buffer whose parameters TP splits (the others are replicated over TP):
+        the global gradient norm sums the split ranges over the TP group and counts the replicated
+        ones once."""
         self.flat = flat
         self.cfg = cfg
         self.step_count = 0
+        self.tp_group = tp_group
+        self.split_segments = list(split_segments)
         self.set_group(dp_group, dp_rank, dp_size)
         lo, hi = self.state_range
         alloc = torch.zeros if zero_state else torch.empty
@@ -190,9 +239,24 @@ class DPAdamW:
         if self.dp_size > 1:
             dist.all_reduce(self.flat.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
 
+    def grad_norm(self) -> float:
+        """The global L2 norm of the gradients (after the DP all-reduce)."""
+        grad = self.flat.grad
+        if self.tp_group is None or dist.get_world_size(self.tp_group) == 1:
+            return float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+        squares = torch.zeros(2, dtype=torch.float64, device=grad.device)
+        mask = torch.zeros(grad.numel(), dtype=torch.bool, device=grad.device)
+        for a, b in self.split_segments:
+            mask[a:b] = True
+        squares[0] = grad[mask].double().square().sum()
+        squares[1] = grad[~mask].double().square().sum()
+        split = squares[:1].clone()
+        dist.all_reduce(split, group=self.tp_group)
+        return math.sqrt(float(split[0]) + float(squares[1]))
+
     def clip_grads(self) -> float:
-        """Clip by global L2 norm (gradients are full on every rank after the all-reduce)."""
-        norm = float(torch.linalg.vector_norm(self.flat.grad, dtype=torch.float64))
+        """Clip by global L2 norm (gradients are full on every DP rank after the all-reduce)."""
+        norm = self.grad_norm()
         if self.cfg.clip_grad is not None and math.isfinite(norm) and norm > self.cfg.clip_grad:
             self.flat.grad.mul_(self.cfg.clip_grad / (norm + 1e-6))
         return norm
@@ -226,6 +290,7 @@ class DPAdamW:
         p.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
         if cfg.zero1 and self.dp_size > 1:
             self._gather_params()
+        self.flat.sync_compute()
         return norm
 
     def _gather_params(self) -> None:

@@ -29,8 +29,10 @@ from slurm_rl.errors import EngineError, WaitTimeout
 from .groups import GroupCache
 from .lr_schedule import SampleLRScheduler
 from .microbatch import BatchConfig, check_dp_size, collate, split_microbatches
+from .layout import Layout, ParamSpec, local_offsets, param_specs
+from .layout_reshard import execute_layout_change, keeps_arrays, pieces_bytes, plan_layout_change
 from .model import build_gpt_model, preload_megatron, token_logprobs
-from .optimizer import DPAdamW, FlatParams, OptimConfig
+from .optimizer import DPAdamW, FlatParams, OptimConfig, shard_range
 from .reshard import (broadcast_json, broadcast_ranks, broadcast_source, copy_local,
                       decode_tensor, encode_tensor, execute_plan, holding, plan_bytes,
                       plan_reshard)
@@ -82,8 +84,11 @@ class ActorTrainer:
     def __init__(self, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_cfg: BatchConfig,
                  ranks: Sequence[int], group_cache: GroupCache, seed: int,
                  device: str = "cpu", stay_warm: bool = False,
-                 checkpoint: str | None = None) -> None:
-        check_dp_size(batch_cfg, len(set(ranks)))
+                 checkpoint: str | None = None, tp: int = 1, precision: str = "fp32",
+                 recompute: str = "none") -> None:
+        self.tp = int(tp)
+        self.precision, self.recompute = precision, recompute
+        check_dp_size(batch_cfg, Layout(tuple(ranks), self.tp).dp)
         self.model_cfg, self.optim_cfg, self.batch_cfg = model_cfg, optim_cfg, batch_cfg
         self.group_cache = group_cache
         self.seed = seed
@@ -98,14 +103,15 @@ class ActorTrainer:
         self.flat: FlatParams | None = None
         self.optimizer: DPAdamW | None = None
         self.dp_group: dist.ProcessGroup | None = None
+        self.tp_group: dist.ProcessGroup | None = None
+        self.specs: list[ParamSpec] = []
         self.stay_warm = stay_warm
         self._parking = HostParking(f"rank {self.me} on {socket.gethostname()} (actor)")
         self._active = self.me in self.ranks
         if self._active:
+            self._join_groups(self.layout, "actor groups")
             self._build(initialize=True)
-            self.dp_group = group_cache.get(self.ranks, "actor DP group")
-            self.optimizer = DPAdamW(self.flat, optim_cfg, self.dp_group, self.dp_rank,
-                                     self.dp_size)
+            self.optimizer = self._make_optimizer(zero_state=True)
         else:
             # Import megatron now so that joining the actor later costs a skeleton build, not
             # the first import of megatron-core (tens of seconds on a loaded node).
@@ -130,14 +136,24 @@ class ActorTrainer:
         return not self._active and self.model is not None
 
     @property
+    def layout(self) -> Layout:
+        """The actor's current layout (TP x DP over its ranks)."""
+        return Layout(tuple(self.ranks), self.tp)
+
+    @property
     def dp_size(self) -> int:
         """Current DP size of the actor."""
-        return len(self.ranks)
+        return len(self.ranks) // self.tp
 
     @property
     def dp_rank(self) -> int:
-        """This rank's index in the sorted actor rank list (its DP group rank)."""
-        return self.ranks.index(self.me)
+        """This rank's DP rank (the index of its TP group)."""
+        return self.layout.dp_rank(self.me)
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's TP rank."""
+        return self.layout.tp_rank(self.me)
 
     @property
     def consumed_samples(self) -> int:
@@ -161,18 +177,51 @@ class ActorTrainer:
         self._require_active(what)
         self._parking.check_live(what)
 
-    def _build(self, initialize: bool) -> None:
+    def _join_groups(self, layout: Layout, what: str) -> None:
+        """Create (in one order on every rank) and adopt this rank's TP and DP groups of ``layout``."""
+        sets = [*(layout.tp_groups() if layout.tp > 1 else []), *layout.dp_groups()]
+        self.group_cache.ensure(sets, what)
+        self.tp_group = (self.group_cache.get(layout.tp_group(self.me), "actor TP group")
+                         if layout.tp > 1 else None)
+        self.dp_group = self.group_cache.get(layout.dp_group(self.me), "actor DP group")
+
+    def _new_model(self, tp: int, initialize: bool, tp_group: dist.ProcessGroup | None = None
+                   ) -> tuple[torch.nn.Module, FlatParams]:
+        """This rank's model at TP ``tp`` over ``tp_group`` (default: its TP group) and its flat
+        buffers."""
         load = initialize and self.checkpoint is not None
-        self.model = build_gpt_model(self.model_cfg, self.seed, self.device,
-                                     initialize=initialize and not load)
+        tp_group = tp_group if tp_group is not None else self.tp_group
+        model = build_gpt_model(self.model_cfg, self.seed, self.device, tp_group=tp_group if tp > 1 else None,
+                                initialize=initialize and not load, precision=self.precision,
+                                recompute=self.recompute)
         if load:
             from slurm_rl.engines.hf_checkpoint import load_into_megatron
 
-            self.load_figures = load_into_megatron(self.model, self.checkpoint, self.model_cfg)
+            tp_rank = self.tp_rank
+            specs = {s.name: s for s in self._specs_of(model, tp)}
+            self.load_figures = load_into_megatron(
+                model, self.checkpoint, self.model_cfg,
+                shard=lambda name, full: specs[name].shard(full, tp, tp_rank))
         # Without ZeRO-1 the Adam moments live in slots 1-2 next to the parameters, so a
         # reshard broadcasts parameters and optimizer state as one buffer.
-        self.flat = FlatParams(self.model, slots=1 if self.optim_cfg.zero1 else 3,
-                               copy_values=initialize)
+        flat = FlatParams(model, slots=1 if self.optim_cfg.zero1 else 3, copy_values=initialize)
+        return model, flat
+
+    @staticmethod
+    def _specs_of(model: torch.nn.Module, tp: int) -> list[ParamSpec]:
+        return param_specs(((n, p.shape) for n, p in model.named_parameters() if p.requires_grad), tp)
+
+    def _build(self, initialize: bool) -> None:
+        self.model, self.flat = self._new_model(self.tp, initialize)
+        self.specs = self._specs_of(self.model, self.tp)
+
+    def _make_optimizer(self, zero_state: bool) -> DPAdamW:
+        """AdamW over this rank's flat buffers, DP group and (under TP) TP group."""
+        assert self.flat is not None
+        offsets = local_offsets(self.specs, self.tp)
+        split = [(o, o + s.local_numel(self.tp)) for s, o in zip(self.specs, offsets) if s.split(self.tp)]
+        return DPAdamW(self.flat, self.optim_cfg, self.dp_group, self.dp_rank, self.dp_size,
+                       zero_state=zero_state, tp_group=self.tp_group, split_segments=split)
 
     def _build_skeleton(self, dp_rank: int, dp_size: int) -> None:
         """Model skeleton, flat buffers and (uninitialised) optimizer of a joining rank."""
@@ -192,7 +241,7 @@ class ActorTrainer:
         reshard adds it. Returns the seconds spent (0 when already warm or active).
         """
         self.stay_warm = True
-        if self.model is not None:
+        if self.model is not None or self.tp > 1:  # a TP shard depends on its future TP group
             return 0.0
         t0 = time.perf_counter()
         self._build_skeleton(0, dp_size or self.dp_size + 1)
@@ -258,12 +307,43 @@ class ActorTrainer:
         While parked these are views of the host copies (CPU tensors, pinned on CUDA): the
         weights can be sent to rollout ranks while the actor is off the device.
         """
-        self._require_active("named_parameters_for_sync")
+        yield from self.full_parameters() or ()
+
+    def full_parameters(self) -> list[tuple[str, torch.Tensor]] | None:
+        """Full (unsharded) parameters by megatron name in the compute dtype (bf16 under
+        ``precision: bf16``): on TP rank 0, None on the other TP ranks. Collective over this rank's
+        TP group (each tensor gathered from its shards); no communication at TP 1."""
+        self._require_active("full_parameters")
         assert self.flat is not None
+        flat = self.flat.compute
         if self._parking.parked:
-            yield from self.flat.named_views(self._parking.host_view(self.flat.data))
-        else:
-            yield from self.flat.named_views()
+            flat = self._parking.host_view(flat)
+        parts = self._tp_gather([flat])
+        if parts is None:
+            return None
+        return self._unshard(parts[0])
+
+    def _tp_gather(self, arrays: Sequence[torch.Tensor]) -> list[list[torch.Tensor]] | None:
+        """Each of ``arrays`` from every TP rank (``[array][tp_rank]``) on TP rank 0; None elsewhere."""
+        if self.tp == 1:
+            return [[a] for a in arrays]
+        root = self.layout.tp_group(self.me)[0]
+        out: list[list[torch.Tensor]] = []
+        for a in arrays:
+            a = a.to(self.device)
+            parts = [torch.empty_like(a) for _ in range(self.tp)] if self.me == root else None
+            dist.gather(a, parts, dst=root, group=self.tp_group)
+            out.append(parts or [])
+        return out if self.me == root else None
+
+    def _unshard(self, parts: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """Full tensors by name from the flat arrays of every TP rank."""
+        offsets = local_offsets(self.specs, self.tp)
+        out = []
+        for spec, off in zip(self.specs, offsets):
+            n = spec.local_numel(self.tp)
+            out.append((spec.name, spec.unshard([p[off:off + n] for p in parts])))
+        return out
 
     # ----------------------------------------------------------------- warm switching
     def park(self) -> dict[str, float]:
@@ -313,18 +393,19 @@ class ActorTrainer:
         opt = self.optimizer
         if not self.optim_cfg.zero1 or self.dp_size == 1:
             return opt.exp_avg, opt.exp_avg_sq
-        full = holding(self.ranks, self.flat.numel, True)
+        dp_ranks = list(self.layout.dp_group(self.me))
+        full = holding(dp_ranks, self.flat.numel, True)
         if self.dp_rank != 0:
             for buf in (opt.exp_avg, opt.exp_avg_sq):
                 if buf.numel():
-                    dist.send(buf, self.ranks[0], group=self.dp_group)
+                    dist.send(buf, dp_ranks[0], group=self.dp_group)
             return None
         out = []
         for buf in (opt.exp_avg, opt.exp_avg_sq):
             whole = torch.empty(self.flat.numel, dtype=torch.float32, device=buf.device)
             whole[:buf.numel()].copy_(buf)
             out.append(whole)
-        for src in self.ranks[1:]:
+        for src in dp_ranks[1:]:
             lo, hi = full[src]
             for whole in out:
                 if hi > lo:
@@ -333,21 +414,25 @@ class ActorTrainer:
 
     def state_dict(self) -> dict[str, Any] | None:
         """Full state by parameter name: ``model``, ``optimizer`` (``exp_avg/<name>``,
-        ``exp_avg_sq/<name>``) and JSON ``meta``. Collective over the DP group; returns the
-        state on DP rank 0 and None elsewhere."""
+        ``exp_avg_sq/<name>``) and JSON ``meta``; the master weights (fp32) under any precision,
+        full tensors under any TP. Collective over the actor's ranks; returns the state on its first
+        rank and None elsewhere."""
         self._require_live("state_dict")
         assert self.flat is not None
         moments = self._full_moments()
         if moments is None:
             return None
+        parts = self._tp_gather([self.flat.data, *moments])
+        if parts is None:
+            return None
         optim: dict[str, torch.Tensor] = {}
-        for prefix, flat in zip(("exp_avg", "exp_avg_sq"), moments):
-            optim.update({f"{prefix}/{n}": t for n, t in self.flat.named_views(flat)})
+        for prefix, arrays in zip(("exp_avg", "exp_avg_sq"), parts[1:]):
+            optim.update({f"{prefix}/{n}": t for n, t in self._unshard(arrays)})
         meta = {**self.meta(), "zero1": self.optim_cfg.zero1}
-        return {"model": dict(self.flat.named_views()), "optimizer": optim, "meta": meta}
+        return {"model": dict(self._unshard(parts[0])), "optimizer": optim, "meta": meta}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Load a full state (any DP size, any ZeRO setting); each rank keeps its slice."""
+        """Load a full state (any TP and DP size, any ZeRO setting); each rank keeps its slice."""
         self._require_live("load_state_dict")
         assert self.flat is not None and self.optimizer is not None
         model, optim = state["model"], state["optimizer"]
@@ -360,14 +445,17 @@ class ActorTrainer:
         lo, hi = self.optimizer.state_range
         moments = {"exp_avg": torch.empty(self.flat.numel),
                    "exp_avg_sq": torch.empty(self.flat.numel)}
+        specs = {s.name: s for s in self.specs}
+        tp, tp_rank = self.tp, self.tp_rank
         with torch.no_grad():
             for name, view in self.flat.named_views():
-                view.copy_(model[name])
+                view.copy_(specs[name].shard(model[name], tp, tp_rank))
             for prefix, flat in moments.items():
                 for name, view in self.flat.named_views(flat):
-                    view.copy_(optim[f"{prefix}/{name}"])
+                    view.copy_(specs[name].shard(optim[f"{prefix}/{name}"], tp, tp_rank))
         self.optimizer.exp_avg.copy_(moments["exp_avg"][lo:hi])
         self.optimizer.exp_avg_sq.copy_(moments["exp_avg_sq"][lo:hi])
+        self.flat.sync_compute()
 
     # ----------------------------------------------------------------- metadata
     def meta(self) -> dict[str, Any]:
@@ -376,13 +464,17 @@ class ActorTrainer:
                 "rng": encode_tensor(self.generator.get_state()),
                 "data_state": self.data_state, "seed": self.seed,
                 "numel": self.flat.numel if self.flat is not None else None,
-                "model": self.model_cfg.to_dict(), "dp_size": self.dp_size}
+                "full_numel": sum(s.numel for s in self.specs) if self.specs else None,
+                "model": self.model_cfg.to_dict(), "dp_size": self.dp_size, "tp": self.tp,
+                "precision": self.precision}
 
     def load_meta(self, meta: Mapping[str, Any]) -> None:
         """Apply :meth:`meta` output (step counter, LR schedule position, RNG, data state)."""
-        if self.flat is not None and meta.get("numel") not in (None, self.flat.numel):
-            raise ValueError(f"rank {self.me}: state has {meta['numel']} parameters, this model "
-                             f"{self.flat.numel}; model configs differ")
+        theirs = meta.get("full_numel", meta.get("numel"))
+        mine = sum(s.numel for s in self.specs) if self.specs else None
+        if mine is not None and theirs not in (None, mine):
+            raise ValueError(f"rank {self.me}: state has {theirs} parameters, this model "
+                             f"{mine}; model configs differ")
         self.scheduler.load_state_dict(meta["scheduler"])
         self.generator.set_state(decode_tensor(meta["rng"]))
         self.data_state = dict(meta["data_state"])
@@ -392,7 +484,8 @@ class ActorTrainer:
 
     # ----------------------------------------------------------------- resharding
     def reshard(self, new_ranks: Sequence[int], epoch: int | None = None,
-                old_ranks: Sequence[int] | None = None) -> dict[str, float]:
+                old_ranks: Sequence[int] | None = None, new_tp: int | None = None,
+                old_tp: int | None = None) -> dict[str, float]:
         """Move the actor from the current ranks to ``new_ranks`` in place.
 
         Collective over the union of old and new ranks: every one of them must call it with the
@@ -408,7 +501,9 @@ class ActorTrainer:
         ``wait_seconds`` (arrival barrier), ``transfer_seconds``, ``seconds`` (all) and bytes.
 
         ``old_ranks`` is the caller's view of where the actor is: an inactive rank adopts it (moves
-        it took no part in left its own view stale); an active rank must agree with it.
+        it took no part in left its own view stale); an active rank must agree with it. ``new_tp``
+        / ``old_tp`` (default: the TP in force) change the tensor-parallel size at the same time:
+        see :meth:`_change_layout`.
         """
         self._parking.check_live(f"epoch {epoch} actor reshard {self.ranks}->"
                                  f"{sorted(set(new_ranks))}")
@@ -416,9 +511,13 @@ class ActorTrainer:
         if old_ranks is not None:
             if not self._active:
                 self.ranks = sorted(set(old_ranks))
-            elif sorted(set(old_ranks)) != self.ranks:
-                raise ValueError(f"rank {self.me}: the actor is on ranks {self.ranks}, epoch {epoch} "
-                                 f"moves it from {sorted(set(old_ranks))}")
+                self.tp = int(old_tp or self.tp)
+            elif sorted(set(old_ranks)) != self.ranks or (old_tp or self.tp) != self.tp:
+                raise ValueError(f"rank {self.me}: the actor is {self.layout.describe()}, epoch {epoch} "
+                                 f"moves it from ranks {sorted(set(old_ranks))} at TP {old_tp or self.tp}")
+        new_tp = int(new_tp or self.tp)
+        if self.tp > 1 or new_tp > 1:
+            return self._change_layout(Layout(tuple(new), new_tp), epoch)
         old = list(self.ranks)
         check_dp_size(self.batch_cfg, len(new))
         union = sorted(set(old) | set(new))
@@ -438,22 +537,7 @@ class ActorTrainer:
         t_built = time.perf_counter()
         union_group = self.group_cache.get(union, what)
         t_group = time.perf_counter()
-        # How many reshards over this union this rank took part in, counted in the world's store
-        # (the same on every member): it names this reshard's control keys.
-        seq = c10d._get_default_store().add(f"slurm_rl/reshard-seq/{'_'.join(map(str, union))}/{self.me}", 1)
-        via_store = (self.control_via_store if self.control_via_store is not None
-                     else dist.get_backend(union_group) != dist.Backend.GLOO)
-        prefix = f"slurm_rl/reshard/{'_'.join(map(str, union))}/{seq}"
-        if via_store:
-            self._store_barrier(prefix, union, what)
-        else:
-            self._monitored_barrier(union_group, union, what)
-        t_arrived = time.perf_counter()
-        mine = self.meta() if self.me == old[0] else None
-        if via_store:
-            meta = self._store_json(f"{prefix}/meta", mine)
-        else:
-            meta = broadcast_json(mine, old[0], union_group)
+        meta, t_arrived = self._arrive(union, union_group, old[0], what)
         if joining:
             self.load_meta(meta)
         t1 = time.perf_counter()
@@ -466,6 +550,9 @@ class ActorTrainer:
             self.dp_group = self.group_cache.get(new, "actor DP group")
             assert self.optimizer is not None
             self.optimizer.set_group(self.dp_group, self.dp_rank, self.dp_size)
+            if joining:
+                assert self.flat is not None
+                self.flat.sync_compute()
             self._active = True
         else:
             self.free()
@@ -474,6 +561,120 @@ class ActorTrainer:
                        group_seconds=t_group - t_built, wait_seconds=t_arrived - t_group,
                        seconds=time.perf_counter() - t0)
         return figures
+
+    def _arrive(self, union: list[int], union_group: dist.ProcessGroup, source: int,
+                what: str) -> tuple[dict[str, Any], float]:
+        """Arrival barrier of a reshard's ranks, then ``source``'s :meth:`meta` to all of them;
+        returns the meta and when every rank had arrived."""
+        # How many reshards over this union this rank took part in, counted in the world's store
+        # (the same on every member): it names this reshard's control keys.
+        seq = c10d._get_default_store().add(f"slurm_rl/reshard-seq/{'_'.join(map(str, union))}/{self.me}", 1)
+        via_store = (self.control_via_store if self.control_via_store is not None
+                     else dist.get_backend(union_group) != dist.Backend.GLOO)
+        prefix = f"slurm_rl/reshard/{'_'.join(map(str, union))}/{seq}"
+        if via_store:
+            self._store_barrier(prefix, union, what)
+        else:
+            self._monitored_barrier(union_group, union, what)
+        arrived = time.perf_counter()
+        mine = self.meta() if self.me == source else None
+        if via_store:
+            return self._store_json(f"{prefix}/meta", mine), arrived
+        return broadcast_json(mine, source, union_group), arrived
+
+    def _change_layout(self, new: Layout, epoch: int | None) -> dict[str, float]:
+        """Move the actor to layout ``new`` -- TP and DP may both change -- with its optimizer state.
+
+        Collective over the union of the old and new ranks. A rank whose TP group stays keeps its
+        model and buffers (a source only); the others build a model skeleton at the new TP and
+        receive their shards of the master weights and both Adam moments
+        (:mod:`.layout_reshard`); the step, LR schedule position, RNG and data state travel as
+        meta. Under ZeRO-1 the moments are first gathered over each old DP group and cut to the
+        new DP ranges after. Leaving ranks free their state. Groups are made in one order by all.
+        """
+        old = self.layout
+        check_dp_size(self.batch_cfg, new.dp)
+        figures = {"bytes_moved": 0.0, "bytes_sent": 0.0, "bytes_received": 0.0,
+                   "seconds": 0.0, "transfer_seconds": 0.0, "build_seconds": 0.0,
+                   "group_seconds": 0.0, "wait_seconds": 0.0, "old_dp": float(old.dp),
+                   "new_dp": float(new.dp), "old_tp": float(old.tp), "new_tp": float(new.tp)}
+        if new == old:
+            return figures
+        union = sorted(set(old.ranks) | set(new.ranks))
+        if self.me not in union:
+            raise ValueError(f"rank {self.me} called a reshard {old.describe()} -> {new.describe()} "
+                             "it takes no part in")
+        what = f"epoch {epoch} actor reshard {old.describe()} -> {new.describe()}"
+        t0 = time.perf_counter()
+        self.group_cache.ensure([tuple(union), *(new.tp_groups() if new.tp > 1 else []),
+                                 *new.dp_groups()], what)
+        union_group = self.group_cache.get(union, what)
+        t_group = time.perf_counter()
+        meta, t_arrived = self._arrive(union, union_group, old.ranks[0], what)
+        if self.me in new and self.me not in old:
+            self.load_meta(meta)
+        sources = self._local_arrays() if self.me in old else None
+        keep = keeps_arrays(self.me, old, new)
+        t_built = time.perf_counter()
+        model = flat = targets = None
+        if self.me in new and not keep:
+            tp_group = self.group_cache.get(new.tp_group(self.me), what) if new.tp > 1 else None
+            model, flat = self._new_model(new.tp, initialize=False, tp_group=tp_group)
+            targets = ([flat.data, flat.slot(1), flat.slot(2)] if not self.optim_cfg.zero1 else
+                       [flat.data, *(torch.zeros_like(flat.data) for _ in range(2))])
+        t1 = time.perf_counter()
+        specs = self.specs if self.specs and self.me in old else self._specs_of(model, new.tp)
+        pieces = plan_layout_change(old, new, specs)
+        sent, received = execute_layout_change(pieces, specs, self.me, old, new, union_group,
+                                               sources, targets)
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize()  # NCCL returns once queued: time the transfer itself
+        figures["transfer_seconds"] = time.perf_counter() - t1
+        if self.me in new:
+            if not keep:
+                if self.flat is not None:
+                    self.flat.release()
+                self.model, self.flat, self.specs = model, flat, self._specs_of(model, new.tp)
+            moments = (targets if targets is not None else sources or [])[1:]
+            self.ranks, self.tp = list(new.ranks), new.tp
+            self._join_groups(new, what)
+            self.optimizer = self._make_optimizer(zero_state=False)
+            self.optimizer.step_count = int(meta["step"])
+            if self.optim_cfg.zero1:
+                lo, hi = self.optimizer.state_range
+                self.optimizer.exp_avg = moments[0][lo:hi].clone()
+                self.optimizer.exp_avg_sq = moments[1][lo:hi].clone()
+            assert self.flat is not None
+            self.flat.sync_compute()
+            self._active = True
+        else:
+            self.ranks, self.tp = list(new.ranks), new.tp
+            self.free(keep_warm=self.stay_warm and old.tp == 1)  # a TP shard is no warm skeleton
+        figures.update(bytes_moved=float(pieces_bytes(pieces, specs)), bytes_sent=float(sent),
+                       bytes_received=float(received), build_seconds=t1 - t_built,
+                       group_seconds=t_group - t0, wait_seconds=t_arrived - t_group,
+                       seconds=time.perf_counter() - t0)
+        return figures
+
+    def _local_arrays(self) -> list[torch.Tensor]:
+        """This rank's master weights and its full local Adam moments (under ZeRO-1 gathered over
+        its DP group: collective over it)."""
+        assert self.flat is not None and self.optimizer is not None
+        if not self.optim_cfg.zero1:
+            self._replicated_buffer()
+            return [self.flat.data, self.flat.slot(1), self.flat.slot(2)]
+        opt, n = self.optimizer, self.flat.numel
+        dp_ranks = list(self.layout.dp_group(self.me))
+        full = [torch.zeros_like(self.flat.data) for _ in range(2)]
+        for i, src in enumerate(dp_ranks):
+            a, b = shard_range(n, len(dp_ranks), i)
+            if src == self.me:
+                full[0][a:b].copy_(opt.exp_avg)
+                full[1][a:b].copy_(opt.exp_avg_sq)
+            if len(dp_ranks) > 1 and a < b:
+                for f in full:
+                    dist.broadcast(f[a:b], src=src, group=self.dp_group)
+        return [self.flat.data, *full]
 
     def _timeout_error(self, union: list[int], what: str, detail: str) -> ReshardTimeoutError:
         timeout = self.group_cache.timeout
@@ -588,7 +789,7 @@ class ActorTrainer:
         if self._active and self.optimizer is not None:
             self._step = self.optimizer.step_count
         self._active = False
-        self.dp_group = None
+        self.dp_group = self.tp_group = None
         keep = self.stay_warm if keep_warm is None else keep_warm
         if self._parking.parked and keep:
             self._parking.unpark()  # a warm skeleton is resident
