@@ -101,20 +101,26 @@ def _bad(message: str) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from slurm_rl.config import load_config
+    from slurm_rl.config import actor_precision, actor_tp_choices, load_config
     from slurm_rl.inputs import check_inputs
 
     cfg = load_config(args.config, args.overrides)
     check_inputs(cfg)
     doc = cfg.placement.to_json()
+    actor = {"tensor_parallel": cfg.actor.tensor_parallel, "tensor_parallel_choices": list(actor_tp_choices(cfg)),
+             "precision": actor_precision(cfg), "recompute": cfg.actor.recompute}
     if args.json:
-        print(json.dumps(doc))
+        print(json.dumps({**doc, "actor": actor}))
         return EXIT_OK
     print(f"config {args.config}: valid; world size {doc['world_size']} on {cfg.placement.num_slots} slots")
     for name, comp in doc["components"].items():
         from slurm_rl.inspect.epoch_log import compress_ranks
 
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
+    choices = actor["tensor_parallel_choices"]
+    also = f" (choices {', '.join(map(str, choices))})" if len(choices) > 1 else ""
+    print(f"  actor: tensor_parallel {actor['tensor_parallel']}{also}, precision {actor['precision']}"
+          f"{' (auto)' if cfg.actor.precision == 'auto' else ''}, recompute {actor['recompute']}")
     return EXIT_OK
 
 

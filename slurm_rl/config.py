@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional
 
 import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
@@ -38,7 +38,8 @@ __all__ = [
     "ConfigError", "ConfigIssue", "DataSection", "EmulatedConfig", "InferenceSection", "ModelSection",
     "MuxMemberConfig", "Placement", "RolloutSection", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
     "EvalSection", "RewardSection", "TrainConfig", "model_sizes", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
-    "placement_from_ranks", "resolve_gpus_per_node",
+    "placement_from_ranks", "resolve_gpus_per_node", "actor_precision", "actor_tp_choices", "tp_shape_problems",
+    "straddling_tp_groups",
 ]
 
 # The config's vocabularies: every allowed value of a choice key is declared here, once, as a
@@ -55,6 +56,8 @@ LrDecayStyle = Literal["cosine", "linear", "constant"]  # the LR schedule's deca
 Overlong = Literal["drop", "error"]  # what data.max_prompt_length does to a longer prompt
 RewardOnError = Literal["raise", "zero"]
 RewardName = Literal["gsm8k", "math", "exact"]  # built-in rewards (rewards.builtin)
+Precision = Literal["auto", "fp32", "bf16"]  # the actor's compute precision (auto: bf16 on cuda, else fp32)
+Recompute = Literal["none", "selective", "full"]  # the actor's activation recomputation (megatron-core)
 
 DEVICES = typing.get_args(Device)
 ON_RANK_FAILURE = typing.get_args(OnRankFailure)
@@ -67,6 +70,8 @@ LR_DECAY_STYLES = typing.get_args(LrDecayStyle)
 OVERLONG = typing.get_args(Overlong)
 REWARD_ON_ERROR = typing.get_args(RewardOnError)
 REWARD_NAMES = typing.get_args(RewardName)
+PRECISIONS = typing.get_args(Precision)
+RECOMPUTE = typing.get_args(Recompute)
 
 # Scheduler defaults (documented in slurm_rl.scheduler.defaults, which re-exports them)
 POLICY = "static"
@@ -171,6 +176,7 @@ class ScriptStep:
     reason: str = "scripted"  # recorded in the epoch file
     at_phase: str = "start"  # start: the step applies at the gate of its iteration
     at_rollout_fraction: float = 0.0  # with at_phase rollout: once this fraction of samples is finished
+    actor_tp: Optional[int] = None  # the actor's tensor-parallel size from this step on (one of actor.tensor_parallel_choices); null: keep it
 
 
 @dataclass
@@ -182,7 +188,8 @@ class SchedulerConfig:
     max_running_requests: int = MAX_RUNNING_REQUESTS  # per rollout instance (used by auto)
     # pre-process ends when outstanding requests fall to this fraction
     pre_process_threshold: float = PRE_PROCESS_THRESHOLD
-    # GPUs per rollout instance / per actor model replica (TP x PP), used by auto
+    # GPUs per rollout instance / per actor model replica, used by auto; the actor's follows
+    # actor.tensor_parallel (left at 1 it resolves to it; another value must equal it)
     rollout_ranks_per_instance: int = RANKS_PER_INSTANCE
     actor_ranks_per_instance: int = RANKS_PER_INSTANCE
     switch_latency_s: float = SWITCH_LATENCY_S  # simulator: publish-to-applied latency of one epoch
@@ -253,6 +260,29 @@ def model_sizes(m: ModelSection) -> Dict[str, Any]:
     return {k: getattr(m, k) if getattr(m, k) is not None else MODEL_DEFAULTS.get(k) for k in MODEL_SIZE_KEYS}
 
 
+def tp_shape_problems(sizes: Mapping[str, Any], tp: int) -> list[str]:
+    """Why a model of ``sizes`` (``vocab_size``, ``num_attention_heads``, ``num_query_groups``,
+    ``ffn_hidden_size``, ``hidden_size``) does not split over ``tp`` tensor-parallel ranks: the
+    heads, the query groups (null: the heads), the FFN and the vocabulary each divide by ``tp``.
+    A size that is null or not positive is not known (or reported on its own) and is skipped."""
+    checks = [("num_attention_heads", sizes.get("num_attention_heads")),
+              ("num_query_groups", sizes.get("num_query_groups")),  # null: the heads, checked above
+              ("ffn_hidden_size", sizes.get("ffn_hidden_size")),
+              ("vocab_size", sizes.get("vocab_size"))]
+    return [f"model.{key} {value} is not a multiple of tensor-parallel size {tp}"
+            for key, value in checks
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0 and tp >= 1 and value % tp]
+
+
+def straddling_tp_groups(ranks: Sequence[int], tp: int, node_of: Callable[[int], int]) -> list[tuple[int, ...]]:
+    """The actor's TP groups (chunks of ``tp`` consecutive ranks of the sorted ``ranks``) whose
+    ranks lie on more than one node (``node_of(rank)``). The one rule for the config and the
+    scheduler."""
+    ordered = sorted(ranks)
+    groups = [tuple(ordered[i:i + tp]) for i in range(0, len(ordered), max(tp, 1))]
+    return [g for g in groups if len({node_of(r) for r in g}) > 1]
+
+
 @dataclass
 class ActorSection:
     """Actor engine: AdamW, the sample-driven LR schedule (``engines.actor.optimizer.OptimConfig``)."""
@@ -272,6 +302,15 @@ class ActorSection:
     # a rank that may join the actor holds a warm model skeleton (~16 bytes per parameter) so that
     # joining costs the transfer only; false saves that memory at the cost of a build on join
     warm_joiners: bool = True
+    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 when runtime.device is cuda, else fp32)
+    recompute: str = "none"  # none | selective | full: activation recomputation (memory for compute)
+    # megatron-core tensor parallelism: ranks per model replica; each TP group (tensor_parallel
+    # consecutive actor ranks) lies inside one node; the actor's DP size is its ranks / tensor_parallel
+    tensor_parallel: int = 1
+    # the sizes a dynamic policy may switch the actor to when its new rank count does not suit
+    # tensor_parallel (the smallest that fits); []: only tensor_parallel
+    tensor_parallel_choices: List[int] = field(default_factory=list)
+    pipeline_parallel: int = 1  # not supported yet: 1 only
 
 
 @dataclass
@@ -390,6 +429,24 @@ class Config:
     def to_yaml(self) -> str:
         """The resolved configuration as YAML; loading it again gives an equal Config."""
         return OmegaConf.to_yaml(self.raw)
+
+
+def actor_precision(cfg: Config) -> str:
+    """The actor's resolved precision, ``fp32`` or ``bf16``: ``actor.precision``, where ``auto``
+    is bf16 when ``runtime.device`` is cuda and fp32 otherwise."""
+    if cfg.actor.precision != "auto":
+        return cfg.actor.precision
+    return "bf16" if cfg.runtime.device == "cuda" else "fp32"
+
+
+def actor_tp_choices(cfg: Config) -> tuple[int, ...]:
+    """The actor's tensor-parallel sizes a policy may pick, ascending (``actor.tensor_parallel_choices``,
+    or only ``actor.tensor_parallel`` when it is empty)."""
+    return _tp_choices(cfg.actor)
+
+
+def _tp_choices(a: ActorSection) -> tuple[int, ...]:
+    return tuple(sorted(set(a.tensor_parallel_choices))) or (a.tensor_parallel,)
 
 
 def _now(fmt: str) -> str:
@@ -760,6 +817,104 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue("eval.every", root.eval.every, "0, or data.val_files set (the prompts to evaluate)"))
 
 
+def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:
+    """Checks of the actor's precision, recompute and parallel layout keys, of
+    ``scheduler.actor_ranks_per_instance`` against ``actor.tensor_parallel`` and of each scripted
+    step's ``actor_tp``; on cpu / cuda also whether a random model's sizes split over every TP
+    choice (``model.path``'s sizes are checked by :mod:`slurm_rl.inputs`). Returns True when the
+    TP sizes are usable (the placement checks need them)."""
+    a, s = root.actor, root.scheduler
+    _choice(issues, "actor.precision", a.precision, PRECISIONS)
+    _choice(issues, "actor.recompute", a.recompute, RECOMPUTE)
+    if a.pipeline_parallel != 1:
+        issues.append(ConfigIssue("actor.pipeline_parallel", a.pipeline_parallel,
+                                  "1 (pipeline parallelism is not supported yet; use actor.tensor_parallel)"))
+    if a.tensor_parallel < 1:
+        issues.append(ConfigIssue("actor.tensor_parallel", a.tensor_parallel, "a positive int"))
+        return False
+    bad = [(i, v) for i, v in enumerate(a.tensor_parallel_choices) if v < 1]
+    for i, v in bad:
+        issues.append(ConfigIssue(f"actor.tensor_parallel_choices[{i}]", v, "a positive int"))
+    if bad:
+        return False
+    ok = True
+    if a.tensor_parallel_choices and a.tensor_parallel not in a.tensor_parallel_choices:
+        issues.append(ConfigIssue("actor.tensor_parallel_choices", list(a.tensor_parallel_choices), (
+            f"a list of positive ints that contains actor.tensor_parallel ({a.tensor_parallel}), "
+            "or [] (only actor.tensor_parallel)")))
+        ok = False
+    if s.actor_ranks_per_instance > 0 and s.actor_ranks_per_instance not in (RANKS_PER_INSTANCE, a.tensor_parallel):
+        issues.append(ConfigIssue("scheduler.actor_ranks_per_instance", s.actor_ranks_per_instance, (
+            f"actor.tensor_parallel ({a.tensor_parallel}), or {RANKS_PER_INSTANCE} (the default, which "
+            "follows actor.tensor_parallel): an actor model replica is one TP group")))
+    choices = _tp_choices(a)
+    for i, step in enumerate(s.script):
+        if step.actor_tp is not None and step.actor_tp not in choices:
+            issues.append(ConfigIssue(f"scheduler.script[{i}].actor_tp", step.actor_tp, (
+                f"one of {', '.join(map(str, choices))} (actor.tensor_parallel_choices, else "
+                "actor.tensor_parallel), or null (keep the size in force)")))
+    m = root.model
+    if root.runtime.device in ("cpu", "cuda") and m.path is None:
+        sizes = model_sizes(m)
+        hidden = sizes["hidden_size"]
+        if sizes["ffn_hidden_size"] is None and isinstance(hidden, int) and hidden > 0:
+            sizes["ffn_hidden_size"] = ((8 * hidden // 3) + 63) // 64 * 64  # the engines' default (ModelConfig.ffn_size)
+        for tp in choices:
+            problems = tp_shape_problems(sizes, tp)
+            if problems:
+                key = "actor.tensor_parallel" if tp == a.tensor_parallel else "actor.tensor_parallel_choices"
+                issues.append(ConfigIssue(key, tp, (
+                    "a tensor-parallel size that divides the model's attention heads, query groups, FFN "
+                    f"and vocabulary ({'; '.join(problems)})")))
+    return ok
+
+
+def _placement_entry(mapping: Any, component: str, key: str) -> tuple[str, Any]:
+    """The key and the raw value of the placement entry that places ``component``."""
+    if isinstance(mapping, Mapping):
+        for raw_key, value in mapping.items():
+            if component in (n.strip() for n in str(raw_key).split(",")):
+                return f"{key}.{component}", value
+    return f"{key}.{component}", None
+
+
+def _tp_layout_problems(key: str, spec: Any, ranks: Sequence[int], tp: int, placement: Placement) -> list[ConfigIssue]:
+    """The actor's ranks split into whole TP groups of ``tp``, each inside one node."""
+    if len(ranks) % tp:
+        return [ConfigIssue(key, spec, (
+            f"a rank count that is a multiple of the actor's tensor-parallel size {tp} "
+            f"(actor.tensor_parallel): the actor holds {len(ranks)} ranks"))]
+    return [ConfigIssue(key, spec, (
+        f"TP groups ({tp} consecutive actor ranks) inside one node: ranks {list(group)} lie on nodes "
+        f"{sorted({placement.node_of_rank(r) for r in group})}"))
+        for group in straddling_tp_groups(ranks, tp, placement.node_of_rank)[:1]]
+
+
+def _tp_placement_problems(root: RootSchema, placement: Placement,
+                           scripted: Sequence[Placement]) -> list[ConfigIssue]:
+    """The initial actor placement (and each scripted step's, with the TP size in force by then)
+    splits into whole TP groups that each lie inside one node."""
+    a, steps = root.actor, root.scheduler.script
+    out: list[ConfigIssue] = []
+    actor = placement.components.get("actor")
+    if actor is not None:
+        key, spec = _placement_entry(root.cluster.component_placement, "actor", "cluster.component_placement")
+        out += _tp_layout_problems(key, spec, actor.ranks, a.tensor_parallel, placement)
+    if len(scripted) != len(steps) or any(
+            st.at_iteration is MISSING_VALUE or st.at_phase not in PHASES for st in steps):
+        return out  # reported on their own
+    tp = a.tensor_parallel
+    order = sorted(range(len(steps)), key=lambda i: (steps[i].at_iteration, PHASES.index(steps[i].at_phase),
+                                                      steps[i].at_rollout_fraction))
+    for i in order:
+        tp = steps[i].actor_tp if steps[i].actor_tp is not None else tp
+        actor = scripted[i].components.get("actor")
+        if actor is not None:
+            key, spec = _placement_entry(steps[i].placement, "actor", f"scheduler.script[{i}].placement")
+            out += _tp_layout_problems(key, spec, actor.ranks, tp, scripted[i])
+    return out
+
+
 def _choice(issues: list[ConfigIssue], key: str, value: Any, allowed: Sequence[str]) -> None:
     """One issue when ``value`` is not one of ``allowed``."""
     if value not in allowed:
@@ -928,13 +1083,19 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
             issues.extend(err.issues)
     _validate(typed, issues)
     _validate_engines(typed, issues)
+    parallel_ok = _validate_parallel(typed, issues)
     placement, scripted = _placements(typed, gpus, issues)
+    if placement is not None and parallel_ok:
+        issues.extend(_tp_placement_problems(typed, placement, scripted))
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
     assert placement is not None
     if gpus is not None:
         root.cluster.gpus_per_node = gpus
         typed.cluster.gpus_per_node = gpus
+    # an actor model replica is one TP group: the default ranks per instance follows actor.tensor_parallel
+    root.scheduler.actor_ranks_per_instance = typed.actor.tensor_parallel
+    typed.scheduler.actor_ranks_per_instance = typed.actor.tensor_parallel
     OmegaConf.set_readonly(root, True)
     sections = {name: getattr(typed, name) for name in ENGINE_SECTIONS}
     return Config(raw=root, cluster=typed.cluster, runtime=typed.runtime, train=typed.train,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.config import Config, ConfigError, ConfigIssue
+from slurm_rl.config import Config, ConfigError, ConfigIssue, actor_tp_choices, tp_shape_problems
 
 
 def input_problems(cfg: Config) -> list[ConfigIssue]:
@@ -40,12 +40,50 @@ def input_problems(cfg: Config) -> list[ConfigIssue]:
     data_issues = [ConfigIssue(*p) for p in check_data_files(cfg.data.train_files, "data.train_files", spec)]
     data_issues += [ConfigIssue(*p) for p in check_data_files(cfg.data.val_files, "data.val_files", spec)]
     issues += data_issues
+    if not any(i.key in ("model.path", "model.tokenizer_path") for i in issues):
+        issues += tp_model_problems(cfg, tok)
     if tok is not None and not data_issues:
         issues += _prompt_problems(cfg, spec, tok)
     from slurm_rl.rewards import reward_problems
 
     issues += [ConfigIssue(*p) for p in reward_problems(cfg.reward.name, cfg.reward.fn)]
     return issues
+
+
+def tp_model_problems(cfg: Config, tok: Any) -> list[ConfigIssue]:
+    """Whether the actor's model splits over every tensor-parallel size it may take: the sizes of
+    ``model.path``'s config.json, or of a random model whose vocabulary is the tokenizer's
+    (``load_config`` checks a random model's own sizes)."""
+    m = cfg.model
+    choices = actor_tp_choices(cfg)
+    if choices == (1,) or (m.path is None and m.vocab_size is not None):
+        return []
+    from slurm_rl.worker.real_compute import engine_model_config
+
+    if m.path is None and m.tokenizer_path is not None:
+        if tok is None:
+            return []  # the tokenizer's own problem is reported
+        vocab = len(tok)
+    else:
+        from slurm_rl.rl.tokenizer import CharTokenizer
+
+        vocab = CharTokenizer().vocab_size
+    try:
+        mc = engine_model_config(cfg, vocab)
+    except Exception:  # a checkpoint transformers cannot read: checkpoint_problems reports it
+        return []
+    sizes = {"vocab_size": mc.vocab_size, "num_attention_heads": mc.num_attention_heads,
+             "num_query_groups": mc.kv_groups if mc.kv_groups != mc.num_attention_heads else None, "ffn_hidden_size": mc.ffn_size, "hidden_size": mc.hidden_size}
+    where = f"{m.path}/config.json" if m.path is not None else f"the tokenizer's vocabulary of {vocab}"
+    out = []
+    for tp in choices:
+        problems = tp_shape_problems(sizes, tp)
+        if problems:
+            key = "actor.tensor_parallel" if tp == cfg.actor.tensor_parallel else "actor.tensor_parallel_choices"
+            out.append(ConfigIssue(key, tp, (
+                "a tensor-parallel size that divides the model's attention heads, query groups, FFN and "
+                f"vocabulary ({where}: {'; '.join(problems)})")))
+    return out
 
 
 def _tokenizer(cfg: Config, issues: list[ConfigIssue]) -> Any:

@@ -99,6 +99,10 @@ class Epoch:
         """Ranks assigned to ``component`` (empty if the component is absent)."""
         return list(self.placement.get(component, {}).get("ranks", []))
 
+    def tp_of(self, component: str) -> int:
+        """Tensor-parallel size of ``component`` (its placement's ``"tp"``; 1 when absent)."""
+        return int(self.placement.get(component, {}).get("tp", 1))
+
     def role_of(self, rank: int) -> list[str]:
         """Components that ``rank`` serves in this epoch (several when components share GPUs)."""
         return [name for name, spec in self.placement.items() if rank in spec["ranks"]]

@@ -13,6 +13,11 @@ for the gate; a placement that fails validation is logged (``rejected`` event) a
 an epoch that is not acknowledged in ``runtime.ack_timeout_s`` (or whose missing rank has a stale
 heartbeat) fails the run with an error naming the epoch, ranks and hosts. Each published decision
 logs its decision latency (state read -> published) and switch latency (published -> all acked).
+
+The actor's tensor-parallel size in force starts at ``actor.tensor_parallel`` (a restarted or
+resumed coordinator takes it from the last epoch); a decision's ``actor_tp`` changes it. Every
+epoch carries it in ``placement["actor"]["tp"]`` and in ``extra["actor_tp"]`` (also while the
+actor holds no ranks); a decision with the same ranks but another size is a new epoch.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from slurm_rl.scheduler.live_state import (
     build_policy,
     build_state,
     check_setup,
+    epoch_actor_tp,
     initial_decision,
     last_minibatch,
     live_tick,
@@ -111,6 +117,10 @@ class CoordinatorLoop:
         self.seen_growth = 0.0  # fraction of the actor's state the last switch moved
         # DP of the ranks holding the actor's state (a held-back actor leaves it there)
         self.actor_state_dp: int | None = None
+        # the actor's tensor-parallel size in force: the configured one, or the last epoch's
+        self.actor_tp: int = self.cfg.actor.tensor_parallel
+        if self.current is not None:
+            self.actor_tp = epoch_actor_tp(self.current) or self.actor_tp
 
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
@@ -121,6 +131,7 @@ class CoordinatorLoop:
                 state: SchedState | None = None) -> Epoch:
         """Publish the decision as the next epoch and wait until every rank acknowledged it."""
         number = 0 if self.current is None else self.current.epoch + 1
+        tp = self._decision_tp(decision)
         epoch = Epoch(
             epoch=number,
             generation=self.generation,
@@ -128,9 +139,9 @@ class CoordinatorLoop:
             reason=decision.reason,
             iteration=iteration,
             boundary=decision.boundary,
-            placement=placement_json(decision),
+            placement=placement_json(decision, actor_tp=tp),
             previous=None if self.current is None else self.current.epoch,
-            extra={"migrate_from": list(decision.migrate_from)},
+            extra={"migrate_from": list(decision.migrate_from), "actor_tp": tp},
         )
         self.store.publish(epoch, generation=self.generation)
         published = time.time()
@@ -152,6 +163,7 @@ class CoordinatorLoop:
                 "iteration": iteration,
                 "reason": decision.reason,
                 "boundary": decision.boundary,
+                "actor_tp": tp,
                 "phase": None if state is None else state.phase,
                 "mid_iteration": state is not None and state.phase != "start",
                 "progress": None if state is None else _progress_summary(state),
@@ -161,7 +173,7 @@ class CoordinatorLoop:
             },
         )
         self.current = epoch
-        tp = self.cfg.scheduler.actor_ranks_per_instance
+        self.actor_tp = tp
         growth = 0.0
         if decision.placement.get("actor"):
             new_dp = len(decision.placement["actor"]) // tp
@@ -196,11 +208,25 @@ class CoordinatorLoop:
             )
             raise DeadRankError(f"dead ranks (heartbeat older than {self.runtime.heartbeat_timeout_s}s): {described}")
 
+    def _decision_tp(self, decision: Decision) -> int:
+        """The actor's tensor-parallel size under ``decision``: its ``actor_tp``, else the size in force."""
+        return self.actor_tp if decision.actor_tp is None else decision.actor_tp
+
+    def _resume_tp(self) -> int:
+        """The size a resumed run starts with on the configured placement: the last epoch's when it
+        suits the configured actor ranks, else ``actor.tensor_parallel``."""
+        actor = self.cfg.placement.components.get("actor")
+        if actor is None or not placement_problems(
+                {"actor": actor.ranks}, self.world, policy_config(self.cfg), self.cfg.train.global_batch_size,
+                self.cfg.train.micro_batch_size, actor_tp=self.actor_tp):
+            return self.actor_tp
+        return self.cfg.actor.tensor_parallel
+
     def _usable(self, decision: Decision) -> list[str]:
         """Why ``decision`` cannot be carried out (empty when it can)."""
         return placement_problems(decision.placement, self.world, policy_config(self.cfg),
                                   self.cfg.train.global_batch_size, self.cfg.train.micro_batch_size,
-                                  allow_empty_actor=True)
+                                  allow_empty_actor=True, actor_tp=self._decision_tp(decision))
 
     def decide_mid_iteration(self, iteration: int, progress: Mapping[int, RankProgress], read_at: float) -> Epoch | None:
         """Consult the policy inside ``iteration`` (level-triggered); publish what it decides.
@@ -210,17 +236,18 @@ class CoordinatorLoop:
         """
         assert self.current is not None
         state = build_state(self.cfg, self.current, progress, iteration, at_gate=False,
-                            elapsed_s=max(0.0, read_at - self.released_at), actor_state_dp=self.actor_state_dp)
+                            elapsed_s=max(0.0, read_at - self.released_at), actor_state_dp=self.actor_state_dp,
+                            actor_tp=self.actor_tp)
         state = dataclasses.replace(state, history=self._observe(state, progress))
         decision = self.policy(state)
         if decision is None or decision.boundary == "iteration":
             return None
         current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
-        if decision.placement == current:
+        if decision.placement == current and decision.actor_tp in (None, self.actor_tp):
             return None
         problems = self._usable(decision) + mid_iteration_problems(current, decision.placement)
         if problems:
-            key = repr(sorted(decision.placement.items()))
+            key = repr((sorted(decision.placement.items()), decision.actor_tp))
             if key not in self.rejected:
                 self.rejected.add(key)
                 append_event(self.paths, "rejected", {"iteration": iteration, "reason": decision.reason,
@@ -236,7 +263,7 @@ class CoordinatorLoop:
         if mb is not None and mb.index > self.seen_minibatch:
             self.seen_minibatch = mb.index
             if mb.seconds and not mb.resharded:  # a reshard's time is not training
-                seen = (mb.dp // self.cfg.scheduler.actor_ranks_per_instance, mb.seconds, mb.tokens or 0)
+                seen = (mb.dp // self.actor_tp, mb.seconds, mb.tokens or 0)
         switch, self.seen_switch = self.seen_switch, None
         return self.recorder.observe(live_tick(state, progress, seen, switch, self.seen_growth))
 
@@ -251,7 +278,8 @@ class CoordinatorLoop:
             decision = initial_decision(self.cfg)
             if self.resume is not None:
                 decision = dataclasses.replace(decision, reason=f"resumed at iteration {self.first_iteration} "
-                                                                f"(incarnation {self.resume.incarnation})")
+                                                                f"(incarnation {self.resume.incarnation})",
+                                               actor_tp=self._resume_tp())
             self.publish(decision, iteration=self.first_iteration, state_read_at=time.time())
         else:  # a new generation re-publishes the placement in force, which fences the old one
             restart = restart_decision(self.current, f"coordinator restarted (generation {self.generation})")
@@ -274,7 +302,8 @@ class CoordinatorLoop:
                     return  # stopped after the checkpoint (preemption, time limit, slurm-rl stop)
                 if gate < num_iterations:
                     state = build_state(self.cfg, self.current, progress, gate, at_gate=True,
-                                        history=self.recorder.history, actor_state_dp=self.actor_state_dp)
+                                        history=self.recorder.history, actor_state_dp=self.actor_state_dp,
+                                        actor_tp=self.actor_tp)
                     decision = self.policy(state)
                     if decision is not None:
                         self.publish(decision, iteration=gate, state_read_at=read_at, state=state)
@@ -291,7 +320,8 @@ class CoordinatorLoop:
                 last_tick = time.monotonic()  # static: nothing to decide, the history is still recorded
                 assert self.current is not None
                 self._observe(build_state(self.cfg, self.current, progress, self.released, at_gate=False,
-                                          elapsed_s=max(0.0, read_at - self.released_at)), progress)
+                                          elapsed_s=max(0.0, read_at - self.released_at),
+                                          actor_tp=self.actor_tp), progress)
             if dynamic and 0 <= self.released < num_iterations and (asked or time.monotonic() - last_tick >= self.tick_s):
                 last_tick = time.monotonic()
                 published = self.decide_mid_iteration(self.released, progress, read_at)

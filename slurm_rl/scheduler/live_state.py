@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from slurm_rl.config import Config
+from slurm_rl.config import Config, actor_tp_choices
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.progress import IterationCounters, LastMinibatch, RankProgress
 from slurm_rl.scheduler.history import NUM_BUCKETS, History, Tick
@@ -35,16 +35,30 @@ def initial_decision(cfg: Config) -> Decision:
 
 
 def restart_decision(epoch: Epoch, reason: str) -> Decision:
-    """Re-publish the placement in force under a new coordinator generation."""
-    return Decision(placement={c: tuple(s["ranks"]) for c, s in epoch.placement.items()}, reason=reason, boundary="iteration")
+    """Re-publish the placement (and the actor's tensor-parallel size) in force under a new
+    coordinator generation."""
+    return Decision(placement={c: tuple(s["ranks"]) for c, s in epoch.placement.items()}, reason=reason,
+                    boundary="iteration", actor_tp=epoch_actor_tp(epoch))
 
 
-def placement_json(decision: Decision, tp: int = 1, pp: int = 1) -> dict[str, dict[str, Any]]:
-    """The ``placement`` object of an epoch file: ranks and parallel layout per component."""
+def epoch_actor_tp(epoch: Epoch) -> int | None:
+    """The actor's tensor-parallel size in force at ``epoch``: its ``extra["actor_tp"]`` (written
+    even while the actor holds no ranks), else the actor placement's ``"tp"``; None when neither."""
+    tp = epoch.extra.get("actor_tp")
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1:
+        return tp
+    spec = epoch.placement.get("actor")
+    return int(spec["tp"]) if spec and "tp" in spec else None
+
+
+def placement_json(decision: Decision, actor_tp: int = 1) -> dict[str, dict[str, Any]]:
+    """The ``placement`` object of an epoch file: ranks and parallel layout per component. The
+    actor's ``tp`` is ``actor_tp`` (``dp`` = its ranks / tp); rollout and inference have tp 1."""
     out = {}
     for component, ranks in decision.placement.items():
         if ranks:
-            out[component] = {"ranks": list(ranks), "dp": max(1, len(ranks) // (tp * pp)), "tp": tp, "pp": pp}
+            tp = actor_tp if component == "actor" else 1
+            out[component] = {"ranks": list(ranks), "dp": max(1, len(ranks) // tp), "tp": tp, "pp": 1}
     return out
 
 
@@ -53,13 +67,22 @@ def _ranks(placement: Any) -> dict[str, tuple[int, ...]]:
 
 
 def policy_config(cfg: Config) -> PolicyConfig:
-    """The policies' knobs from the resolved config (defaults live in ``scheduler.defaults``)."""
+    """The policies' knobs from the resolved config (defaults live in ``scheduler.defaults``).
+
+    The node of each rank comes from the placement: ``ranks_per_node`` (``cluster.gpus_per_node``)
+    when rank ``r`` lives on node ``r // gpus_per_node``, else ``rank_nodes``."""
     steps = tuple(
         ScriptedSwitch(at_phase=step.at_phase, placement=_ranks(parsed), at_iteration=step.at_iteration,
-                   at_rollout_fraction=step.at_rollout_fraction)
+                       at_rollout_fraction=step.at_rollout_fraction, actor_tp=step.actor_tp)
         for step, parsed in zip(cfg.scheduler.script, cfg.script_placements)
     )
+    pl, per = cfg.placement, cfg.cluster.gpus_per_node
+    nodes = tuple(pl.node_of_rank(r) for r in range(pl.world_size))
+    uniform = per is not None and all(n == r // per for r, n in enumerate(nodes))
     return PolicyConfig(
+        ranks_per_node=per if uniform else None,
+        rank_nodes=() if uniform else nodes,
+        actor_tp_choices=actor_tp_choices(cfg),
         max_running_requests=cfg.scheduler.max_running_requests,
         rollout_ranks_per_instance=cfg.scheduler.rollout_ranks_per_instance,
         actor_ranks_per_instance=cfg.scheduler.actor_ranks_per_instance,
@@ -92,11 +115,12 @@ def _current(progress: Mapping[int, RankProgress], iteration: int) -> list[Itera
 
 def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress], iteration: int, at_gate: bool,
                 elapsed_s: float = 0.0, history: History | None = None,
-                actor_state_dp: int | None = None) -> SchedState:
+                actor_state_dp: int | None = None, actor_tp: int | None = None) -> SchedState:
     """A ``SchedState`` of the live run: at an iteration gate phase ``start``; otherwise from
     the ranks' progress counters of ``iteration`` (rollout finished/running, inference done,
     actor mini-batches done and busy). ``actor_state_dp``: DP of the ranks holding the actor's
-    state, as the coordinator last placed it (None: not known)."""
+    state, as the coordinator last placed it (None: not known). ``actor_tp``: the actor's
+    tensor-parallel size in force (None: the ``current`` epoch's, else the configured one)."""
     samples = cfg.train.rollout_batch_size * cfg.train.group_size
     batch = BatchSpec(cfg.train.global_batch_size, cfg.train.micro_batch_size, samples)
     has_inference = bool(cfg.placement.components.get("inference") and cfg.placement.components["inference"].ranks)
@@ -139,6 +163,7 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
         cfg=policy_config(cfg),
         elapsed_s=elapsed_s,
         history=history,
+        actor_tp=actor_tp if actor_tp is not None else epoch_actor_tp(current),
     )
 
 

@@ -91,6 +91,8 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     world = int(gpus) if gpus is not None else world_cfg
     base, flags = parse_policy(policy if policy is not None else cfg.scheduler.policy)
     pcfg = dataclasses.replace(policy_config(cfg), **flags)
+    if world != world_cfg:  # the configured node of each rank does not describe another world
+        pcfg = dataclasses.replace(pcfg, rank_nodes=())
     if placement is None:
         placement = {name: tuple(comp.ranks) for name, comp in cfg.placement.components.items()}
         placement = scale_placement(placement, world_cfg, world, pcfg)

@@ -122,6 +122,7 @@ class Simulation:
         # DP of the ranks holding the actor's state: a held-back actor (no ranks) keeps it where
         # it was, as the runtime does, so coming back onto those ranks moves nothing
         self.state_dp = len(self.placement["actor"]) // setup.policy_cfg.actor_ranks_per_instance
+        self.actor_tp = setup.policy_cfg.actor_ranks_per_instance  # the actor's tensor-parallel size in force
         self.it = 0
         self.uids = itertools.count()
         self.instances: dict[int, _Instance] = {}
@@ -184,7 +185,7 @@ class Simulation:
             initial=self.s.initial, current=self.placement, rollout=rollout,
             inference=InferenceProgress(self.inf_done, len(self.requests)), actor=actor,
             batch=self.s.batch, cfg=self.s.policy_cfg, elapsed_s=self.t - self.t_start,
-            history=self.recorder.history)
+            history=self.recorder.history, actor_tp=self.actor_tp)
 
     def _observe(self) -> None:
         """Feed the history what a live coordinator would see now (see ``history.Tick``)."""
@@ -373,7 +374,7 @@ class Simulation:
         self.actor_samples_done += self.s.batch.global_batch_size
         self.mb_done += 1
         self.actor_busy = False
-        self.seen_minibatch = (len(self.placement["actor"]) // self.s.policy_cfg.actor_ranks_per_instance,
+        self.seen_minibatch = (len(self.placement["actor"]) // self.actor_tp,
                                self.t - self.actor_started_at, self.actor_tokens)
         if self.pending_decision is not None:
             decision, self.pending_decision = self.pending_decision, None
@@ -396,20 +397,24 @@ class Simulation:
         self.decide_s.append(time.thread_time() - t0)
         if decision is None:
             return
-        if decision.placement["actor"] != self.placement["actor"] and self.actor_busy:
+        actor_changes = (decision.placement["actor"] != self.placement["actor"]
+                         or decision.actor_tp not in (None, self.actor_tp))
+        if actor_changes and self.actor_busy:
             self.pending_decision = decision
             return
         self._apply(decision)
 
     def _apply(self, d: Decision) -> None:
         new = normalize_placement(d.placement)
+        tp = self.actor_tp if d.actor_tp is None else d.actor_tp
         problems = placement_problems(new, range(self.s.gpus), self.s.policy_cfg,
                                       self.s.batch.global_batch_size,
-                                      self.s.batch.micro_batch_size, allow_empty_actor=True)
+                                      self.s.batch.micro_batch_size, allow_empty_actor=True, actor_tp=tp)
         if problems:
             raise SimulationError(f"policy {self.policy_name} at t={self.t:.1f}s iteration "
                                   f"{self.it}: unusable placement: {'; '.join(problems)}")
-        if new == self.placement:
+        tp_changes, self.actor_tp = tp != self.actor_tp, tp
+        if new == self.placement and not tp_changes:
             return
         old = self.placement
         ready = self.t + self.s.switch_latency_s
@@ -419,8 +424,8 @@ class Simulation:
                 self.inf_queue.extendleft(reversed(self.inf_batch))
                 self.inf_batch = []
             self.ready_at["inference"] = ready
-        if new["actor"] != old["actor"]:
-            tp = self.s.policy_cfg.actor_ranks_per_instance
+        actor_moves = new["actor"] != old["actor"] or tp_changes
+        if actor_moves:
             reshard = 0.0
             if new["actor"]:
                 new_dp = len(new["actor"]) // tp
@@ -428,7 +433,7 @@ class Simulation:
                 self.seen_growth = reshard_fraction(self.state_dp, new_dp)
                 self.state_dp = new_dp
             self.ready_at["actor"] = ready + reshard
-        self.seen_switch = max(self.ready_at["actor"] if new["actor"] != old["actor"] else ready, ready) - self.t
+        self.seen_switch = max(self.ready_at["actor"] if actor_moves else ready, ready) - self.t
         self.placement = new
         self._rebuild_instances(ready)
         self.report.placement_changes += 1

@@ -58,12 +58,14 @@ def normalize_placement(placement: Mapping[str, Sequence[int]]) -> RankMap:
 class ScriptedSwitch:
     """One step of the ``scripted`` policy: at ``at_iteration`` (``None``: every iteration) and
     ``at_phase``, switch to ``placement``; in phase ``rollout`` only once ``at_rollout_fraction``
-    of the iteration's samples are finished."""
+    of the iteration's samples are finished. ``actor_tp``: the actor's tensor-parallel size from
+    then on (``None``: keep the size in force)."""
 
     at_phase: str
     placement: Mapping[str, Ranks]
     at_iteration: int | None = None
     at_rollout_fraction: float = 0.0
+    actor_tp: int | None = None
 
     def __post_init__(self) -> None:
         if self.at_phase not in PHASES:
@@ -71,22 +73,30 @@ class ScriptedSwitch:
         if not 0.0 <= self.at_rollout_fraction < 1.0 or (self.at_rollout_fraction and self.at_phase != "rollout"):
             raise ValueError(f"scheduler.script.at_rollout_fraction: got {self.at_rollout_fraction!r}, "
                              "allowed a number in [0, 1), non-zero only with at_phase rollout")
+        if self.actor_tp is not None and (not isinstance(self.actor_tp, int) or self.actor_tp < 1):
+            raise ValueError(f"scheduler.script.actor_tp: got {self.actor_tp!r}, allowed a positive int or None")
         object.__setattr__(self, "placement", normalize_placement(self.placement))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ScriptedSwitch":
-        """Build from ``{at_iteration, at_phase, at_rollout_fraction, placement}`` (the config form)."""
-        unknown = set(d) - {"at_iteration", "at_phase", "at_rollout_fraction", "placement"}
+        """Build from ``{at_iteration, at_phase, at_rollout_fraction, placement, actor_tp}`` (the config form)."""
+        unknown = set(d) - {"at_iteration", "at_phase", "at_rollout_fraction", "placement", "actor_tp"}
         if unknown:
             raise ValueError(f"scheduler.script: unknown keys {sorted(unknown)}")
         return cls(at_phase=str(d.get("at_phase", "start")), placement=d["placement"],
                    at_iteration=None if d.get("at_iteration") is None else int(d["at_iteration"]),
-                   at_rollout_fraction=float(d.get("at_rollout_fraction", 0.0)))
+                   at_rollout_fraction=float(d.get("at_rollout_fraction", 0.0)),
+                   actor_tp=None if d.get("actor_tp") is None else int(d["actor_tp"]))
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Knobs of the policies; defaults come from ``scheduler.defaults``."""
+    """Knobs of the policies; defaults come from ``scheduler.defaults``.
+
+    ``actor_ranks_per_instance`` is the actor's initial tensor-parallel size; ``actor_tp_choices``
+    the sizes a policy may switch it to (empty: only the initial one). ``ranks_per_node``: ranks
+    per node when rank ``r`` lives on node ``r // ranks_per_node``; ``rank_nodes``: the node of
+    each rank otherwise (it wins when given). With neither, TP groups are not checked for nodes."""
 
     max_running_requests: int = defaults.MAX_RUNNING_REQUESTS
     rollout_ranks_per_instance: int = defaults.RANKS_PER_INSTANCE
@@ -96,6 +106,9 @@ class PolicyConfig:
     use_pre_process_policy: bool = defaults.USE_PRE_PROCESS_POLICY
     use_wait_before_last_iter_policy: bool = defaults.USE_WAIT_BEFORE_LAST_ITER_POLICY
     script: tuple[ScriptedSwitch, ...] = ()
+    ranks_per_node: int | None = None
+    actor_tp_choices: tuple[int, ...] = ()
+    rank_nodes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "rollout_ranks_per_instance",
@@ -103,12 +116,32 @@ class PolicyConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"scheduler.{name}: got {value!r}, expected a positive integer")
+        if self.ranks_per_node is not None and (not isinstance(self.ranks_per_node, int) or self.ranks_per_node <= 0):
+            raise ValueError(f"PolicyConfig.ranks_per_node: got {self.ranks_per_node!r}, expected a positive integer or None")
+        choices = tuple(sorted(set(self.actor_tp_choices)))
+        if any(not isinstance(tp, int) or tp <= 0 for tp in choices) or (
+                choices and self.actor_ranks_per_instance not in choices):
+            raise ValueError(f"actor.tensor_parallel_choices: got {list(self.actor_tp_choices)!r}, expected "
+                             f"positive integers that include {self.actor_ranks_per_instance} (or none)")
+        object.__setattr__(self, "actor_tp_choices", choices)
+        object.__setattr__(self, "rank_nodes", tuple(self.rank_nodes))
         for name in ("pre_process_threshold", "pre_process_min_finished"):
             value = getattr(self, name)
             if not 0.0 <= float(value) < 1.0:
                 raise ValueError(f"scheduler.{name}: got {value!r}, expected 0 <= x < 1")
         object.__setattr__(self, "script", tuple(
             s if isinstance(s, ScriptedSwitch) else ScriptedSwitch.from_dict(s) for s in self.script))
+
+    @property
+    def tp_choices(self) -> tuple[int, ...]:
+        """The actor's tensor-parallel sizes a policy may use, ascending."""
+        return self.actor_tp_choices or (self.actor_ranks_per_instance,)
+
+    def node_of(self, rank: int) -> int | None:
+        """Node of ``rank`` (None when the layout is not known: no node checks)."""
+        if self.rank_nodes:
+            return self.rank_nodes[rank] if 0 <= rank < len(self.rank_nodes) else None
+        return None if self.ranks_per_node is None else rank // self.ranks_per_node
 
 
 @dataclass(frozen=True)
@@ -195,7 +228,9 @@ def derive_phase(rollout: RolloutProgress, actor: ActorProgress) -> str:
 class SchedState:
     """Everything a policy may look at. ``initial`` is the configured placement, ``current`` the
     placement of the latest published epoch; both are normalized to sorted rank tuples.
-    ``elapsed_s`` and ``history`` are filled by the coordinator and the simulator alike."""
+    ``elapsed_s`` and ``history`` are filled by the coordinator and the simulator alike.
+    ``actor_tp``: the actor's tensor-parallel size in force (``None``: the initial one,
+    ``cfg.actor_ranks_per_instance``)."""
 
     iteration: int
     num_iterations: int
@@ -210,41 +245,56 @@ class SchedState:
     cfg: PolicyConfig = field(default_factory=PolicyConfig)
     elapsed_s: float = 0.0  # seconds since the iteration was released
     history: History | None = None  # the run's own measurements (``plan``'s forecast reads them)
+    actor_tp: int | None = None
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise ValueError(f"SchedState.phase: got {self.phase!r}, allowed {PHASES}")
+        if self.actor_tp is None:
+            object.__setattr__(self, "actor_tp", self.cfg.actor_ranks_per_instance)
         object.__setattr__(self, "world_ranks", tuple(sorted(self.world_ranks)))
         object.__setattr__(self, "initial", normalize_placement(self.initial))
         object.__setattr__(self, "current", normalize_placement(self.current))
 
+    @property
+    def tp(self) -> int:
+        """The actor's tensor-parallel size in force."""
+        return int(self.actor_tp or self.cfg.actor_ranks_per_instance)
+
     def actor_valid_dp_sizes(self) -> list[int]:
-        """Valid actor DP sizes that fit in the allocation."""
-        max_dp = len(self.world_ranks) // self.cfg.actor_ranks_per_instance
+        """Valid actor DP sizes (at the tensor-parallel size in force) that fit in the allocation."""
+        max_dp = len(self.world_ranks) // self.tp
         return valid_dp_sizes(self.batch.global_batch_size, self.batch.micro_batch_size, max_dp)
 
 
 @dataclass(frozen=True)
 class Decision:
     """A new placement, why, which rollout ranks must migrate their running requests out, and
-    at which boundary it applies (see ``BOUNDARIES``)."""
+    at which boundary it applies (see ``BOUNDARIES``). ``actor_tp``: the actor's tensor-parallel
+    size from then on (``None``: keep the size in force)."""
 
     placement: RankMap
     reason: str
     migrate_from: Ranks = ()
     boundary: str = "now"
+    actor_tp: int | None = None
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:
             raise ValueError(f"Decision.boundary: got {self.boundary!r}, allowed {BOUNDARIES}")
+        if self.actor_tp is not None and (not isinstance(self.actor_tp, int) or self.actor_tp < 1):
+            raise ValueError(f"Decision.actor_tp: got {self.actor_tp!r}, allowed a positive int or None")
         object.__setattr__(self, "placement", normalize_placement(self.placement))
         object.__setattr__(self, "migrate_from", tuple(sorted(self.migrate_from)))
 
     def to_json(self) -> dict[str, Any]:
-        """Plain-JSON form (for epoch ``reason`` fields and logs)."""
-        return {"placement": {c: list(r) for c, r in self.placement.items()},
-                "reason": self.reason, "migrate_from": list(self.migrate_from),
-                "boundary": self.boundary}
+        """Plain-JSON form (for epoch ``reason`` fields and logs); ``actor_tp`` only when set."""
+        doc: dict[str, Any] = {"placement": {c: list(r) for c, r in self.placement.items()},
+                               "reason": self.reason, "migrate_from": list(self.migrate_from),
+                               "boundary": self.boundary}
+        if self.actor_tp is not None:
+            doc["actor_tp"] = self.actor_tp
+        return doc
 
 
 def instances_needed(outstanding: int, max_running_requests: int) -> int:

@@ -18,21 +18,31 @@ Rules, first match wins:
    largest valid DP that idle ranks, released inference ranks and surplus rollout instances
    allow. Only as many rollout instances are released as the actor can use (RLinf's
    ``find_release_instance_num_needed``); finished components are released entirely.
+
+The actor keeps its tensor-parallel size while it suits its new ranks; otherwise the decision
+carries the smallest of ``actor_tp_choices`` that does (``placement_ops.with_actor_tp``), and the
+actor never grows onto ranks that no choice suits (a TP group across nodes, an invalid DP size).
 """
 
 from __future__ import annotations
 
 from slurm_rl.scheduler.placement_ops import (
+    choose_actor_tp,
     grow_actor,
     idle_ranks,
     iteration_start_placement,
     rollout_instances,
+    with_actor_tp,
 )
 from slurm_rl.scheduler.state import Decision, RankMap, SchedState, instances_needed
 
 
 def decide_auto(state: SchedState) -> Decision | None:
     """RLinf auto-scheduler semantics (see the module docstring for the rules)."""
+    return with_actor_tp(state, _decide(state))
+
+
+def _decide(state: SchedState) -> Decision | None:
     start = iteration_start_placement(state.initial, state.cfg)
     if state.phase == "start" or (state.phase == "end"
                                   and state.iteration + 1 < state.num_iterations):
@@ -109,8 +119,7 @@ def _wait_before_last(state: SchedState) -> Decision | None:
     if state.rollout.outstanding > 0 or not state.inference.finished:
         return None
     available = [(r,) for r in state.world_ranks if r not in set(state.current["actor"])]
-    actor, _ = grow_actor(state.current["actor"], available, state.cfg,
-                          state.actor_valid_dp_sizes())
+    actor, _ = grow_actor(state.current["actor"], available, state)
     placement: RankMap = {"actor": actor, "rollout": (), "inference": ()}
     if placement == state.current:
         return None
@@ -136,7 +145,7 @@ def _release_and_grow(state: SchedState) -> Decision | None:
         groups.extend((r,) for r in cur["inference"])
     n_fixed = len(groups)
     groups.extend(surplus)
-    actor, used = grow_actor(cur["actor"], groups, cfg, state.actor_valid_dp_sizes())
+    actor, used = grow_actor(cur["actor"], groups, state)
 
     released_instances = max(0, used - n_fixed)
     if out == 0:
@@ -151,8 +160,9 @@ def _release_and_grow(state: SchedState) -> Decision | None:
         return None
     parts = []
     if actor != cur["actor"]:
-        parts.append(f"actor grows to {len(actor)} ranks "
-                     f"(DP {len(actor) // cfg.actor_ranks_per_instance})")
+        tp = choose_actor_tp(actor, state.tp, len(state.world_ranks), cfg, state.batch.global_batch_size,
+                             state.batch.micro_batch_size) or state.tp
+        parts.append(f"actor grows to {len(actor)} ranks (DP {len(actor) // tp})")
     if released_rollout:
         parts.append(f"rollout releases {len(released_rollout)} ranks ({out} requests "
                      f"outstanding, {keep} instance(s) needed)")

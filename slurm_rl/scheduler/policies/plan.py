@@ -29,6 +29,10 @@ reachable now the one with the earliest forecast end:
    seen): RLinf's rules with pre-process (``auto+pre_process``), until the forecast can be fitted;
    but the held-back actor comes back only once its first mini-batch's data is in (its GPUs
    decode until then instead of waiting for data).
+
+The ladder's steps are the actor rank counts some tensor-parallel choice can use (a valid DP
+size, each TP group inside one node); a decision whose actor ranks do not suit the size in force
+carries the smallest choice that does (``placement_ops.with_actor_tp``).
 """
 
 from __future__ import annotations
@@ -40,13 +44,24 @@ from dataclasses import dataclass
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.forecast import Forecast, piecewise_seconds
 from slurm_rl.scheduler.history import CURVE_POINTS
-from slurm_rl.scheduler.placement_ops import idle_ranks, iteration_start_placement, rollout_instances, take_groups
+from slurm_rl.scheduler.placement_ops import (
+    choose_actor_tp,
+    idle_ranks,
+    iteration_start_placement,
+    rollout_instances,
+    take_groups,
+    with_actor_tp,
+)
 from slurm_rl.scheduler.policies.auto import decide_auto, starved_components
-from slurm_rl.scheduler.state import Decision, RankMap, SchedState
+from slurm_rl.scheduler.state import Decision, RankMap, SchedState, valid_dp_sizes
 
 
 def decide_plan(state: SchedState) -> Decision | None:
     """The ``plan`` policy (see the module docstring)."""
+    return with_actor_tp(state, _decide(state))
+
+
+def _decide(state: SchedState) -> Decision | None:
     if state.phase == "start" or (state.phase == "end" and state.iteration + 1 < state.num_iterations):
         start = plan_start_placement(state)
         if state.current == start:
@@ -153,7 +168,7 @@ def _ladder(state: SchedState, held: bool) -> list[_Step]:
     every step holds the ranks of the smaller ones."""
     cur, cfg = state.current, state.cfg
     out = state.rollout.outstanding
-    tp = cfg.actor_ranks_per_instance
+    world, gbs, mbs = len(state.world_ranks), state.batch.global_batch_size, state.batch.micro_batch_size
     instances = rollout_instances(cur["rollout"], cfg.rollout_ranks_per_instance)
     free: list[tuple[int, ...]] = [(r,) for r in idle_ranks(state.world_ranks, cur)]
     if state.inference.finished:
@@ -173,22 +188,30 @@ def _ladder(state: SchedState, held: bool) -> list[_Step]:
     n_fixed = len(free)
     free.extend(instances)
     keep_inf = () if state.inference.finished else cur["inference"]
-    cur_dp = len(base) // tp
+    # the actor rank counts some tensor-parallel choice can use, ascending (the base first)
+    sizes = [len(base)] + sorted({dp * tp for tp in cfg.tp_choices for dp in valid_dp_sizes(gbs, mbs, world // tp)
+                                  if dp * tp > len(base)})
     steps = []
-    for dp in [cur_dp] + [d for d in state.actor_valid_dp_sizes() if d > cur_dp]:
-        need = (dp - cur_dp) * tp
+    for n in sizes:
+        need = n - len(base)
         taken, used = take_groups(free, need)
         if len(taken) < need:
             break
         released = max(0, used - n_fixed)
         if out and released >= len(instances):
             break  # rollout keeps at least one instance while it has work
+        actor = tuple(sorted(base + taken))
+        tp = choose_actor_tp(actor, state.tp, world, cfg, gbs, mbs)
+        if tp is None:
+            if need:
+                continue  # no tensor-parallel size suits these ranks (e.g. a TP group across nodes)
+            tp = state.tp
         placement: RankMap = {
-            "actor": tuple(sorted(base + taken)),
+            "actor": actor,
             "rollout": tuple(r for inst in instances[released:] for r in inst),
             "inference": keep_inf,
         }
-        steps.append(_Step(dp, placement, len(instances) - released, released))
+        steps.append(_Step(n // tp, placement, len(instances) - released, released))
     return steps
 
 
@@ -214,7 +237,7 @@ def _data_in(state: SchedState) -> int:
 
 def _state_dp(state: SchedState) -> int:
     """DP of the ranks holding the actor's state now (a held-back actor keeps it where it was)."""
-    tp = state.cfg.actor_ranks_per_instance
+    tp = state.tp
     if state.current["actor"]:
         return len(state.current["actor"]) // tp
     if state.actor.state_dp is not None:
