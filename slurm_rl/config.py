@@ -1094,7 +1094,8 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
         root.cluster.gpus_per_node = gpus
         typed.cluster.gpus_per_node = gpus
     # an actor model replica is one TP group: the default ranks per instance follows actor.tensor_parallel
-    root.scheduler.actor_ranks_per_instance = typed.actor.tensor_parallel
+    # (in the typed config only: the resolved config.yaml keeps what was written, so a run resumed with
+    # another actor.tensor_parallel is not refused over a value derived from the old one)
     typed.scheduler.actor_ranks_per_instance = typed.actor.tensor_parallel
     OmegaConf.set_readonly(root, True)
     sections = {name: getattr(typed, name) for name in ENGINE_SECTIONS}

@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import filelock
 
-from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
+from slurm_rl.config import ActorSection, Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.atomic import atomic_write_bytes, atomic_write_json, read_json
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.errors import TornFileError
@@ -42,7 +43,12 @@ from slurm_rl.resume.stop import clear_stop
 
 RESUME_FILE = "resume.json"
 # Sections and keys a resumed run may not change: they decide what the run computes.
-FROZEN = ("model", "algorithm", "data", "reward", "actor", "rollout", "emulated", "runtime.seed", "runtime.device",
+# How the actor is laid out and run: a resumed run may change these (the checkpoint is full state
+# by parameter name, loaded at any TP, DP and ZeRO setting); every other actor key decides results.
+ACTOR_LAYOUT_KEYS = ("zero1", "threads", "warm_joiners", "recompute", "tensor_parallel", "tensor_parallel_choices",
+                     "pipeline_parallel")
+FROZEN = ("model", "algorithm", "data", "reward", "rollout", "emulated", "runtime.seed", "runtime.device",
+          *(f"actor.{f.name}" for f in dataclasses.fields(ActorSection) if f.name not in ACTOR_LAYOUT_KEYS),
           "train.rollout_batch_size", "train.group_size", "train.global_batch_size", "train.micro_batch_size",
           "train.max_tokens_per_microbatch", "train.minibatch_order", "scheduler.seed")
 

@@ -14,8 +14,9 @@ an epoch that is not acknowledged in ``runtime.ack_timeout_s`` (or whose missing
 heartbeat) fails the run with an error naming the epoch, ranks and hosts. Each published decision
 logs its decision latency (state read -> published) and switch latency (published -> all acked).
 
-The actor's tensor-parallel size in force starts at ``actor.tensor_parallel`` (a restarted or
-resumed coordinator takes it from the last epoch); a decision's ``actor_tp`` changes it. Every
+The actor's tensor-parallel size in force starts at ``actor.tensor_parallel`` (a restarted
+coordinator takes it from the last epoch; a resumed run starts on its config's placement and size);
+a decision's ``actor_tp`` changes it. Every
 epoch carries it in ``placement["actor"]["tp"]`` and in ``extra["actor_tp"]`` (also while the
 actor holds no ranks); a decision with the same ranks but another size is a new epoch.
 """
@@ -213,13 +214,9 @@ class CoordinatorLoop:
         return self.actor_tp if decision.actor_tp is None else decision.actor_tp
 
     def _resume_tp(self) -> int:
-        """The size a resumed run starts with on the configured placement: the last epoch's when it
-        suits the configured actor ranks, else ``actor.tensor_parallel``."""
-        actor = self.cfg.placement.components.get("actor")
-        if actor is None or not placement_problems(
-                {"actor": actor.ranks}, self.world, policy_config(self.cfg), self.cfg.train.global_batch_size,
-                self.cfg.train.micro_batch_size, actor_tp=self.actor_tp):
-            return self.actor_tp
+        """The size a resumed run starts with: ``actor.tensor_parallel`` of the config it resumes
+        with, as it starts on the configured placement (the ranks re-build the actor at that size
+        and load the full checkpoint; a policy may change it later)."""
         return self.cfg.actor.tensor_parallel
 
     def _usable(self, decision: Decision) -> list[str]:

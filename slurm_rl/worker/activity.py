@@ -120,10 +120,11 @@ class RecordingCompute:
         self.span("actor", begin, end, iteration=k, minibatch=index)
         return ready, stats
 
-    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
+    def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
+                ) -> dict[str, Any]:
         self._flush_reshard()
         start = time.time()
-        figures = self.inner.reshard(old, new, epoch)
+        figures = self.inner.reshard(old, new, epoch, old_tp=old_tp, new_tp=new_tp)
         seconds = float(figures.get("seconds") or 0.0)
         if time.time() - start >= 0.5 * seconds:  # it took the time: record it as it happened
             self.span("reshard", start, time.time(), epoch=epoch)
@@ -137,9 +138,9 @@ class RecordingCompute:
             self._pending_reshard = None
             self.span("reshard", called, called + seconds, epoch=epoch)
 
-    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
         start = time.time()
-        figures = self.inner.sync_weights(k, src, ranks)
+        figures = self.inner.sync_weights(k, src, ranks, gather)
         self.span("sync", start, time.time(), iteration=k)
         return figures
 

@@ -66,11 +66,14 @@ class Compute(Protocol):
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         """Reference logprobs of ``rollouts``: (INFERENCE rows, ready at)."""
 
-    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
-        """Move the actor's state from ranks ``old`` to ``new`` in place (called by their union)."""
+    def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
+                ) -> dict[str, Any]:
+        """Move the actor's state from ranks ``old`` (TP ``old_tp``) to ``new`` (TP ``new_tp``) in
+        place (called by their union)."""
 
-    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
-        """Weights of version ``k`` from actor rank ``src`` to the rollout ranks (called by ``ranks``)."""
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
+        """Weights of version ``k`` from actor rank ``src`` to the rollout ranks (called by ``ranks`` and
+        by ``gather``: the TP group of ``src``, whose shards ``src`` gathers first)."""
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         """Seconds a mini-batch takes (reshard ``old`` -> ``new`` included), when known in advance."""

@@ -122,13 +122,14 @@ class EmulatedCompute:
         self.inference_busy_until = max(now, self.inference_busy_until) + seconds
         return out, self.inference_busy_until
 
-    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
-        nbytes = self.cost.reshard_bytes(len(old) // self.actor_tp, len(new) // self.actor_tp)
+    def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
+                ) -> dict[str, Any]:
+        nbytes = self.cost.reshard_bytes(len(old) // max(old_tp, self.actor_tp), len(new) // max(new_tp, self.actor_tp))
         joiners = set(new) - set(old)
         received = nbytes // max(1, len(joiners)) if self.rank in joiners else 0
         return {"bytes_moved": nbytes, "bytes_received": received, "seconds": self.cost.transfer_seconds(nbytes)}
 
-    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
         return {}
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:

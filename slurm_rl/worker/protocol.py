@@ -159,6 +159,7 @@ class IterationProtocol:
         self.initial_actor = sorted(cfg.placement.components["actor"].ranks) if "actor" in cfg.placement.components else []
         # Ranks that hold the actor's state: a function of the plans walked so far, the same on every rank.
         self.actor_ranks: list[int] = list(self.initial_actor)
+        self.actor_tp = int(cfg.actor.tensor_parallel)  # the actor's TP size, as the epochs walked so far say
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
@@ -185,19 +186,22 @@ class IterationProtocol:
         figures["seconds"] = time.monotonic() - start
         return figures
 
-    def move_actor(self, new: list[int], epoch: int, k: int, rt: WorkerRuntime) -> None:
-        """Reshard the actor's state to ``new`` when it differs (every rank calls; the union acts)."""
-        old = self.actor_ranks
-        if not new or new == old:
+    def move_actor(self, new: list[int], epoch: int, k: int, rt: WorkerRuntime, tp: int | None = None) -> None:
+        """Reshard the actor's state to ranks ``new`` at TP ``tp`` (default: unchanged) when either
+        differs (every rank calls; the union acts)."""
+        old, old_tp = self.actor_ranks, self.actor_tp
+        new_tp = int(tp or old_tp)
+        if not new or (new == old and new_tp == old_tp):
             return
         if self.info.rank in set(old) | set(new):
             started = time.time()
             fault_point("reshard", rank=self.info.rank, epoch=epoch, iteration=k)
-            with collective(f"reshard of the actor {old} -> {new}", self.info, epoch, k):
-                figures = self.compute.reshard(old, new, epoch)
+            with collective(f"reshard of the actor {old} (TP {old_tp}) -> {new} (TP {new_tp})", self.info, epoch, k):
+                figures = self.compute.reshard(old, new, epoch, old_tp=old_tp, new_tp=new_tp)
             write_reshard(self.paths, epoch, self.info.rank, self.info.host, {
-                **figures, "iteration": k, "old": old, "new": new, "started_at": started, "done_at": time.time()})
-        self.actor_ranks = list(new)
+                **figures, "iteration": k, "old": old, "new": new, "old_tp": old_tp, "new_tp": new_tp,
+                "started_at": started, "done_at": time.time()})
+        self.actor_ranks, self.actor_tp = list(new), new_tp
 
     # -- one iteration --------------------------------------------------------------------------
     def run_iteration(self, iteration: int, rt: WorkerRuntime) -> None:
@@ -207,16 +211,17 @@ class IterationProtocol:
         if self.gate is not None:  # outside its job's turn a rank's engines stay parked (weights sync parked)
             self.gate.park()
         before = list(self.actor_ranks)
-        self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt)
+        self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt, tp=start.tp_of("actor"))
         rollout = sorted(start.ranks_of("rollout"))
         ranks = sorted({self.actor_ranks[0], *rollout}) if rollout else []
+        gather = self.actor_ranks[:self.actor_tp] if rollout else []  # the source's TP group
         if self.info.rank in ranks:
             fault_point("weight_sync", rank=self.info.rank, iteration=iteration)
         sync = {}
-        if self.info.rank in ranks:
+        if self.info.rank in ranks or self.info.rank in gather:
             with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {ranks}", self.info,
                             start.epoch, iteration):
-                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks)
+                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks, gather)
         if rollout and self.info.rank == rollout[0] and eval_due(self.cfg.eval.every, iteration):
             figures = self.compute.evaluate(iteration)  # the weights v{iteration} just received
             if figures is not None:
@@ -667,8 +672,9 @@ class _ActorFollower:
             assert rt.epoch is not None
             if rt.epoch.epoch < entry["epoch"]:
                 return now + p.poll  # the stamped epoch is not applied here yet
-            actor = sorted(p.epoch(int(entry["epoch"]), rt).ranks_of("actor"))
-            p.move_actor(actor, int(entry["epoch"]), self.it.k, rt)
+            stamped = p.epoch(int(entry["epoch"]), rt)
+            actor = sorted(stamped.ranks_of("actor"))
+            p.move_actor(actor, int(entry["epoch"]), self.it.k, rt, tp=stamped.tp_of("actor"))
             if rank not in actor:
                 self.next += 1
                 continue
@@ -678,7 +684,7 @@ class _ActorFollower:
             self.it.report_now(now)
             with collective(f"training step {self.next} on actor ranks {actor}", p.info, rt.epoch.epoch, self.it.k):
                 ready_at, stats = p.compute.train(self.it.k, self.next, batch, actor, entry.get("ready_at"))
-            marker = {"index": self.next, "epoch": entry["epoch"], "dp": len(actor), "ranks": actor,
+            marker = {"index": self.next, "epoch": entry["epoch"], "dp": len(actor), "tp": p.actor_tp, "ranks": actor,
                       "done_at": ready_at, **stats} if rank == actor[0] else None
             self.busy = (ready_at, self.next, marker)
             now = time.time()

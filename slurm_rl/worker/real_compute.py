@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from slurm_rl.config import Config
+from slurm_rl.config import Config, actor_precision
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
@@ -188,7 +188,8 @@ class RealCompute:
         self.groups = GroupCache(timeout=cfg.runtime.wait_timeout_s)
         initial = sorted(cfg.placement.components["actor"].ranks)
         self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device,
-                                    checkpoint=self.checkpoint)
+                                    checkpoint=self.checkpoint, tp=cfg.actor.tensor_parallel,
+                                    precision=actor_precision(cfg), recompute=cfg.actor.recompute)
         self.warm_s = 0.0
         if cfg.actor.warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
             self.warm_s = self.trainer.warm()
@@ -367,13 +368,16 @@ class RealCompute:
             record_reward_faults(self.run_dir, k, self.rank, *self._reward_faults[k])
         return [float(v) for v in result.values]
 
-    def sync_weights(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
-        """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations)."""
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
+        """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations),
+        in the actor's compute dtype; under TP ``src`` first gathers the shards of its TP group ``gather``."""
         from slurm_rl.engines.convert import megatron_to_hf
         from slurm_rl.engines.weight_sync import broadcast_weights
 
-        named = (list(megatron_to_hf(self.trainer.named_parameters_for_sync(), self.model_cfg))
-                 if self.rank == src else None)
+        full = self.trainer.full_parameters() if self.rank in (gather or [src]) else None
+        named = list(megatron_to_hf(full, self.model_cfg)) if self.rank == src and full is not None else None
+        if self.rank not in ranks:  # a TP peer of the source: its shards are given
+            return {}
         stats = None
         received: list[Any] = []
         if len(ranks) > 1:
@@ -394,8 +398,10 @@ class RealCompute:
         return inference_table(rollouts, ref, self.rank), time.time()
 
     # -- actor ----------------------------------------------------------------------------------
-    def reshard(self, old: list[int], new: list[int], epoch: int) -> dict[str, Any]:
-        return {key: float(v) for key, v in self.trainer.reshard(new, epoch=epoch, old_ranks=old).items()}
+    def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
+                ) -> dict[str, Any]:
+        figures = self.trainer.reshard(new, epoch=epoch, old_ranks=old, new_tp=new_tp, old_tp=old_tp)
+        return {key: float(v) for key, v in figures.items()}
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         return None  # measured, not predicted
@@ -405,7 +411,7 @@ class RealCompute:
         from slurm_rl.engines.actor.microbatch import shard_for_rank
 
         rows = batch.to_pylist()
-        mine = shard_for_rank(rows, ranks.index(self.rank), len(ranks))
+        mine = shard_for_rank(rows, self.trainer.dp_rank, self.trainer.dp_size)  # TP peers share one
         t0 = time.perf_counter()
         stats = self.trainer.train_step([self._sample(r) for r in mine], self._loss_fn())
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}

@@ -28,17 +28,17 @@ FORMAT = "slurm_rl.actor/1"
 
 
 def save_checkpoint(trainer: ActorTrainer, path: str | os.PathLike[str]) -> Path | None:
-    """Save the actor (collective over its DP group); DP rank 0 writes ``path``.
+    """Save the actor (collective over its ranks); its first rank writes ``path``.
 
     Returns the path on the writing rank, None on the others, once the checkpoint is in place
     (all DP ranks return after the rename). Refuses to overwrite.
     """
     target = Path(path)
     state = trainer.state_dict()
-    # Without ZeRO-1 every DP rank holds the full state; DP rank 0 alone writes it.
-    written = _write(state, target) if state is not None and trainer.dp_rank == 0 else None
-    if trainer.dp_size > 1:
-        dist.barrier(group=trainer.dp_group)  # bounded by the DP group's timeout
+    # The actor's first rank gathers the full state (TP shards, ZeRO-1 slices) and writes it.
+    written = _write(state, target) if state is not None else None
+    if len(trainer.ranks) > 1:  # bounded by the group's timeout
+        dist.barrier(group=trainer.group_cache.get(trainer.ranks, "actor checkpoint"))
     return written
 
 

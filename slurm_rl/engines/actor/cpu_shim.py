@@ -3,7 +3,8 @@
 megatron-core assumes CUDA in a few places that the local (non-TransformerEngine) layer spec
 still reaches on CPU: ``torch.cuda.current_device()`` as a device argument,
 ``torch.cuda.synchronize()`` before ``dist_checkpointing`` writes, the CUDA RNG state
-tracker forked around attention dropout, and the default causal mask created on ``"cuda"``.
+tracker forked around attention dropout (and saved and restored around each block that activation
+recompute re-runs), and the default causal mask created on ``"cuda"``.
 This module is the one place that monkeypatches megatron/torch for that; it does nothing when
 CUDA is available. Patching is process-wide by nature, so it is idempotent.
 """
@@ -106,6 +107,9 @@ def apply_cpu_shim() -> bool:
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     # dist_checkpointing synchronises the device before writing; nothing to wait for on CPU.
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    # activation recompute saves and restores the CUDA RNG state around each recomputed block
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     tracker = _cpu_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER = tracker
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

@@ -420,7 +420,7 @@ class ActorTrainer:
         self._require_live("state_dict")
         assert self.flat is not None
         moments = self._full_moments()
-        if moments is None:
+        if moments is None or self.dp_rank != 0:  # DP rank 0's TP group holds a full replica
             return None
         parts = self._tp_gather([self.flat.data, *moments])
         if parts is None:
