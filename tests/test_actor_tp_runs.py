@@ -105,6 +105,7 @@ def test_tp_switch_mid_run_equals_stop_and_resume_at_tp1(backend: str, tmp_path_
 
     live = _run(tmp_path_factory, f"tp-switch-{backend}", switched)
     assert _actor_layouts(live) == [[(2, 2)] * 4, [(2, 1)] * 4]
+    assert [(m["actor_tp"], m["actor_dp"]) for m in read_metrics(live)] == [([2], 1), ([1], 2)]
 
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"

@@ -588,7 +588,8 @@ class _Cutter:
         seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
         self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
                           "ready_at": None if seconds is None else now + seconds, "rows": batch.num_rows,
-                          "tokens": tokens, "dp": len(actor), "resharded": actor != self.last_actor})
+                          "tokens": tokens, "dp": len(actor), "tp": rt.epoch.tp_of("actor"),  # dp: actor ranks
+                          "resharded": actor != self.last_actor})
         atomic_write_json(stage_dir(self.it.p.run_dir, self.it.k, ACTOR_STAGE) / PLAN_FILE,
                           {"iteration": self.it.k, "minibatches": self.plan}, durable=False)
         self.writer.write(batch)
@@ -891,9 +892,10 @@ class _Iteration:
             "minibatches": c.cut,
             "seconds": time.monotonic() - c.started,
             "sync_s": self.sync.get("seconds"), "sync_bytes": self.sync.get("bytes"),
-            "actor_dp": max(int(e["dp"]) for e in c.plan),
+            "actor_dp": max(int(e["dp"]) // int(e.get("tp", 1)) for e in c.plan),
+            "actor_tp": sorted({int(e.get("tp", 1)) for e in c.plan}),
             "time": time.time(),
-            "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "seconds", "resharded")} for e in c.plan],
+            "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "tp", "seconds", "resharded")} for e in c.plan],
         }
         if self.p.cfg.runtime.device != "emulated":  # every rollout rank's generate ended before training did
             row.update(reward_faults(self.p.run_dir, self.k))
