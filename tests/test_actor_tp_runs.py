@@ -125,3 +125,22 @@ def test_tp_switch_mid_run_equals_stop_and_resume_at_tp1(backend: str, tmp_path_
         assert len(_losses(live)) == 4 * ITERATIONS
         assert_losses_match(_losses(run_dir), _losses(live))
         assert_params_match(run_dir, live, rtol=1e-5)
+
+
+def test_auto_picks_the_actor_tp_per_epoch(tmp_path: Path) -> None:
+    """2 nodes x 3 slots, actor TP 2 on ranks 0-1, choices [1, 2]: when auto grows the actor to ranks
+    0-3, TP 2 would split the group (2, 3) over the nodes, so the epoch switches to TP 1 (DP 4); the
+    return to ranks 0-1 at the next iteration restores the configured TP 2. (Emulated: which size the
+    policy picks is scheduling; the in-place TP change itself is the switch test's, on both backends.)"""
+    run_dir = tmp_path / "run"
+    cfg = emulated_config(run_dir, nodes=2, gpus_per_node=3, iterations=2)
+    cfg["scheduler"] = {"policy": "auto"}
+    cfg["cluster"].update(auto_scheduler=True, component_placement={"actor": "0-1", "rollout": "2-4", "inference": "5"})
+    cfg["actor"] = {"tensor_parallel": 2, "tensor_parallel_choices": [1, 2]}
+    launch(tmp_path / "c.yaml", cfg, "--no-inspect")
+    layouts = [(e.iteration, tuple(e.ranks_of("actor")), e.tp_of("actor")) for e in EpochStore(RunPaths(run_dir)).all()]
+    for k in range(2):
+        mine = [(ranks, tp) for it, ranks, tp in layouts if it == k]
+        assert mine[0] == ((0, 1), 2) and ((0, 1, 2, 3), 1) in mine, layouts
+        assert all(tp == 1 for ranks, tp in mine if len(ranks) == 4), layouts
+    assert all(1 in m["actor_tp"] for m in read_metrics(run_dir))  # mini-batches trained at TP 1 (DP 4)

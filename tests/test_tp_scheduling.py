@@ -69,11 +69,13 @@ def test_placement_problems_with_tp() -> None:
     assert "tensor-parallel size 4 is not one of [1, 2]" in problem
 
 
-def test_choose_actor_tp_keeps_the_size_in_force_when_valid() -> None:
+def test_choose_actor_tp_prefers_the_configured_size_then_the_size_in_force() -> None:
     pc = cfg(tp=1, choices=(1, 2, 4))
-    assert choose_actor_tp((0, 1, 2, 3), 2, 8, pc, GBS, MBS) == 2  # valid: kept
-    assert choose_actor_tp((0, 1, 2, 3), 4, 8, pc, GBS, MBS) == 4
-    assert choose_actor_tp((0, 1, 2), 2, 8, pc, GBS, MBS) == 1  # the smallest valid choice
+    assert choose_actor_tp((0, 1, 2, 3), 2, 8, pc, GBS, MBS) == 1  # the configured size fits: back to it
+    pc = cfg(tp=4, choices=(1, 2, 4))
+    assert choose_actor_tp((0, 1, 2, 3), 2, 8, pc, GBS, MBS) == 4
+    assert choose_actor_tp((0, 1), 2, 8, pc, GBS, MBS) == 2  # tp 4 does not fit 2 ranks: the size in force
+    assert choose_actor_tp((0, 1, 2), 2, 8, pc, GBS, MBS) == 1  # neither fits: the smallest valid choice
     assert choose_actor_tp((2, 3, 4, 5), 4, 8, pc, GBS, MBS) == 1  # tp 4 spans nodes, tp 1 is the smallest
     assert choose_actor_tp((0, 1, 2, 3, 4), 1, 8, pc, GBS, MBS) is None  # DP 5 is not valid, nor 2.5 or 1.25
     assert choose_actor_tp((), 4, 8, pc, GBS, MBS) == 4
@@ -123,22 +125,22 @@ def test_auto_picks_a_tp_choice_when_the_size_in_force_does_not_fit() -> None:
     assert d is None or d.placement["actor"] == (0, 1)
 
 
-def test_auto_keeps_the_size_in_force_when_it_fits() -> None:
+def test_auto_keeps_or_restores_the_configured_size_when_it_fits() -> None:
     current = {"actor": (0, 1), "rollout": (4, 5, 6, 7), "inference": ()}  # ranks 2-3 idle
     d = decide_auto(state(current, cfg(choices=(1, 2))))
     assert d is not None and d.placement["actor"] == (0, 1, 2, 3) and d.actor_tp is None, d
-    # the size in force (1, after an earlier switch) fits the grown actor: kept
+    # size 1 in force after an earlier switch: the grown actor fits the configured 2 again
     d = decide_auto(state(current, cfg(choices=(1, 2)), actor_tp=1))
-    assert d is not None and d.placement["actor"] == (0, 1, 2, 3) and d.actor_tp is None, d
+    assert d is not None and d.placement["actor"] == (0, 1, 2, 3) and d.actor_tp == 2, d
 
 
-def test_auto_returns_to_the_initial_ranks_with_a_size_that_fits() -> None:
+def test_auto_returns_to_the_initial_ranks_at_the_configured_size() -> None:
     initial = {"actor": (0, 1), "rollout": (2, 3, 4, 5, 6, 7), "inference": ()}
     grown = {"actor": (0, 1, 2), "rollout": (3, 4, 5, 6, 7), "inference": ()}
     s = state(grown, cfg(tp=2, choices=(1, 2)), actor_tp=1, finished=0, running=0, initial=initial)
     assert s.phase == "start"
     d = decide_auto(s)
-    assert d is not None and d.placement == initial and d.actor_tp is None  # tp 1 in force fits DP 2: kept
+    assert d is not None and d.placement == initial and d.actor_tp == 2  # back to the configured size
 
 
 def test_scripted_step_with_actor_tp() -> None:
@@ -197,7 +199,8 @@ def test_policy_config_of_a_tp_config(tmp_path: Path) -> None:
 
 def test_coordinator_epochs_carry_the_actor_tp(tmp_path: Path) -> None:
     """Epoch 0 carries actor.tensor_parallel; a decision with the same ranks and another size is
-    a new epoch; a restarted coordinator goes on with the size in force."""
+    a new epoch; a restarted coordinator goes on with the size in force, a resumed run starts at the
+    configured size."""
     from slurm_rl.scheduler.coordinator import CoordinatorLoop
     from slurm_rl.scheduler.live_state import initial_decision
 
@@ -226,9 +229,7 @@ def test_coordinator_epochs_carry_the_actor_tp(tmp_path: Path) -> None:
     assert loop.decide_mid_iteration(0, progress, 0.0) is None  # nothing changes any more
     restarted = CoordinatorLoop(cfg, paths, generation=1, policy=lambda s: None, log=lambda m: None)
     assert restarted.actor_tp == 1 and restart_decision(second, "restart").actor_tp == 1
-    assert restarted._resume_tp() == 1  # a resume on the configured ranks 0-1: tp 1 (DP 2) still suits them
-    restarted.actor_tp = 4  # a size that does not suit them: back to actor.tensor_parallel
-    assert restarted._resume_tp() == 2
+    assert restarted._resume_tp() == 2  # a resumed run starts at its config's actor.tensor_parallel
 
 
 def test_simulator_follows_the_tp_choices() -> None:

@@ -86,12 +86,14 @@ def actor_tp_problems(actor: Sequence[int], tp: int, world_size: int, cfg: Polic
 
 def choose_actor_tp(actor: Sequence[int], current_tp: int, world_size: int, cfg: PolicyConfig,
                     global_batch_size: int, micro_batch_size: int) -> int | None:
-    """The actor's tensor-parallel size on ranks ``actor``: ``current_tp`` when it is usable there
-    (see :func:`actor_tp_problems`), else the smallest usable one of ``cfg.tp_choices``; None
-    when none is. An empty actor keeps ``current_tp``."""
+    """The actor's tensor-parallel size on ranks ``actor``: the configured size
+    (``cfg.actor_ranks_per_instance``, i.e. ``actor.tensor_parallel``: the user's choice, so the actor
+    returns to it whenever it fits), else ``current_tp`` when it is usable there (see
+    :func:`actor_tp_problems`), else the smallest usable one of ``cfg.tp_choices``; None when none
+    is. An empty actor keeps ``current_tp``."""
     if not actor:
         return current_tp
-    for tp in (current_tp, *cfg.tp_choices):
+    for tp in (cfg.actor_ranks_per_instance, current_tp, *cfg.tp_choices):
         if not actor_tp_problems(actor, tp, world_size, cfg, global_batch_size, micro_batch_size):
             return tp
     return None
