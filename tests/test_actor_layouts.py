@@ -92,7 +92,7 @@ def _logprob_gap(trainer: Any, full: dict[str, torch.Tensor]) -> float:
         return float((token_logprobs(trainer.model, ids) - token_logprobs(ref, ids)).abs().max())
 
 
-VARIANTS = [(False, "fp32"), (True, "fp32"), (False, "bf16")]  # (zero1, precision)
+VARIANTS = [(False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16")]  # (zero1, precision)
 
 
 def walk_worker(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -133,7 +133,8 @@ def _walk(rank: int, root: str, zero1: bool, precision: str) -> dict[str, Any]:
 
 
 def test_every_layout_change_equals_a_full_save_and_load() -> None:
-    """fp32, fp32 with ZeRO-1, and bf16 (fp32 master): 42 changes each."""
+    """fp32, fp32 with ZeRO-1, bf16 (fp32 master) and bf16 with ZeRO-1 (the fp32 master sharded
+    too): 42 changes each."""
     with tempfile.TemporaryDirectory() as root:
         out = run_local(walk_worker, 4, args=(root,), timeout_s=900)
     for variant in out[0]:

@@ -84,10 +84,13 @@ class FlatParams:
     slots of one ``storage`` tensor; the optimizer keeps its (unsharded) Adam moments in slots
     1 and 2, so master weights plus optimizer state are one contiguous buffer that a reshard sends
     as a single message. ``copy_values=False`` skips copying the model's current values (a
-    skeleton whose weights are about to be overwritten).
+    skeleton whose weights are about to be overwritten). ``full_master=False`` (bf16 only) holds no
+    fp32 master here: under ZeRO-1 the optimizer keeps only its DP rank's slice of it
+    (:attr:`DPAdamW.master`); ``data`` and ``storage`` are then empty.
     """
 
-    def __init__(self, model: torch.nn.Module, slots: int = 1, copy_values: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, slots: int = 1, copy_values: bool = True,
+                 full_master: bool = True) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.shapes = [tuple(p.shape) for _, p in named]
@@ -103,12 +106,13 @@ class FlatParams:
         # A skeleton's storage is zero-filled here so that its pages are resident before a
         # reshard receives into it (faulting them in during the receive made the transfer
         # ~2x slower than the broadcast bound); its gradients are zeroed by train_step.
+        self.mixed = self.compute_dtype != torch.float32
+        self.full_master = full_master or not self.mixed
         alloc = torch.empty if copy_values else torch.zeros
-        self.storage = alloc(slots * total, dtype=torch.float32, device=device)
+        self.storage = alloc(slots * total if self.full_master else 0, dtype=torch.float32, device=device)
         self.data = self.storage[:total]
         grad_alloc = torch.zeros if copy_values else torch.empty
         self.grad = grad_alloc(total, dtype=torch.float32, device=device)
-        self.mixed = self.compute_dtype != torch.float32
         self.compute = (torch.zeros(total, dtype=self.compute_dtype, device=device) if self.mixed
                         else self.data)
         self.params = [p for _, p in named]
@@ -117,7 +121,7 @@ class FlatParams:
         self._hooks = []
         with torch.no_grad():
             for p, off in zip(self.params, self.offsets):
-                if copy_values:
+                if copy_values and self.full_master:
                     self.data[off:off + p.numel()].copy_(p.detach().reshape(-1))
                 if self.mixed:
                     if copy_values:
@@ -137,8 +141,9 @@ class FlatParams:
         return hook
 
     def sync_compute(self) -> None:
-        """Copy the fp32 master weights into the bf16 compute parameters (no-op in fp32)."""
-        if self.mixed:
+        """Copy the fp32 master weights into the bf16 compute parameters (no-op in fp32, and
+        without a full master: the optimizer refreshes its slice and gathers the rest)."""
+        if self.mixed and self.full_master:
             with torch.no_grad():
                 self.compute.copy_(self.data)
 
@@ -193,7 +198,8 @@ class FlatParams:
 
 
 class DPAdamW:
-    """AdamW with fp32 state over a DP group; ZeRO-1 shards ``exp_avg``/``exp_avg_sq``."""
+    """AdamW with fp32 state over a DP group; ZeRO-1 shards ``exp_avg``/``exp_avg_sq`` (and, in
+    bf16, the fp32 master weights: :attr:`master`)."""
 
     def __init__(self, flat: FlatParams, cfg: OptimConfig, dp_group: dist.ProcessGroup | None,
                  dp_rank: int, dp_size: int, zero_state: bool = True,
@@ -219,8 +225,21 @@ class DPAdamW:
                 self.exp_avg.zero_()
                 self.exp_avg_sq.zero_()
         else:
-            self.exp_avg = alloc(hi - lo, dtype=torch.float32, device=flat.data.device)
-            self.exp_avg_sq = alloc(hi - lo, dtype=torch.float32, device=flat.data.device)
+            self.exp_avg = alloc(hi - lo, dtype=torch.float32, device=flat.grad.device)
+            self.exp_avg_sq = alloc(hi - lo, dtype=torch.float32, device=flat.grad.device)
+        # without a full master (bf16 + ZeRO-1) this rank's own slice of it; set by the caller on a reshard
+        self.master_slice: torch.Tensor | None = None
+        if not flat.full_master:
+            self.master_slice = (flat.compute[lo:hi].float() if zero_state
+                                 else torch.empty(hi - lo, dtype=torch.float32, device=flat.grad.device))
+
+    @property
+    def master(self) -> torch.Tensor:
+        """The fp32 master weights this rank updates (its :attr:`state_range`)."""
+        if self.master_slice is not None:
+            return self.master_slice
+        lo, hi = self.state_range
+        return self.flat.data[lo:hi]
 
     def set_group(self, dp_group: dist.ProcessGroup | None, dp_rank: int, dp_size: int) -> None:
         """Point the optimizer at a (new) DP group; state buffers are replaced by the caller."""
@@ -276,7 +295,7 @@ class DPAdamW:
         lo, hi = self.state_range
         cfg = self.cfg
         g = self.flat.grad[lo:hi]
-        p = self.flat.data[lo:hi]
+        p = self.master
         self.exp_avg.lerp_(g, 1.0 - cfg.beta1)
         self.exp_avg_sq.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
         if cfg.weight_decay:
@@ -288,14 +307,19 @@ class DPAdamW:
         bc2 = 1.0 - cfg.beta2 ** self.step_count
         denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bc2)).add_(cfg.eps)
         p.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
+        if not self.flat.full_master:
+            self.flat.compute[lo:hi].copy_(p)
         if cfg.zero1 and self.dp_size > 1:
             self._gather_params()
         self.flat.sync_compute()
         return norm
 
     def _gather_params(self) -> None:
+        """Every DP rank's updated slice to all: the master (fp32), or without a full master the
+        bf16 compute parameters made from each rank's master slice."""
         ranks = dist.get_process_group_ranks(self.dp_group)
+        buf = self.flat.data if self.flat.full_master else self.flat.compute
         for i, src in enumerate(ranks):
             a, b = shard_range(self.flat.numel, self.dp_size, i)
             if a < b:
-                dist.broadcast(self.flat.data[a:b], src=src, group=self.dp_group)
+                dist.broadcast(buf[a:b], src=src, group=self.dp_group)

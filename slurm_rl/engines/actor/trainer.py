@@ -136,6 +136,11 @@ class ActorTrainer:
         return not self._active and self.model is not None
 
     @property
+    def sharded_master(self) -> bool:
+        """Whether each DP rank keeps only its ZeRO-1 slice of the fp32 master (bf16 + ZeRO-1)."""
+        return self.precision == "bf16" and self.optim_cfg.zero1
+
+    @property
     def layout(self) -> Layout:
         """The actor's current layout (TP x DP over its ranks)."""
         return Layout(tuple(self.ranks), self.tp)
@@ -204,7 +209,8 @@ class ActorTrainer:
                 shard=lambda name, full: specs[name].shard(full, tp, tp_rank))
         # Without ZeRO-1 the Adam moments live in slots 1-2 next to the parameters, so a
         # reshard broadcasts parameters and optimizer state as one buffer.
-        flat = FlatParams(model, slots=1 if self.optim_cfg.zero1 else 3, copy_values=initialize)
+        flat = FlatParams(model, slots=1 if self.optim_cfg.zero1 else 3, copy_values=initialize,
+                          full_master=not self.sharded_master)
         return model, flat
 
     @staticmethod
@@ -241,7 +247,7 @@ class ActorTrainer:
         reshard adds it. Returns the seconds spent (0 when already warm or active).
         """
         self.stay_warm = True
-        if self.model is not None or self.tp > 1:  # a TP shard depends on its future TP group
+        if self.model is not None or self.tp > 1 or self.sharded_master:  # joining builds: see _change_layout
             return 0.0
         t0 = time.perf_counter()
         self._build_skeleton(0, dp_size or self.dp_size + 1)
@@ -373,6 +379,7 @@ class ActorTrainer:
         scratch = drop_megatron_scratch()  # before the park, whose empty_cache returns it too
         opt = self.optimizer
         keep = [self.flat.storage, opt.exp_avg, opt.exp_avg_sq,
+                *([opt.master_slice] if opt.master_slice is not None else []),
                 *self.model.parameters(), *self.model.buffers()]
         drop = [self.flat.grad, *(p.grad for p in self.model.parameters() if p.grad is not None)]
         figures = self._parking.park(keep, drop, guard=[self.model], rng=True)
@@ -387,30 +394,42 @@ class ActorTrainer:
         return self._parking.unpark()
 
     # ----------------------------------------------------------------- full state
-    def _full_moments(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Full Adam moments on DP rank 0 (collective over the DP group under ZeRO-1)."""
+    def _state_slices(self) -> list[torch.Tensor]:
+        """This rank's fp32 master weights and Adam moments as the optimizer holds them: whole, or
+        (ZeRO-1) its DP rank's slices; the master is whole unless it is sharded (bf16 + ZeRO-1)."""
         assert self.optimizer is not None and self.flat is not None
         opt = self.optimizer
+        master = opt.master if opt.master_slice is not None else self.flat.data
+        return [master, opt.exp_avg, opt.exp_avg_sq]
+
+    def _full_arrays(self) -> list[torch.Tensor] | None:
+        """Full local (this TP shard's) master weights and Adam moments on DP rank 0 (collective
+        over the DP group under ZeRO-1); None on the other DP ranks."""
+        assert self.flat is not None
+        arrays = self._state_slices()
         if not self.optim_cfg.zero1 or self.dp_size == 1:
-            return opt.exp_avg, opt.exp_avg_sq
+            return arrays
         dp_ranks = list(self.layout.dp_group(self.me))
         full = holding(dp_ranks, self.flat.numel, True)
+        sharded = [a for a in arrays if a.numel() != self.flat.numel or self.optimizer.master_slice is a]
         if self.dp_rank != 0:
-            for buf in (opt.exp_avg, opt.exp_avg_sq):
+            for buf in sharded:
                 if buf.numel():
-                    dist.send(buf, dp_ranks[0], group=self.dp_group)
+                    dist.send(buf.contiguous(), dp_ranks[0], group=self.dp_group)
             return None
         out = []
-        for buf in (opt.exp_avg, opt.exp_avg_sq):
+        for buf in arrays:
+            if not any(buf is x for x in sharded):
+                out.append(buf)
+                continue
             whole = torch.empty(self.flat.numel, dtype=torch.float32, device=buf.device)
             whole[:buf.numel()].copy_(buf)
-            out.append(whole)
-        for src in dp_ranks[1:]:
-            lo, hi = full[src]
-            for whole in out:
+            for src in dp_ranks[1:]:
+                lo, hi = full[src]
                 if hi > lo:
                     dist.recv(whole[lo:hi], src, group=self.dp_group)
-        return out[0], out[1]
+            out.append(whole)
+        return out
 
     def state_dict(self) -> dict[str, Any] | None:
         """Full state by parameter name: ``model``, ``optimizer`` (``exp_avg/<name>``,
@@ -419,10 +438,10 @@ class ActorTrainer:
         rank and None elsewhere."""
         self._require_live("state_dict")
         assert self.flat is not None
-        moments = self._full_moments()
-        if moments is None or self.dp_rank != 0:  # DP rank 0's TP group holds a full replica
+        arrays = self._full_arrays()
+        if arrays is None or self.dp_rank != 0:  # DP rank 0's TP group holds a full replica
             return None
-        parts = self._tp_gather([self.flat.data, *moments])
+        parts = self._tp_gather(arrays)
         if parts is None:
             return None
         optim: dict[str, torch.Tensor] = {}
@@ -442,19 +461,31 @@ class ActorTrainer:
                              f"missing {sorted(expected - set(model))[:5]}, unexpected "
                              f"{sorted(set(model) - expected)[:5]}")
         self.load_meta(state["meta"])
-        lo, hi = self.optimizer.state_range
-        moments = {"exp_avg": torch.empty(self.flat.numel),
-                   "exp_avg_sq": torch.empty(self.flat.numel)}
         specs = {s.name: s for s in self.specs}
         tp, tp_rank = self.tp, self.tp_rank
+        full = [self.flat.data if self.flat.full_master else torch.empty(self.flat.numel),
+                torch.empty(self.flat.numel), torch.empty(self.flat.numel)]
         with torch.no_grad():
-            for name, view in self.flat.named_views():
+            for name, view in self.flat.named_views(full[0]):
                 view.copy_(specs[name].shard(model[name], tp, tp_rank))
-            for prefix, flat in moments.items():
+            for prefix, flat in zip(("exp_avg", "exp_avg_sq"), full[1:]):
                 for name, view in self.flat.named_views(flat):
                     view.copy_(specs[name].shard(optim[f"{prefix}/{name}"], tp, tp_rank))
-        self.optimizer.exp_avg.copy_(moments["exp_avg"][lo:hi])
-        self.optimizer.exp_avg_sq.copy_(moments["exp_avg_sq"][lo:hi])
+        self._adopt_full_arrays(full)
+
+    def _adopt_full_arrays(self, full: Sequence[torch.Tensor]) -> None:
+        """Take this rank's part of full local master weights and moments (its ZeRO-1 slices) and
+        refresh the compute parameters."""
+        assert self.flat is not None and self.optimizer is not None
+        opt = self.optimizer
+        lo, hi = opt.state_range
+        with torch.no_grad():
+            if opt.master_slice is not None:
+                opt.master_slice = full[0][lo:hi].clone()
+                self.flat.compute.copy_(full[0])
+            if opt.exp_avg.data_ptr() != full[1].data_ptr():
+                opt.exp_avg = full[1][lo:hi].clone() if self.optim_cfg.zero1 else opt.exp_avg.copy_(full[1])
+                opt.exp_avg_sq = full[2][lo:hi].clone() if self.optim_cfg.zero1 else opt.exp_avg_sq.copy_(full[2])
         self.flat.sync_compute()
 
     # ----------------------------------------------------------------- metadata
@@ -516,7 +547,7 @@ class ActorTrainer:
                 raise ValueError(f"rank {self.me}: the actor is {self.layout.describe()}, epoch {epoch} "
                                  f"moves it from ranks {sorted(set(old_ranks))} at TP {old_tp or self.tp}")
         new_tp = int(new_tp or self.tp)
-        if self.tp > 1 or new_tp > 1:
+        if self.tp > 1 or new_tp > 1 or self.sharded_master:
             return self._change_layout(Layout(tuple(new), new_tp), epoch)
         old = list(self.ranks)
         check_dp_size(self.batch_cfg, len(new))
@@ -621,7 +652,8 @@ class ActorTrainer:
             tp_group = self.group_cache.get(new.tp_group(self.me), what) if new.tp > 1 else None
             model, flat = self._new_model(new.tp, initialize=False, tp_group=tp_group)
             targets = ([flat.data, flat.slot(1), flat.slot(2)] if not self.optim_cfg.zero1 else
-                       [flat.data, *(torch.zeros_like(flat.data) for _ in range(2))])
+                       [flat.data if flat.full_master else torch.zeros_like(flat.grad),
+                        *(torch.zeros_like(flat.grad) for _ in range(2))])
         t1 = time.perf_counter()
         specs = self.specs if self.specs and self.me in old else self._specs_of(model, new.tp)
         pieces = plan_layout_change(old, new, specs)
@@ -635,17 +667,13 @@ class ActorTrainer:
                 if self.flat is not None:
                     self.flat.release()
                 self.model, self.flat, self.specs = model, flat, self._specs_of(model, new.tp)
-            moments = (targets if targets is not None else sources or [])[1:]
+            full = targets if targets is not None else sources
+            assert full is not None
             self.ranks, self.tp = list(new.ranks), new.tp
             self._join_groups(new, what)
             self.optimizer = self._make_optimizer(zero_state=False)
             self.optimizer.step_count = int(meta["step"])
-            if self.optim_cfg.zero1:
-                lo, hi = self.optimizer.state_range
-                self.optimizer.exp_avg = moments[0][lo:hi].clone()
-                self.optimizer.exp_avg_sq = moments[1][lo:hi].clone()
-            assert self.flat is not None
-            self.flat.sync_compute()
+            self._adopt_full_arrays(full)
             self._active = True
         else:
             self.ranks, self.tp = list(new.ranks), new.tp
@@ -657,24 +685,28 @@ class ActorTrainer:
         return figures
 
     def _local_arrays(self) -> list[torch.Tensor]:
-        """This rank's master weights and its full local Adam moments (under ZeRO-1 gathered over
-        its DP group: collective over it)."""
+        """This rank's full local master weights and Adam moments (under ZeRO-1 gathered over its
+        DP group: collective over it)."""
         assert self.flat is not None and self.optimizer is not None
         if not self.optim_cfg.zero1:
             self._replicated_buffer()
             return [self.flat.data, self.flat.slot(1), self.flat.slot(2)]
-        opt, n = self.optimizer, self.flat.numel
+        n = self.flat.numel
         dp_ranks = list(self.layout.dp_group(self.me))
-        full = [torch.zeros_like(self.flat.data) for _ in range(2)]
-        for i, src in enumerate(dp_ranks):
-            a, b = shard_range(n, len(dp_ranks), i)
-            if src == self.me:
-                full[0][a:b].copy_(opt.exp_avg)
-                full[1][a:b].copy_(opt.exp_avg_sq)
-            if len(dp_ranks) > 1 and a < b:
-                for f in full:
-                    dist.broadcast(f[a:b], src=src, group=self.dp_group)
-        return [self.flat.data, *full]
+        out = []
+        for i, part in enumerate(self._state_slices()):
+            if i == 0 and self.flat.full_master:
+                out.append(self.flat.data)
+                continue
+            whole = torch.zeros(n, dtype=torch.float32, device=self.flat.grad.device)
+            for j, src in enumerate(dp_ranks):
+                a, b = shard_range(n, len(dp_ranks), j)
+                if src == self.me:
+                    whole[a:b].copy_(part)
+                if len(dp_ranks) > 1 and a < b:
+                    dist.broadcast(whole[a:b], src=src, group=self.dp_group)
+            out.append(whole)
+        return out
 
     def _timeout_error(self, union: list[int], what: str, detail: str) -> ReshardTimeoutError:
         timeout = self.group_cache.timeout
