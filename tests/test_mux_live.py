@@ -10,6 +10,8 @@ real engines each job's per-step losses equal its solo run's.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +23,8 @@ import yaml
 
 from slurm_rl.control.events import read_events
 from slurm_rl.control.grants import GroupPaths, grant_numbers, read_grant
+from slurm_rl.control.heartbeats import read_heartbeat
+from slurm_rl.control.paths import RunPaths
 from slurm_rl.inspect.report import read_metrics
 from slurm_rl.launch.mux import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
@@ -210,20 +214,16 @@ def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path, 
 
 
 def _kill_rank_when_granted(group_dir: Path, job: str, rank: int, stop: threading.Event) -> None:
-    import psutil
-
+    """SIGKILL the rank once its job had a phase: the rank's pid from its heartbeat (a rank forked by
+    the local launcher's fork server shows the server's cmdline and environ, not its own)."""
     paths = GroupPaths(group_dir)
-    job_dir = str(paths.job_dir(job))  # this group's job: other tests may run groups with a job of that name
+    job_paths = RunPaths(paths.job_dir(job))  # this group's job: other tests may run groups with a job of that name
     while not stop.is_set():
         if any(p.get("job") == job for p in read_events(paths, "phase")):
-            for proc in psutil.process_iter(["cmdline"]):
-                try:
-                    args = [a.rstrip("/") for a in proc.info["cmdline"] or []]
-                    if job_dir in args and proc.environ().get("SLURM_RL_RANK") == str(rank):
-                        proc.kill()
-                        return
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
+            beat = read_heartbeat(job_paths, rank)
+            if beat is not None:
+                os.kill(int(beat["pid"]), signal.SIGKILL)
+                return
         time.sleep(0.05)
 
 

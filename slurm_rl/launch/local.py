@@ -2,6 +2,10 @@
 
 This is the embedded default of ``slurm-rl run``. The workers discover their rank from the
 ``SLURM_RL_*`` variables set here; everything else is the same code as under ``srun``.
+
+Each run's ranks are forked from a fork server that imported what they need once
+(:mod:`slurm_rl.launch.forkserver`); ``SLURM_RL_FORKSERVER=0`` starts every rank as a fresh
+``python -m slurm_rl.worker RUN_DIR`` instead.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from slurm_rl.errors import LaunchError  # the launch family; importable from here as before
+from slurm_rl.launch import forkserver as _forkserver
 
 
 @dataclass(frozen=True)
@@ -49,26 +55,57 @@ def worker_env(rank: int, world_size: int, job_id: str, port: int, base: dict[st
     return env
 
 
-class LocalJob:
-    """The worker processes of one run on this machine (started at construction)."""
+class RankProcess(Protocol):
+    """A rank's process as :class:`LocalJob` holds it: a ``subprocess.Popen``, or a
+    :class:`~slurm_rl.launch.forkserver.ForkedRank` of the run's fork server."""
 
-    def __init__(self, run_dir: Path, world_size: int, log_dir: Path | None = None) -> None:
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class LocalJob:
+    """The worker processes of one run on this machine (started at construction).
+
+    ``forkserver``: fork the ranks from the run's fork server (:mod:`slurm_rl.launch.forkserver`);
+    None: unless ``SLURM_RL_FORKSERVER=0``. Each rank leads its own process group either way."""
+
+    def __init__(self, run_dir: Path, world_size: int, log_dir: Path | None = None,
+                 forkserver: bool | None = None) -> None:
         self.run_dir = run_dir
         self.log_dir = log_dir or run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, RankProcess] = {}
         self.codes: dict[int, int] = {}
         self._logs = []
+        self._server: _forkserver.ForkServer | None = None
         job_id = f"local-{os.getpid()}-{run_dir.name}"
         port = _free_port()
+        base = dict(os.environ)
         try:
+            if _forkserver.enabled() if forkserver is None else forkserver:
+                # the server imports under the ranks' OMP_NUM_THREADS (OpenBLAS starts no threads then)
+                self._server = _forkserver.ForkServer(
+                    run_dir, dict(base, OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1")), self.log_dir)
+                try:
+                    self.procs.update(self._server.start([
+                        (rank, worker_env(rank, world_size, job_id, port, base), self._log_path(rank))
+                        for rank in range(world_size)]))
+                    return
+                except _forkserver.ForkServerUnusable as exc:
+                    print(f"{exc}; starting each rank as a fresh process", file=sys.stderr, flush=True)
+                    self._server.close()
+                    self._server = None
             for rank in range(world_size):
-                log = open(self.log_dir / f"rank-{rank:04d}.log", "wb")
+                log = open(self._log_path(rank), "wb")
                 self._logs.append(log)
                 self.procs[rank] = subprocess.Popen(
                     [sys.executable, "-m", "slurm_rl.worker", str(run_dir)],
-                    env=worker_env(rank, world_size, job_id, port, dict(os.environ)),
+                    env=worker_env(rank, world_size, job_id, port, base),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -76,6 +113,9 @@ class LocalJob:
         except BaseException:
             self.kill()
             raise
+
+    def _log_path(self, rank: int) -> Path:
+        return self.log_dir / f"rank-{rank:04d}.log"
 
     def poll(self) -> dict[int, int] | None:
         """Exit codes once every rank exited, None while some run; the first rank to fail stops
@@ -86,16 +126,32 @@ class LocalJob:
             self.codes[rank] = rc
             if rc != 0:
                 self.kill()
-                log = self.log_dir / f"rank-{rank:04d}.log"
+                log = self._log_path(rank)
+                server = self._server
+                if server is not None and rc == _forkserver.LOST_CODE and server.proc.returncode not in (None, 0):
+                    log = server.log_path
+                    raise LaunchError(f"the fork server of this run exited with code {server.proc.returncode} while "
+                                      f"rank {rank} ran; stopped every rank. Last lines of {log}:\n{_tail(log)}")
                 raise LaunchError(f"rank {rank} exited with code {rc}; stopped the other ranks. "
                                   f"Last lines of {log}:\n{_tail(log)}")
-        return dict(self.codes) if len(self.codes) == len(self.procs) else None
+        if len(self.codes) < len(self.procs):
+            return None
+        if self._server is not None:
+            self._server.close()
+        return dict(self.codes)
 
     def kill(self) -> None:
         """Stop every rank still running, and what its process group still holds (rank 0's
         coordinator outlives a rank 0 that died), and close the logs."""
+        server = self._server
+        if server is not None and not server.started:  # the start failed midway: ranks we may not know of
+            server.abort()
         for p in self.procs.values():
-            _kill(p)
+            _killpg(p.pid)
+        for p in self.procs.values():
+            p.wait()
+        if server is not None:
+            server.close()
         for log in self._logs:
             log.close()
         self._logs = []
@@ -130,16 +186,11 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise LaunchError(f"launcher received signal {signum}; stopping every rank")
 
 
-def _kill(p: subprocess.Popen) -> None:
+def _killpg(pid: int) -> None:
     try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
-    p.wait()
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+_tail = _forkserver.tail
