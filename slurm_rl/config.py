@@ -45,7 +45,7 @@ __all__ = [
 # The config's vocabularies: every allowed value of a choice key is declared here, once, as a
 # ``Literal`` (the schema fields stay ``str``: OmegaConf has no ``Literal``) and checked by
 # ``_choice``; other packages import the tuples from here.
-Device = Literal["emulated", "cpu", "cuda"]
+Device = Literal["auto", "cpu", "cuda", "emulated"]  # auto: cuda where the rank sees GPUs, else cpu
 OnRankFailure = Literal["fail", "checkpoint_and_requeue"]
 MinibatchOrder = Literal["arrival", "index"]
 Policy = Literal["static", "scripted", "auto", "plan"]  # the scheduling policies (scheduler.policies)
@@ -135,7 +135,8 @@ class ClusterConfig:
 class RuntimeConfig:
     """How the run executes: backend device, run directory, timeouts."""
 
-    device: str = "emulated"  # emulated | cpu | cuda
+    # auto: cuda where the rank sees GPUs, else cpu | cpu | cuda | emulated (the cost model: only when named)
+    device: str = "auto"
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"  # RUN_DIR on shared storage
     poll_interval_s: float = 0.01  # epoch poll period of idle/working ranks
     heartbeat_interval_s: float = 1.0  # how often each rank rewrites its heartbeat
@@ -183,7 +184,9 @@ class ScriptStep:
 class SchedulerConfig:
     """Which policy decides placement epochs, and its knobs (defaults from :mod:`slurm_rl.scheduler.defaults`)."""
 
-    policy: str = POLICY  # static | scripted | auto | plan
+    # null: auto when cluster.auto_scheduler (RLinf's switch for dynamic scheduling) is true, else static;
+    # auto | plan need auto_scheduler: true, static needs it false; scripted runs a fixed script either way
+    policy: Optional[str] = None
     script: List[ScriptStep] = field(default_factory=list)  # steps of the scripted policy
     max_running_requests: int = MAX_RUNNING_REQUESTS  # per rollout instance (used by auto)
     # pre-process ends when outstanding requests fall to this fraction
@@ -677,6 +680,29 @@ def _positive(issues: list[ConfigIssue], section: str, obj: Any, *names: str, al
                                       f"a non-negative {kind}" if allow_zero else f"a positive {kind}"))
 
 
+DYNAMIC_POLICIES = ("auto", "plan")  # what cluster.auto_scheduler: true turns on (RLinf's dynamic scheduling)
+
+
+def _resolve_switches(root: RootSchema, env: Mapping[str, str], issues: list[ConfigIssue]) -> None:
+    """Resolve ``runtime.device: auto`` (cuda where this process sees GPUs, else cpu) and the
+    scheduling policy from RLinf's switch ``cluster.auto_scheduler`` in the typed config (the
+    written config.yaml keeps what was given: each rank resolves the device itself)."""
+    from slurm_rl.devices import resolve_device
+
+    root.runtime.device = resolve_device(root.runtime.device, env)
+    c, s = root.cluster, root.scheduler
+    if s.policy is None:
+        s.policy = DYNAMIC_POLICIES[0] if c.auto_scheduler else POLICY
+    elif s.policy in DYNAMIC_POLICIES and not c.auto_scheduler:
+        issues.append(ConfigIssue("scheduler.policy", s.policy, (
+            "static or scripted while cluster.auto_scheduler is false: set cluster.auto_scheduler: true "
+            "(RLinf's switch) to schedule dynamically; scheduler.policy then picks auto or plan")))
+    elif s.policy == POLICY and c.auto_scheduler:
+        issues.append(ConfigIssue("cluster.auto_scheduler", True, (
+            "false with scheduler.policy static: auto_scheduler: true turns dynamic scheduling on "
+            f"(scheduler.policy {' or '.join(DYNAMIC_POLICIES)}, or left out: auto)")))
+
+
 def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     """Semantic checks on the typed sections (placement is checked separately)."""
     c, r, t, s, e = root.cluster, root.runtime, root.train, root.scheduler, root.emulated
@@ -1081,6 +1107,7 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     except ConfigError as err:
         if not _groups_cover_all_nodes(typed.cluster):
             issues.extend(err.issues)
+    _resolve_switches(typed, env, issues)
     _validate(typed, issues)
     _validate_engines(typed, issues)
     parallel_ok = _validate_parallel(typed, issues)

@@ -53,7 +53,7 @@ def tp_config(backend: str, run_dir: Path, policy: str) -> dict:
             "algorithm": {"clip_eps": 0.2, "kl_coef": 0.0},
             "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},
         }
-    cfg["cluster"]["auto_scheduler"] = policy == "auto"
+    cfg["cluster"]["auto_scheduler"] = policy in ("auto", "plan")
     cfg["cluster"]["component_placement"] = dict(PLACEMENT)
     cfg["train"]["minibatch_order"] = "index"
     cfg["actor"].update(tensor_parallel=2, tensor_parallel_choices=[1, 2])

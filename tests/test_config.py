@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("group"))  # run configs
 SLURM_ENV = {"SLURM_TASKS_PER_NODE": "4(x2)"}
 
-BASE_YAML = """
+CLUSTER_YAML = """
 cluster:
   num_nodes: 1
   gpus_per_node: 8
@@ -43,6 +43,7 @@ cluster:
     rollout: 2-5
     inference: 6-7
 """
+BASE_YAML = "runtime:\n  device: emulated\n" + CLUSTER_YAML  # the cost model: no data or reward needed
 
 
 def ranks(p: Placement) -> dict[str, tuple[int, ...]]:
@@ -432,7 +433,7 @@ extra_section: {a: 1}
         config_from_yaml_text(text)
     err = exc.value
     assert_issue(err, "cluster.bogus", 1, "one of the keys num_nodes")
-    assert_issue(err, "runtime.device", "gpu", "one of emulated, cpu, cuda")
+    assert_issue(err, "runtime.device", "gpu", "one of auto, cpu, cuda, emulated")
     assert_issue(err, "runtime.heartbeat_timeout_s", 0.5, "more than runtime.heartbeat_interval_s")
     assert_issue(err, "train.global_batch_size", 32, "a multiple of train.micro_batch_size (5)")
     assert_issue(err, "train.global_batch_size", 32, "a divisor of train.rollout_batch_size")
@@ -465,15 +466,16 @@ scheduler:
 
 def test_missing_placement_and_no_file() -> None:
     with pytest.raises(ConfigError) as exc:
-        load_config(None, ["cluster.gpus_per_node=8"])
+        load_config(None, ["cluster.gpus_per_node=8", "runtime.device=emulated"])
     assert str(exc.value).startswith("cluster.component_placement: got <missing>; allowed: a mapping")
-    cfg = load_config(None, ["cluster.gpus_per_node=8", "cluster.component_placement={actor: 0, rollout: 1}"])
+    cfg = load_config(None, ["cluster.gpus_per_node=8", "cluster.component_placement={actor: 0, rollout: 1}",
+                             "runtime.device=emulated"])
     assert cfg.placement.world_size == 8
 
 
 def test_unresolvable_interpolation_and_bad_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
-        config_from_yaml_text(BASE_YAML + "runtime: {run_dir: '${nope:x}', device: '${oc.env:SLURM_RL_NOPE}'}\n")
+        config_from_yaml_text(CLUSTER_YAML + "runtime: {run_dir: '${nope:x}', device: '${oc.env:SLURM_RL_NOPE}'}\n")
     assert_issue(exc.value, "runtime.run_dir", "${nope:x}", "a resolvable interpolation")
     assert_issue(exc.value, "runtime.device", "${oc.env:SLURM_RL_NOPE}", "a resolvable interpolation")
     assert len(exc.value.issues) == 2
@@ -644,7 +646,7 @@ def test_validate_json_shows_several_slots_of_a_rank(tmp_path: Path) -> None:
 
     path = tmp_path / "c.yaml"
     path.write_text("cluster: {num_nodes: 1, gpus_per_node: 4, component_placement: {actor: '0-1', rollout: '2-3:0'}}\n"
-                    f"runtime: {{run_dir: {tmp_path / 'run'}}}\n")
+                    f"runtime: {{run_dir: {tmp_path / 'run'}, device: emulated}}\n")
     out = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(path), "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -662,6 +664,7 @@ def test_resource_ranks_must_ascend() -> None:
 
 
 NODE_GROUPS = """
+runtime: {device: emulated}
 cluster:
   num_nodes: 3
   node_groups:
@@ -689,7 +692,8 @@ def test_node_groups_number_their_own_accelerators() -> None:
     # "0" of group infer is the first accelerator of its node, not global slot 0 (no overlap with actor)
     two = config_from_yaml_text(
         "cluster: {num_nodes: 2, gpus_per_node: 4, node_groups: {train: {nodes: '0'}, infer: {nodes: '1'}},"
-        " component_placement: {actor: '0-3', rollout: {node_group: infer, placement: '0'}}}", env={})
+        " component_placement: {actor: '0-3', rollout: {node_group: infer, placement: '0'}}}\n"
+        "runtime: {device: emulated}", env={})
     assert two.placement.components["rollout"].slots == (4,)
     # without cluster.node_groups a label is only recorded (the group of all nodes), as before
     assert parse_placement({"actor": {"node_group": "x", "placement": "0"}, "rollout": "1"}, 2).components["actor"].slots == (0,)

@@ -69,6 +69,7 @@ def long_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir.mkdir()
     cfg = emulated_config(run_dir, gpus_per_node=4, iterations=ITERATIONS)
     cfg["scheduler"] = {"policy": "auto"}
+    cfg["cluster"]["auto_scheduler"] = True
     write_config(run_dir / "config.yaml", cfg)
     paths = RunPaths(run_dir).ensure()
     _publish(paths, 0, T0, 0, "iteration", START, "initial placement")

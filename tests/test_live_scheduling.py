@@ -40,7 +40,7 @@ def live_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> d
     """8 ranks (actor 0-1, rollout 2-5, inference 6-7), 256 long-tailed samples per iteration,
     16 running requests per rollout instance, 4 mini-batches; about 2 s per iteration."""
     return {
-        "cluster": {"num_nodes": 1, "gpus_per_node": 8, "auto_scheduler": policy == "auto",
+        "cluster": {"num_nodes": 1, "gpus_per_node": 8, "auto_scheduler": policy in ("auto", "plan"),
                     "component_placement": {"actor": "0-1", "rollout": "2-5", "inference": "6-7"}, **cluster},
         "runtime": {"device": "emulated", "run_dir": str(run_dir), "heartbeat_timeout_s": 20.0,
                     "ack_timeout_s": 30.0, "wait_timeout_s": 60.0, "run_timeout_s": 300.0},
@@ -280,7 +280,7 @@ def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     for policy in ("static", "auto"):
         cfg = scaled_for_live(math_rl(8, num_iterations=2), time_scale=0.05, token_scale=16.0)
         cfg["scheduler"].update(policy=policy, switch_latency_s=0.1)
-        cfg["cluster"]["auto_scheduler"] = policy == "auto"
+        cfg["cluster"]["auto_scheduler"] = policy in ("auto", "plan")
         cfg["runtime"] = live_config(tmp_path / policy, policy)["runtime"]
         live = sum(iteration_times(_run(tmp_path, policy, cfg)))
         simulated = simulate(config_from_mapping(cfg), policy=policy).total_time_s

@@ -82,7 +82,9 @@ def test_report_json_and_table(auto8) -> None:
 
 def _tiny(policy: str, **cluster) -> dict:
     """A small deterministic workload: fixed lengths, 4 GPUs."""
+    cluster.setdefault("auto_scheduler", policy in ("auto", "plan"))
     return {
+        "runtime": {"device": "emulated"},
         "cluster": {"num_nodes": 1, "gpus_per_node": 4,
                     "component_placement": {"actor": "0", "rollout": "1-2", "inference": 3},
                     **cluster},

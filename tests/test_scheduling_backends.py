@@ -34,7 +34,7 @@ def cpu_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> di
     iteration; valid actor DP sizes 1, 2, 4; 32 running requests per rollout instance, so auto
     releases one rollout rank (and grows the actor) while a quarter of the requests is left."""
     return {
-        "cluster": {"num_nodes": 1, "gpus_per_node": 4, "auto_scheduler": policy == "auto",
+        "cluster": {"num_nodes": 1, "gpus_per_node": 4, "auto_scheduler": policy in ("auto", "plan"),
                     "component_placement": {"actor": "0", "rollout": "1-2", "inference": "3"}, **cluster},
         "runtime": {"device": "cpu", "run_dir": str(run_dir), "wait_timeout_s": 120.0, "ack_timeout_s": 120.0,
                     "heartbeat_timeout_s": 60.0, "run_timeout_s": 600.0},

@@ -22,7 +22,8 @@ from slurm_rl.config import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-TWO_NODES = "cluster: {num_nodes: 2, gpus_per_node: 4, component_placement: {actor: 0-3, rollout: 4-7}}\n"
+TWO_NODES = ("cluster: {num_nodes: 2, gpus_per_node: 4, component_placement: {actor: 0-3, rollout: 4-7}}\n"
+             "runtime: {device: emulated}\n")
 REAL = ["runtime.device=cpu", "data.train_files=[prompts.jsonl]", "reward.name=exact"]
 
 
@@ -129,7 +130,8 @@ def test_tp_group_across_nodes_refused() -> None:
 def test_tp_groups_follow_the_nodes_of_node_groups() -> None:
     """Nodes of different sizes: node 0 has 2 slots, node 1 has 4, so ranks 1-2 cross a node."""
     text = ("cluster:\n  num_nodes: 2\n  node_groups: {small: {nodes: '0', gpus_per_node: 2}, "
-            "big: {nodes: '1', gpus_per_node: 4}}\n  component_placement: {actor: 1-2, rollout: '0,3-5'}\n")
+            "big: {nodes: '1', gpus_per_node: 4}}\n  component_placement: {actor: 1-2, rollout: '0,3-5'}\n"
+            "runtime: {device: emulated}\n")
     line = issue_line(["actor.tensor_parallel=2"], "cluster.component_placement.actor", "1-2", text=text)
     assert "lie on nodes [0, 1]" in line
     good = text.replace("actor: 1-2, rollout: '0,3-5'", "actor: 2-3, rollout: '0-1,4-5'")
@@ -203,8 +205,9 @@ def test_straddling_tp_groups() -> None:
 
 def test_validate_cli(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text(TWO_NODES + f"runtime: {{run_dir: {tmp_path / 'run'}}}\n"
-                    "actor: {tensor_parallel: 2, tensor_parallel_choices: [1, 2], recompute: selective}\n")
+    run = f"runtime: {{device: emulated, run_dir: {tmp_path / 'run'}}}"
+    path.write_text(TWO_NODES.replace("runtime: {device: emulated}", run)
+                    + "actor: {tensor_parallel: 2, tensor_parallel_choices: [1, 2], recompute: selective}\n")
     cmd = [sys.executable, "-m", "slurm_rl.cli", "validate", str(path)]
     out = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr

@@ -239,6 +239,7 @@ def test_simulator_follows_the_tp_choices() -> None:
     from slurm_rl.scheduler.simulate import simulate
 
     cfg = config_from_mapping({
+        "runtime": {"device": "emulated"},
         "cluster": {"num_nodes": 2, "gpus_per_node": 4, "auto_scheduler": True,
                     "component_placement": {"actor": "0-1", "rollout": "2-6", "inference": "7"}},
         "train": {"num_iterations": 2, "rollout_batch_size": 12, "group_size": 16, "global_batch_size": 48,

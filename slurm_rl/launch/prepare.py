@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -16,6 +17,19 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.fsio import atomic_write_bytes, remove_stale_temp_files, replace_symlink
 
 RUN_DIR_KEY = "runtime.run_dir"
+
+
+def emulation_notice(cfg: Config, env: Mapping[str, str]) -> str | None:
+    """What a run that emulates although it holds GPUs must say first (None otherwise)."""
+    from slurm_rl.devices import allocation_gpus, visible_gpus
+
+    if cfg.runtime.device != "emulated":
+        return None
+    held = allocation_gpus(env) or (f"{visible_gpus(env)} visible GPUs" if visible_gpus(env) else None)
+    if held is None:
+        return None
+    return (f"slurm_rl: EMULATING: runtime.device is emulated, so this run computes nothing on the GPUs it holds "
+            f"({held}); the cost model sleeps instead. Set runtime.device: auto (or cuda) to train on them.")
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -54,6 +68,9 @@ def prepare_run(
 
     cfg = load_config(config_path, overrides, env=env)
     check_inputs(cfg)
+    notice = emulation_notice(cfg, os.environ if env is None else env)
+    if notice is not None:  # the first line of the job's log (sbatch, submit) or of `slurm-rl run`
+        print(notice, file=sys.stderr, flush=True)
     run_dir = Path(cfg.runtime.run_dir).absolute()
     check_run_dir(run_dir)
     if (run_dir / "control" / "epochs").is_dir() and any((run_dir / "control" / "epochs").iterdir()):

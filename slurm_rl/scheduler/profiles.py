@@ -25,6 +25,7 @@ def math_rl(gpus: int, num_iterations: int = 3) -> dict[str, Any]:
     samples = 128 * gpus
     group_size = 16
     return {
+        "runtime": {"device": "emulated"},  # a workload of the cost model
         "cluster": {
             "num_nodes": max(1, gpus // 8),
             "gpus_per_node": min(gpus, 8),
