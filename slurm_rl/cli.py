@@ -1,4 +1,4 @@
-"""``slurm-rl run | mux | submit | prepare | validate | inspect | export | simulate``.
+"""The ``slurm-rl`` command line: run, stop, mux, submit, prepare, validate, inspect, export, simulate.
 
 Exit codes: 0 done; 2 bad config or arguments (a message naming the key, the value and what is
 allowed; nothing launched); 1 any other failure (its message, no traceback); 3 a run stopped at a
@@ -13,13 +13,47 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 3  # the run stopped at a gate with a checkpoint (preemption, time limit, slurm-rl stop): resumable
 DEBUG_ENV = "SLURM_RL_DEBUG"  # =1: like --debug
+DISTRIBUTION = "slurm_rl"  # pyproject.toml's [project] name
+
+DESCRIPTION = ("slurm-rl: RL post-training of LLMs inside one Slurm allocation\n"
+               "(placement epochs on shared storage, Arrow handoff between components, in-place resharding).")
+EPILOG = f"""\
+exit codes: 0 done; 2 bad config or arguments (nothing launched); 1 any other failure;
+3 a run stopped at a gate with a checkpoint (resume it with: slurm-rl run --resume RUN_DIR).
+--debug (or {DEBUG_ENV}=1) prints the traceback of a failure.
+'slurm-rl COMMAND --help' shows a command's arguments and their defaults."""
+
+
+def version() -> str:
+    """The installed distribution's version (``unknown`` when slurm_rl is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every optional option's help ends with its default: '(default: X)', 'off' for a flag; help
+    that already says its default, and a required option's, is left as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default is argparse.SUPPRESS or "default" in text or action.required
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        if action.nargs == 0:  # store_true / store_false
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return f"{text} (default: %(default)s)"
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -27,69 +61,110 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slurm-rl", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help=f"print the traceback of a failure (or {DEBUG_ENV}=1)")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _slurm_args(p: argparse.ArgumentParser) -> None:
+    """submit's Slurm options (see slurm_rl.launch.submit.SlurmOptions)."""
+    g = p.add_argument_group("Slurm options (--executor slurm; written as #SBATCH lines by submitit)")
+    g.add_argument("--partition", default=None, metavar="NAME",
+                   help="Slurm partition, e.g. gpu (default: the cluster's default partition)")
+    g.add_argument("--account", default=None, metavar="NAME",
+                   help="account to charge (default: your default account)")
+    g.add_argument("--qos", default=None, metavar="NAME", help="quality of service (default: the cluster's default)")
+    g.add_argument("--time", default=None, metavar="LIMIT",
+                   help="time limit: minutes (90) or Slurm's forms (1:30:00, 2-12, 2-12:30:00); also the "
+                        "local executor's timeout (default: runtime.run_timeout_s + 1 minute; with --group "
+                        "group.timeout_s + 1 minute)")
+    g.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="nodes; must equal the config's cluster.num_nodes, 1 with --group "
+                        "(default: cluster.num_nodes)")
+    g.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                   help="accelerator slots per node; fills in cluster.gpus_per_node where the config leaves it "
+                        "to the allocation, must equal it otherwise; asks for G GPUs per node (gres gpu:G) "
+                        "unless runtime.device is cpu or emulated (default: cluster.gpus_per_node; GPUs "
+                        "requested only for runtime.device cuda)")
+    g.add_argument("--constraint", default=None, metavar="FEATURES",
+                   help="node features, e.g. 'a100|h100' (default: none)")
+    g.add_argument("--exclusive", action="store_true", help="whole nodes, shared with no other job")
+    g.add_argument("--slurm", action="append", default=None, metavar="KEY=VALUE",
+                   help="any other sbatch option, repeatable: --slurm mem=200G --slurm reservation=rl "
+                        "(KEY= with no value: a bare flag) (default: none)")
 
-    p = sub.add_parser("run", help="run locally: one process per rank on this machine (no Slurm)")
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slurm-rl", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"slurm-rl {version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"print the traceback of a failure (or {DEBUG_ENV}=1) (default: off)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+
+    def command(name: str, text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=_Formatter, **kwargs)
+
+    p = command("run", "train locally: one process per rank on this machine (no Slurm)")
     p.add_argument("config", nargs="?", help="YAML config file (with --resume: none, only overrides)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="go on with the run in RUN_DIR from its newest checkpoint (overrides may change the placement)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", default=None,
+                   help="go on with the run in RUN_DIR from its newest checkpoint (overrides may change the "
+                        "placement) (default: a new run)")
     p.add_argument("--no-inspect", action="store_true", help="do not print the epoch log at the end")
 
-    p = sub.add_parser("stop", help="ask a running run to checkpoint at its next iteration gate and stop")
-    p.add_argument("run_dir", type=Path)
+    p = command("stop", "ask a running run to checkpoint at its next iteration gate and stop")
+    p.add_argument("run_dir", type=Path, help="RUN_DIR of the running run")
     p.add_argument("--no-checkpoint", action="store_true", help="stop at the next gate without a checkpoint")
     p.add_argument("--at-iteration", type=int, default=None, metavar="N",
-                   help="stop at the gate of iteration N (or the first gate after it) instead of the next one")
+                   help="stop at the gate of iteration N (or the first gate after it) (default: the next gate)")
 
-    p = sub.add_parser("mux", help="run a co-execution group (several jobs sharing pools) locally")
-    p.add_argument("group", help="group YAML file (jobs + pools)")
+    p = command("mux", "run a co-execution group (several jobs sharing GPU pools) on this machine")
+    p.add_argument("group", help="group YAML file (group: + jobs:)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the group file, e.g. group.tail_fraction=1")
     p.add_argument("--prepare-only", action="store_true",
                    help="validate and create the group dir, print it, launch nothing (sbatch/mux.sh)")
 
-    p = sub.add_parser("submit", help="submit with submitit (slurm or local executor)")
+    p = command("submit", "submit a run (or, with --group, a co-execution group) with submitit")
     _config_args(p)
-    p.add_argument("--executor", default="slurm", help="slurm | local")
+    p.add_argument("--executor", default="slurm", choices=["slurm", "local"],
+                   help="slurm: an sbatch job; local: submitit's local executor on this machine")
     p.add_argument("--wait", action="store_true", help="wait for the job and print the epoch log")
     p.add_argument("--group", action="store_true", help="CONFIG is a group file: submit a co-execution group")
+    _slurm_args(p)
 
-    p = sub.add_parser("prepare", help="validate, create the run dir, write config.yaml; print the run dir")
+    p = command("prepare", "validate, create the run dir, write config.yaml; print the run dir")
     _config_args(p)
 
-    p = sub.add_parser("validate", help="check a config and print the resolved placement")
-    _config_args(p)
-    p.add_argument("--json", action="store_true")
+    p = command("validate", "check a config (or a group file) and print the resolved placement")
+    p.add_argument("config", help="YAML config file, or a group file (a file with group: and jobs:)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
+    p.add_argument("--json", action="store_true", help="print the resolved placement (or group) as JSON")
 
-    p = sub.add_parser("inspect", help="a run on one screen, its placement timeline; --follow, --compare")
+    p = command("inspect", "a run on one screen, its placement timeline; --follow, --compare")
     p.add_argument("run_dir", type=Path, nargs="+", help="RUN_DIR (or GROUP_DIR); with --compare: RUN_A RUN_B")
     p.add_argument("--json", action="store_true", help="print the full data as JSON")
-    p.add_argument("--all", action="store_true", help="every epoch row (default: repeated iterations collapsed)")
+    p.add_argument("--all", action="store_true", help="every epoch row instead of collapsing repeated iterations")
     p.add_argument("--follow", action="store_true", help="refresh the view from the files until the run ends")
     p.add_argument("--interval", type=float, default=2.0, help="--follow: seconds between refreshes")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="--follow: give up after this many seconds")
     p.add_argument("--compare", action="store_true", help="two runs side by side (e.g. static vs auto)")
-    p.add_argument("--png", type=Path, default=None, help="--compare: where to write the plot")
+    p.add_argument("--png", type=Path, default=None,
+                   help="--compare: where to write the plot (default: RUN_B/compare-<RUN_A name>.png)")
     p.add_argument("--iterations", default=None, metavar="A:B",
                    help="only iterations A to B-1 (like a Python slice: A:, :B; --iterations=-20: the last 20): "
-                        "the summary, the epochs, the reward curve and the PNGs")
+                        "the summary, the epochs, the reward curve and the PNGs (default: all)")
 
-    p = sub.add_parser("export", help="write a run's trained actor as a Hugging Face directory")
+    p = command("export", "write a run's trained actor as a Hugging Face directory")
     p.add_argument("run_dir", type=Path, help="RUN_DIR of a run")
-    p.add_argument("--checkpoint", default="final", help="final (default) or iter-N (a run checkpoint)")
-    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="new directory to write")
+    p.add_argument("--checkpoint", default="final", help="final or iter-N (a run checkpoint)")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="new directory to write (required)")
 
-    p = sub.add_parser("simulate", help="run the scheduling policies on a discrete-event model")
+    p = command("simulate", "run the scheduling policies on a discrete-event model of the cluster")
     p.add_argument("config", nargs="?", help="YAML config file (not with --calibrate)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
-    p.add_argument("--gpus", type=int, default=None, help="simulate this many GPUs instead of the config's")
-    p.add_argument("--policy", default=None, help="static | auto | plan, options joined by '+' (default: from the config)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="simulate this many GPUs instead of the config's (default: the config's)")
+    p.add_argument("--policy", default=None,
+                   help="static | auto | plan, options joined by '+' (default: from the config)")
     p.add_argument("--calibrate", type=Path, default=None, metavar="RUN_DIR",
-                   help="fit the cost model to a live run's files and compare the simulation with it")
-    p.add_argument("--json", action="store_true")
+                   help="fit the cost model to a live run's files and compare the simulation with it (default: off)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     for p in sub.choices.values():  # --debug after the command too (SUPPRESS: keeps a --debug given before it)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
@@ -100,10 +175,64 @@ def _bad(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def is_group_file(path: str | Path) -> bool:
+    """Whether ``path`` is a group file: a YAML mapping with a ``group`` section (run configs have
+    none; ``load_group`` then names a missing ``jobs``). An unreadable or broken file is not one
+    (loading it as a config names the problem)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and "group" in doc
+
+
+def cmd_validate_group(args: argparse.Namespace) -> int:
+    """Validate a group file as ``slurm-rl mux`` would (every job config, pools, admission:
+    SLO and residency); create nothing."""
+    from slurm_rl.config import ConfigError
+    from slurm_rl.group_config import load_group
+    from slurm_rl.inspect.epoch_log import compress_ranks
+    from slurm_rl.scheduler.mux.group_admission import admit
+
+    spec = load_group(args.config, args.overrides)
+    issues, figures = admit(spec, spec.host_memory_gb, spec.gpus_per_node)
+    if issues:
+        raise ConfigError(issues)
+    doc = {**spec.to_json(), "admission": figures}
+    if args.json:
+        print(json.dumps(doc))
+        return EXIT_OK
+    pools = ", ".join(f"{p} pool slots {compress_ranks(list(s))}" for p, s in spec.pools.items())
+    print(f"group {args.config}: valid; {len(spec.jobs)} jobs on {len(spec.slots)} slots ({pools}); "
+          f"group dir {spec.dir}")
+    slowdown = figures.get("predicted_slowdown", {})
+    for job in spec.jobs:
+        cfg = job.cfg
+        predicted = ""
+        if slowdown:
+            predicted = (f", predicted {slowdown['expected_lengths'][job.name]:.2f}x "
+                         f"({slowdown['max_lengths'][job.name]:.2f}x at max lengths)")
+        print(f"  job {job.name:<12} ({Path(job.config_path).name}) {cfg.placement.world_size} ranks (rollout slots "
+              f"{compress_ranks(list(job.slots('rollout')))}, train slots {compress_ranks(list(job.slots('train')))}), "
+              f"{cfg.train.num_iterations} iterations, device {cfg.runtime.device}, SLO {job.slo:g}x{predicted}")
+    if not figures.get("slo_checked"):
+        print("  SLO: not checked (jobs on real engines have no calibrated phase times)")
+    if spec.host_memory_gb is None:
+        print("  residency: not checked (group.host_memory_gb is not set)")
+    else:
+        parked = ", ".join(f"node {n} {gb:g} GB" for n, gb in figures.get("parked_gb_per_node", {}).items())
+        print(f"  residency: parked state per node {parked} (limit group.host_memory_gb={spec.host_memory_gb:g})")
+    return EXIT_OK
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from slurm_rl.config import actor_precision, actor_tp_choices, load_config
     from slurm_rl.inputs import check_inputs
 
+    if is_group_file(args.config):
+        return cmd_validate_group(args)
     cfg = load_config(args.config, args.overrides)
     check_inputs(cfg)
     doc = cfg.placement.to_json()
@@ -236,17 +365,20 @@ def cmd_mux(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from slurm_rl.launch.submit import submit
+    from slurm_rl.launch.submit import SlurmOptions, submit
 
+    options = SlurmOptions.from_cli(partition=args.partition, account=args.account, qos=args.qos, time=args.time,
+                                    nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                    constraint=args.constraint, exclusive=args.exclusive, slurm=args.slurm)
     if args.group:
         from slurm_rl.launch.mux import submit_group
 
-        job = submit_group(args.config, args.overrides, executor=args.executor)
+        job = submit_group(args.config, args.overrides, executor=args.executor, options=options)
         if args.wait:
             print(job.results()[0] if isinstance(job.results(), list) else job.results())
         return EXIT_OK
 
-    job = submit(args.config, args.overrides, executor=args.executor)
+    job = submit(args.config, args.overrides, executor=args.executor, options=options)
     if args.wait:
         job.results()
         run_dir = Path(job.submission().args[0])

@@ -136,18 +136,29 @@ def run_group_task(group_dir: str) -> dict[str, str]:
 
 
 def submit_group(path: str | Path, overrides: Sequence[str] = (), executor: str = "slurm",
-                 slurm_params: dict[str, Any] | None = None) -> Any:
+                 slurm_params: dict[str, Any] | None = None, options: Any = None) -> Any:
     """Validate and prepare the group, then submit it with submitit: one task on one node runs
-    the group scheduler and every job's ranks (``sbatch/mux.sh`` spans several nodes)."""
+    the group scheduler and every job's ranks (``sbatch/mux.sh`` spans several nodes).
+
+    ``options`` (a :class:`slurm_rl.launch.submit.SlurmOptions`): the command line's Slurm options;
+    ``--nodes`` must be 1 and ``--gpus-per-node`` must agree with ``group.gpus_per_node``."""
     import submitit
 
-    from slurm_rl.launch.submit import EXECUTORS, SubmitError
+    from slurm_rl.launch.submit import SlurmOptions, SubmitError, check_executor_options, requests_gpus
 
-    if executor not in EXECUTORS:
-        raise SubmitError(f"--executor: got {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    options = options or SlurmOptions()
+    check_executor_options(executor, options)
+    if options.nodes is not None and options.nodes != 1:
+        raise SubmitError(f"--nodes: got {options.nodes}; allowed: 1 with --group (submit --group runs the group "
+                          "on one node; sbatch/mux.sh starts a group over several)")
+    if options.gpus_per_node is not None:
+        gpn = load_group(path, overrides).gpus_per_node
+        if options.gpus_per_node != gpn:
+            raise SubmitError(f"--gpus-per-node: got {options.gpus_per_node}, but the group file has "
+                              f"group.gpus_per_node={gpn}; allowed: {gpn} (or group.gpus_per_node={options.gpus_per_node})")
     spec = prepare_group(path, overrides)
     folder = spec.dir / "logs" / "submitit"
-    timeout_min = max(1, int(spec.timeout_s // 60) + 1)
+    timeout_min = options.time_min or max(1, int(spec.timeout_s // 60) + 1)
     cpus = max(len(spec.slots), max(j.cfg.placement.world_size for j in spec.jobs))
     if executor == "local":
         ex = submitit.LocalExecutor(folder=folder)
@@ -156,8 +167,9 @@ def submit_group(path: str | Path, overrides: Sequence[str] = (), executor: str 
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         params: dict[str, Any] = dict(nodes=1, ntasks_per_node=1, cpus_per_task=cpus, time=timeout_min,
                                       job_name="slurm-rl-mux")
-        if spec.jobs[0].cfg.runtime.device == "cuda":
+        if requests_gpus(spec.jobs[0].cfg, options.gpus_per_node):
             params["gres"] = f"gpu:{len(spec.slots)}"
+        params.update(options.params())
         params.update(slurm_params or {})
         ex.update_parameters(**params)
     job = ex.submit(run_group_task, str(spec.dir))
