@@ -229,7 +229,7 @@ def cmd_validate_group(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from slurm_rl.config import actor_precision, actor_tp_choices, load_config
-    from slurm_rl.inputs import check_inputs
+    from slurm_rl.inputs import check_inputs, model_summary
 
     if is_group_file(args.config):
         return cmd_validate_group(args)
@@ -238,10 +238,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     doc = cfg.placement.to_json()
     actor = {"tensor_parallel": cfg.actor.tensor_parallel, "tensor_parallel_choices": list(actor_tp_choices(cfg)),
              "precision": actor_precision(cfg), "recompute": cfg.actor.recompute}
+    written = cfg.raw["runtime"]["device"]
+    run = {"device": cfg.runtime.device, "device_setting": written, "policy": cfg.scheduler.policy,
+           "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg)}
     if args.json:
-        print(json.dumps({**doc, "actor": actor}))
+        print(json.dumps({**doc, **run, "actor": actor}))
         return EXIT_OK
+    model = run["model"]
     print(f"config {args.config}: valid; world size {doc['world_size']} on {cfg.placement.num_slots} slots")
+    print(f"  device {run['device']}" + (f" (runtime.device {written}: resolved on this host; each rank resolves it)"
+                                         if written == "auto" else "")
+          + f"; scheduling {run['policy']} (cluster.auto_scheduler {str(run['auto_scheduler']).lower()})")
+    print(f"  model: {model['architecture']}, {model['parameters'] / 1e6:.2f}M parameters ({model['source']})")
     for name, comp in doc["components"].items():
         from slurm_rl.inspect.epoch_log import compress_ranks
 
@@ -435,7 +443,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.config is None:
         return _bad("simulate: a config file, or --calibrate RUN_DIR")
-    cfg = load_config(args.config, args.overrides)
+    # the simulator is the cost model: the config is read as the emulated device's (no model, data or reward needed)
+    cfg = load_config(args.config, [*args.overrides, "runtime.device=emulated"])
     return run_simulation(cfg, gpus=args.gpus, policy=args.policy, as_json=args.json)
 
 

@@ -152,3 +152,25 @@ def check_inputs(cfg: Config) -> None:
     issues = schedule_problems(cfg) + input_problems(cfg)
     if issues:
         raise ConfigError(issues)
+
+
+def model_summary(cfg: Config) -> dict[str, Any]:
+    """What the run trains, for ``slurm-rl validate``: ``architecture``, ``parameters`` and ``source``
+    (the checkpoint directory, a random model of the ``model`` sizes, or the emulated cost model)."""
+    import math
+
+    if cfg.runtime.device == "emulated":
+        return {"architecture": "none (emulated cost model)", "parameters": int(cfg.emulated.model_params),
+                "source": "emulated.model_params"}
+    from slurm_rl.engines.convert import hf_param_shapes
+    from slurm_rl.worker.real_compute import engine_model_config
+
+    vocab = 0
+    if cfg.model.path is None:
+        from slurm_rl.rl.tokenizer import CharTokenizer, load_tokenizer
+
+        vocab = len(load_tokenizer(None, cfg.model.tokenizer_path)) if cfg.model.tokenizer_path else CharTokenizer().vocab_size
+    model = engine_model_config(cfg, vocab)
+    params = sum(math.prod(shape) for _, shape in hf_param_shapes(model))
+    return {"architecture": model.architecture, "parameters": int(params),
+            "source": cfg.model.path or "random init (model.* sizes, runtime.seed)"}

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -112,3 +113,21 @@ def test_a_dynamic_policy_without_the_switch_exits_2_naming_both_keys(tmp_path: 
     assert "cluster.auto_scheduler: got True" in str(exc.value) and "scheduler.policy static" in str(exc.value)
     # scripted placement changes are not RLinf's dynamic scheduling: allowed either way
     assert load_config(config, ["scheduler.policy=scripted"], env={}).scheduler.policy == "scripted"
+
+
+def test_validate_names_the_device_the_policy_and_the_model() -> None:
+    """The cluster example runs real engines: validate says which device (auto -> cpu here), which
+    policy, and what model (architecture and size), in text and JSON."""
+    base = [sys.executable, "-m", "slurm_rl.cli", "validate", str(REPO / "configs/examples/slurm_2x4.yaml"),
+            "cluster.gpus_per_node=4", "model.path=null", f"data.train_files=[{TOY_DATA / 'add_4.jsonl'}]",
+            "data.val_files=[]"]  # a random Llama of the model.* sizes (the example's toy files are made by the quickstart)
+    text = subprocess.run(base, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "device cpu (runtime.device auto" in text.stdout and "scheduling auto (cluster.auto_scheduler true)" in text.stdout
+    assert "model: llama" in text.stdout and "M parameters" in text.stdout
+    doc = json.loads(subprocess.run(base + ["--json"], cwd=REPO, capture_output=True, text=True, timeout=120).stdout)
+    assert (doc["device"], doc["device_setting"], doc["policy"]) == ("cpu", "auto", "auto")
+    assert doc["model"]["architecture"] == "llama" and doc["model"]["parameters"] > 100_000
+    emulated = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(REPO / "configs/examples/emulated_8.yaml"),
+                               "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert json.loads(emulated.stdout)["device"] == "emulated"
