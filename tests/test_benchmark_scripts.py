@@ -50,3 +50,40 @@ def test_bench_load_prints_a_json_line_per_section(tmp_path: Path) -> None:
     assert rows["raw"]["bytes"] == rows["actor"]["bytes"] == 2 * params  # bf16, read once each
     assert rows["actor"]["load_vs_raw_fp32_kept"] > 0 and rows["rollout"]["load_s_min"] > 0
     assert rows["sync"]["bytes"] == 4 * params and rows["sync"]["equal"]  # fp32 over the wire
+
+
+@pytest.mark.slow  # four gloo ranks import megatron-core, build and reshard a tiny actor
+def test_bench_reshard_layouts_prints_a_tp_change_per_precision() -> None:
+    out = _run("bench_reshard.py", "--sections", "layouts", "ckpt", "--sizes", "tiny", "--reps",
+               "1", "--layouts", "tp2x1-tp1x2", "--precision", "fp32", "bf16")
+    rows = out["layouts"]
+    assert [(r["transition"], r["precision"]) for r in rows] == [("tp2x1-tp1x2", "fp32"),
+                                                                  ("tp2x1-tp1x2", "bf16")]
+    for row in rows:
+        # TP 2 -> 1 on the same two ranks: each receives the other half of the 12-byte state
+        assert row["old"] == "TP 2 x DP 1 on ranks [0, 1]"
+        assert row["new"] == "TP 1 x DP 2 on ranks [0, 1]"
+        assert row["received_per_rank"][0] == row["received_per_rank"][1] > 0
+        assert sum(row["received_per_rank"]) == sum(row["pairs"].values()) == row["bytes_moved"]
+        assert set(row["pairs"]) == {"0->1", "1->0"}
+        assert row["reshard_s_min"] > 0 and row["bound_s_min"] > 0 and row["vs_bound"] > 0
+        assert row["speedup_vs_dist_ckpt"] > 0 and set(row["meets_targets"]) == {
+            "vs_bound", "speedup_vs_dist_ckpt"}
+    assert rows[0]["bytes_moved"] == rows[1]["bytes_moved"]  # bf16 moves the fp32 master state
+    assert out["ckpt"][0]["bytes"] == 12 * rows[0]["params"]
+
+
+@pytest.mark.slow  # four fresh processes import megatron-core and train a tiny model one step
+def test_bench_memory_prints_a_line_per_configuration() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_memory.py"), "--tiny",
+                           "--seq", "16", "--threads", "1"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["precision"], r["recompute"]) for r in rows] == [
+        ("fp32", "none"), ("fp32", "full"), ("bf16", "none"), ("bf16", "full")]
+    for row in rows:
+        assert row["finite"] and len(row["step_s"]) == 1 and row["step_s"][0] > 0
+        assert 0 < row["rss_start_gib"] <= row["rss_after_build_gib"] <= row["peak_rss_gib"]
+        assert row["model"] == "tiny" and row["batch"] == 2 and row["seq"] == 16
+    assert rows[0]["loss"] == rows[1]["loss"]  # recompute leaves the step's loss unchanged

