@@ -76,7 +76,10 @@ def test_sbatch_path_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
                                       "sbatch/train.sh", str(_slurm_config(tmp_path, run_dir)), cwd=REPO)
     text = log.read_text() if log.exists() else ""
     assert rc == 0, text
-    assert text.splitlines()[0] == f"slurm_rl run dir: {run_dir}"
+    # the allocation holds (fake) GPUs and the run emulates: its first line says so
+    first, second = text.splitlines()[:2]
+    assert first.startswith("slurm_rl: EMULATING: runtime.device is emulated") and "SLURM_JOB_GPUS=" in first, text
+    assert second == f"slurm_rl run dir: {run_dir}"
     _check_run(run_dir, 8, hosts={"n1", "n2"})
     inspected = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(run_dir)], cwd=REPO,
                                capture_output=True, text=True, timeout=60)

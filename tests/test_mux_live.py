@@ -295,7 +295,10 @@ def test_sbatch_mux_runs_the_group_on_real_slurm(slurm_cluster, tmp_path: Path) 
     path = write_group(tmp_path, "emulated", jobs)
     text = sbatch_mux(slurm_cluster, tmp_path, path, "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4")
     group_dir = tmp_path / "group"
-    assert text.splitlines()[0] == f"slurm_rl group dir: {group_dir}"
+    lines = text.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("slurm_rl: EMULATING: runtime.device is emulated")]
+    assert said and said == list(range(len(said))), text  # first: the jobs emulate on an allocation with GPUs
+    assert lines[len(said)] == f"slurm_rl group dir: {group_dir}"
     assert "job a finished" in text and "job b finished" in text, text
     t = turns(group_dir)
     assert t["rollout"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
