@@ -98,7 +98,7 @@ from slurm_rl.control.epochs import Epoch, EpochStore, EpochWatcher
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.engines.actor.groups import GroupCache, transition_rank_sets
 from slurm_rl.engines.actor.layout import Layout
-from slurm_rl.engines.actor.layout_reshard import plan_layout_change
+from slurm_rl.engines.actor.layout_reshard import pieces_bytes, plan_layout_change
 from slurm_rl.engines.actor.local_dist import run_local
 from slurm_rl.engines.actor.microbatch import BatchConfig, shard_for_rank
 from slurm_rl.engines.actor.optimizer import OptimConfig
@@ -264,8 +264,7 @@ def _pair_bytes(trainer: ActorTrainer | None, old: Layout, new: Layout, world: i
         assert trainer is not None
         specs = trainer.specs
         for p in plan_layout_change(old, new, specs):
-            outer, _, inner = specs[p.param].blocks
-            matrix[p.src, p.dst] += outer * (p.hi - p.lo) * inner * 3 * 4  # 3 fp32 arrays
+            matrix[p.src, p.dst] += pieces_bytes([p], specs)  # 3 fp32 arrays
     dist.broadcast(matrix, src=new.ranks[0])
     return matrix
 
