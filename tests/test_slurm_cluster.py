@@ -146,4 +146,6 @@ def test_two_clusters_side_by_side(slurm_cluster: SlurmCluster, tmp_path: Path) 
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     assert not other_dir.exists()
     rows = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
-    assert rows and all(state in {"idle", "mixed", "allocated"} for state in rows), rows  # untouched
+    # untouched: every node still up and schedulable ("planned": the backfill scheduler reserved it for a job
+    # of another test that is waiting for nodes; seen when the Slurm tests queue on the two nodes)
+    assert rows and all(state in {"idle", "mixed", "allocated", "planned"} for state in rows), rows
