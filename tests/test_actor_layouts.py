@@ -8,6 +8,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
+import pytest
 import torch
 
 from slurm_rl.engines.actor.layout import Layout, ParamSpec, param_specs
@@ -132,6 +133,7 @@ def _walk(rank: int, root: str, zero1: bool, precision: str) -> dict[str, Any]:
     return {"failures": failures, "transitions": len(walk) - 1, "steps": steps, "received": moved}
 
 
+@pytest.mark.slow
 def test_every_layout_change_equals_a_full_save_and_load() -> None:
     """fp32, fp32 with ZeRO-1, bf16 (fp32 master) and bf16 with ZeRO-1 (the fp32 master sharded
     too): 42 changes each."""

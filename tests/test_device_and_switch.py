@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from emulated_configs import FAST_COSTS
 from shared_runs import launch
 from slurm_rl.config import ConfigError, config_from_mapping, load_config
 from slurm_rl.control.epochs import EpochStore
@@ -90,6 +91,7 @@ def test_rlinf_docs_example_is_scheduled_dynamically(tmp_path: Path) -> None:
     assert cfg.scheduler.policy == "auto" and cfg.cluster.use_pre_process_policy
     doc["train"] = {"num_iterations": 2, "rollout_batch_size": 16, "group_size": 8, "global_batch_size": 32,
                     "micro_batch_size": 4}
+    doc["emulated"] = dict(FAST_COSTS)
     launch(tmp_path / "c.yaml", doc, "--no-inspect")
     epochs = EpochStore(RunPaths(tmp_path / "run")).all()
     for k in range(2):
