@@ -24,7 +24,9 @@ from slurm_rl.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 900.0
 
-pytestmark = [pytest.mark.slurm]
+# Each test waits on real Slurm requeues (a job leaves a node, is requeued, waits for one again): 30-100 s of
+# mostly waiting, so the whole module runs with the full suite, not in the quick loop
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def _sbatch(cluster, config: Path, log: Path) -> str:
