@@ -152,3 +152,27 @@ def test_with_member_appends_in_admission_order() -> None:
     # rollout: B then C (A had its turn); train: A first (its rollout ran), then B, then C
     assert [members[(grant.pools["rollout"].cursor + i) % n] for i in range(n)] == ["B", "C", "A"]
     assert [members[(grant.pools["train"].cursor + i) % n] for i in range(n)] == ["A", "B", "C"]
+
+
+def test_a_phase_completes_when_its_last_release_comes_after_its_slots_were_freed() -> None:
+    """Tail migration leaves A's iteration-0 rollout on slot 1 only; slot 0's rank was never granted and
+    releases it as skipped once the samples are all in -- here *after* slot 1 was released and freed
+    (seen live when another job died holding slot 0 during its own tail). The phase must still
+    complete, so A's training can be granted."""
+    from dataclasses import replace
+
+    from slurm_rl.scheduler.mux.rotation import Holding, PoolGrant
+
+    slots = {"rollout": (0, 1), "train": (2,)}
+    grant = initial_grant({"rollout": (0, 1), "train": (2,)}, ("A",))
+    rollout = PoolGrant(slots={0: None, 1: Holding("A", 0)}, turn=None, cursor=0)  # the tail's slot
+    grant = replace(grant, pools={**grant.pools, "rollout": rollout},
+                    started={"A": {"rollout": 0, "train": -1}})
+    first = GroupView(members=("A",), jobs={"A": JobView(slots, 2, released={("rollout", 0): frozenset({1})})})
+    grant, events = decide(grant, first)  # slot 1 released and freed; slot 0 not released yet
+    assert grant.pools["rollout"].slots == {0: None, 1: None} and grant.done["A"]["rollout"] == -1, events
+    late = GroupView(members=("A",), jobs={"A": JobView(slots, 2, waiting={"train": 0},
+                                                        released={("rollout", 0): frozenset({0, 1})})})
+    grant, events = decide(grant, late)
+    assert grant.done["A"]["rollout"] == 0 and "A: rollout of iteration 0 complete" in events, events
+    assert grant.pools["train"].turn == Holding("A", 0), events  # training is granted

@@ -107,6 +107,9 @@ class GroupLoop:
                     waiting[doc["pool"]] = max(waiting.get(doc["pool"], -1), int(doc["iteration"]))
             keys = {(p, h.iteration) for p, pg in self.grant.pools.items()
                     for h in (*pg.slots.values(), pg.turn) if h is not None and h.job == job}
+            # and every phase the job started and did not complete (a skipped slot's release may come last)
+            started = self.grant.started.get(job, {})
+            keys |= {(p, k) for p, k in started.items() if k > self.grant.done[job][p]}
             released = {}
             for p, k in keys:
                 docs = read_releases(self.paths, job, p, k)

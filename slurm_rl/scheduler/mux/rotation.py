@@ -137,6 +137,9 @@ def decide(grant: GroupGrant, view: GroupView) -> tuple[GroupGrant, list[str]] |
         holders = {(h.job, h.iteration) for h in pg.slots.values() if h is not None}
         if turn is not None:
             holders.add((turn.job, turn.iteration))
+        # a phase that started and is not complete, though its job holds no slot of it any more (its last
+        # slot was freed before a rank that was never granted one released it as skipped)
+        holders |= {(j, s[pool]) for j, s in started.items() if s.get(pool, NONE_DONE) > done[j][pool]}
         for job, k in sorted(holders):
             if not view.jobs[job].out and done[job][pool] < k and _phase_complete(view, job, pool, k):
                 done[job][pool] = k
