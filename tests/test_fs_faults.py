@@ -49,10 +49,11 @@ def _temp_files(root: Path) -> list[Path]:
     return [p for p in root.rglob(".*.tmp")]
 
 
-def _fill(mount: Path) -> Path:
-    """Fill the file system at ``mount`` completely (a real ENOSPC for every later write)."""
+def _fill(mount: Path, mode: str = "wb") -> Path:
+    """Fill the file system at ``mount`` completely (a real ENOSPC for every later write); ``mode="ab"``
+    tops an earlier fill up with what was freed since."""
     filler = mount / "filler"
-    with open(filler, "wb", buffering=0) as f:
+    with open(filler, mode, buffering=0) as f:
         chunk = b"\0" * 4096
         try:
             while True:
@@ -298,6 +299,9 @@ def test_heartbeat_thread_survives_enospc_and_reports_it(small_fs: Path) -> None
         beat.set_epoch(10**30)  # the next beat needs more room than the last one
         deadline = time.monotonic() + 5
         while beat.last_error is None and time.monotonic() < deadline:
+            # a beat in flight while the file system was filled frees the old beat's page when it is renamed
+            # over it, and the next beat takes that page: take it first, until a beat finds no room
+            _fill(small_fs, "ab")
             time.sleep(0.02)
         assert isinstance(beat.last_error, StorageError) and beat.last_error.errno == errno.ENOSPC
         assert read_heartbeat(paths, 1)["epoch"] is None  # the last complete beat
