@@ -52,11 +52,12 @@ import json
 import math
 import os
 import re
-import resource
 import subprocess
 import sys
 import time
 from typing import Any
+
+from bench_reshard import peak_rss, reset_peak_rss  # tools/, beside this script
 
 GIB = 2.0 ** 30
 
@@ -80,22 +81,9 @@ def _rss() -> float:
     """Current resident set size in bytes (VmRSS)."""
     with open("/proc/self/status") as f:
         found = re.search(r"VmRSS:\s+(\d+)", f.read())
-    return float(found.group(1)) * 1024 if found else _maxrss()
+    return float(found.group(1)) * 1024 if found else peak_rss()
 
 
-def _maxrss() -> float:
-    """Peak resident set size in bytes (Linux ``ru_maxrss`` is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
-
-
-def _reset_peak() -> bool:
-    """Reset the peak RSS to the current RSS (Linux ``clear_refs`` 5); False if refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,7 +120,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     out["build_s"] = time.perf_counter() - t0
     out["rss_after_build_gib"] = _rss() / GIB
-    out["peak_rss_build_gib"] = _maxrss() / GIB
+    out["peak_rss_build_gib"] = peak_rss() / GIB
     if cuda:
         out["cuda_after_build_gib"] = torch.cuda.memory_allocated() / GIB
         out["cuda_peak_build_gib"] = torch.cuda.max_memory_allocated() / GIB
@@ -140,7 +128,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(1)
     samples = [{"input_ids": torch.randint(0, cfg.vocab_size, (args.seq,), generator=gen),
                 "loss_mask": torch.ones(args.seq - 1)} for _ in range(args.batch)]
-    reset = _reset_peak()
+    reset = reset_peak_rss()
     steps, losses = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -151,8 +139,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out["step_s"] = steps
     out["loss"] = losses
     out["finite"] = all(math.isfinite(x) for x in losses)
-    out["peak_rss_gib"] = max(_maxrss() / GIB, out["peak_rss_build_gib"])
-    out["step_peak_rss_gib"] = _maxrss() / GIB if reset else None
+    out["peak_rss_gib"] = max(peak_rss() / GIB, out["peak_rss_build_gib"])
+    out["step_peak_rss_gib"] = peak_rss() / GIB if reset else None
     out["step_added_gib"] = (out["step_peak_rss_gib"] - out["rss_after_build_gib"]
                              if reset else None)
     if cuda:

@@ -240,12 +240,12 @@ def _layout(tp: int, dp: int) -> Layout:
     return Layout(tuple(range(tp * dp)), tp)
 
 
-def _peak_rss() -> float:
+def peak_rss() -> float:
     """This process's peak resident set size in bytes (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Reset this process's peak RSS to its current RSS (Linux ``clear_refs`` 5, which
     ``ru_maxrss`` follows); False where that is not possible (the peak then spans the process)."""
     try:
@@ -330,7 +330,7 @@ def layout_worker(rank: int, world: int, size: str, changes: list[str], precisio
         for lay in (old, new):
             sets += [*(lay.tp_groups() if lay.tp > 1 else []), *lay.dp_groups()]
         cache.ensure(sets, "bench layout groups")
-        reset = _reset_peak_rss()
+        reset = reset_peak_rss()
         trainer = (ActorTrainer(cfg, OptimConfig(), BatchConfig(global_batch_size=8), old.ranks,
                                 cache, seed=0, device=device, tp=old.tp, precision=precision)
                    if rank in union else None)
@@ -378,7 +378,7 @@ def layout_worker(rank: int, world: int, size: str, changes: list[str], precisio
             raise RuntimeError(f"{text}: plan pairs sum to {float(matrix.sum())} bytes, the "
                                f"reshard reported {moved}")
         peak = torch.zeros(world, dtype=torch.float64)
-        peak[rank] = _peak_rss()
+        peak[rank] = peak_rss()
         dist.all_reduce(peak)
         summary = _summary(samples, LAYOUT_TIMED)
         moving = float(matrix.sum()) > 0 and summary["bound_s_min"] > 0

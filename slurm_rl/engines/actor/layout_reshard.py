@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .layout import Layout, ParamSpec, local_offsets
-from .reshard import _minus
+from .reshard import _minus, exchange
 
 
 WHOLE = -1
@@ -216,12 +216,5 @@ def execute_layout_change(pieces: Sequence[Piece], specs: Sequence[ParamSpec], m
                     unpack.append((buf, views))
                 ops.append(dist.P2POp(dist.irecv, buf, s, group))
                 received += buf.numel() * buf.element_size()
-    if ops:
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-    for packed, views in unpack:
-        offset = 0
-        for v in views:
-            v.copy_(packed[offset:offset + v.numel()].view(v.shape))
-            offset += v.numel()
+    exchange(ops, unpack)
     return sent, received

@@ -147,15 +147,21 @@ def execute_plan(plan: Sequence[Transfer], me: int, group: dist.ProcessGroup,
             unpack.append((packed, pieces))
         ops.append(dist.P2POp(dist.irecv, packed, peer, group))
         received += packed.numel() * packed.element_size()
+    exchange(ops, unpack)
+    return sent, received
+
+
+def exchange(ops: Sequence[dist.P2POp], unpack: Sequence[tuple[torch.Tensor, Sequence[torch.Tensor]]]) -> None:
+    """Post every send and receive at once, wait for them, then copy each packed receive buffer into
+    its pieces (views of any shape, filled in order)."""
     if ops:
-        for work in dist.batch_isend_irecv(ops):
+        for work in dist.batch_isend_irecv(list(ops)):
             work.wait()
     for packed, pieces in unpack:
         offset = 0
         for piece in pieces:
-            piece.copy_(packed[offset:offset + piece.numel()])
+            piece.copy_(packed[offset:offset + piece.numel()].view(piece.shape))
             offset += piece.numel()
-    return sent, received
 
 
 def copy_local(me: int, old_ranks: Sequence[int], new_ranks: Sequence[int], numel: int,
