@@ -62,6 +62,11 @@ elif command -v "$active" >/dev/null && has_cuda "$active"; then
     log "creating .venv from $active (--system-site-packages: inherits its CUDA torch)"
     "$active" -m venv --system-site-packages .venv || exit 2
     PY=.venv/bin/python
+    if ! has_cuda "$PY"; then  # $active is itself a venv: --system-site-packages reaches its base
+      "$active" -c 'import site; print("\n".join(site.getsitepackages()))' \
+        >"$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_inherit.pth"
+      log "$active is a venv: .venv inherits its site-packages through _inherit.pth"
+    fi
     has_cuda "$PY" || { log ".venv does not see the CUDA torch of $active"; exit 2; }
   else
     log ".venv's torch has no CUDA; using $active (.venv left as it is)"

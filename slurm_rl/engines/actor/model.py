@@ -132,6 +132,20 @@ def ensure_megatron_globals() -> None:
         parallel_state._set_global_memory_buffer()
 
 
+def ensure_cuda_rng_tracker(seed: int, tp_rank: int) -> None:
+    """Seed megatron's CUDA RNG tracker (the named states attention forks around its dropout)
+    once per process on a CUDA device; the CPU shim's tracker plays this part on CPU.
+
+    megatron's ``model_parallel_cuda_manual_seed`` with the ranks given explicitly
+    (``parallel_state`` is not initialised). Later calls do nothing.
+    """
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME in mrandom.get_cuda_rng_tracker().get_states():
+        return
+    mrandom.model_parallel_cuda_manual_seed(seed, tp_rank=tp_rank, ep_rank=0, etp_rank=0)
+
+
 def preload_megatron(device: str = "cpu") -> None:
     """Import the megatron-core modules :func:`build_gpt_model` needs (and apply the CPU shim),
     so that a later build costs only the module construction. Idempotent."""
@@ -178,6 +192,8 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
 
     ensure_megatron_globals()
     tp_size = tp_group.size() if tp_group is not None else 1
+    if not device.startswith("cpu"):
+        ensure_cuda_rng_tracker(seed, tp_group.rank() if tp_group is not None else 0)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.qk_norm)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
