@@ -13,10 +13,10 @@ from slurm_rl.scheduler.history import (
     NUM_BUCKETS,
     DecodeFit,
     History,
-    HistoryRecorder,
     Tick,
     length_bucket,
 )
+from slurm_rl.scheduler.recorder import HistoryRecorder
 from slurm_rl.scheduler.placement_ops import placement_problems
 from slurm_rl.scheduler.policies import decide_auto, decide_plan, make_policy
 from slurm_rl.scheduler.policies.plan import plan_start_placement

@@ -53,7 +53,7 @@ from slurm_rl.resume.stop import install_stop_handlers, read_stop
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import reshard_fraction
 from slurm_rl.scheduler.errors import CheckpointFailed
-from slurm_rl.scheduler.history import History, HistoryRecorder
+from slurm_rl.scheduler.history import History
 from slurm_rl.scheduler.live_state import (
     PolicyFn,
     build_policy,
@@ -68,6 +68,7 @@ from slurm_rl.scheduler.live_state import (
     restart_decision,
 )
 from slurm_rl.scheduler.placement_ops import mid_iteration_problems, placement_problems
+from slurm_rl.scheduler.recorder import HistoryRecorder
 from slurm_rl.scheduler.state import Decision, SchedState, normalize_placement
 
 

@@ -26,7 +26,7 @@ from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import CostModel, reshard_fraction
 from slurm_rl.scheduler.errors import SimulationError
-from slurm_rl.scheduler.history import NUM_BUCKETS, HistoryRecorder, Tick, length_bucket
+from slurm_rl.scheduler.history import NUM_BUCKETS, Tick, length_bucket
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.placement_ops import (
     placement_problems,
@@ -34,6 +34,7 @@ from slurm_rl.scheduler.placement_ops import (
     setup_problems,
 )
 from slurm_rl.scheduler.policies import Policy
+from slurm_rl.scheduler.recorder import HistoryRecorder
 from slurm_rl.scheduler.report import IterationReport, SimReport
 from slurm_rl.scheduler.state import (
     ActorProgress,
