@@ -41,43 +41,10 @@ if [ $rc -ne 0 ]; then
 fi
 echo "slurm_rl group dir: $GROUP_DIR"
 
-"$PY" -m slurm_rl.scheduler.group_coordinator "$GROUP_DIR" >"$GROUP_DIR/logs/group-scheduler.log" 2>&1 &
-scheduler_pid=$!
-
-declare -A step_pid
-if [ "${SLURM_HET_SIZE:-1}" -gt 1 ]; then
-  # one step over every component; its tasks are the allocation's (component 0 first)
-  tasks=0
-  for ((c = 0; c < SLURM_HET_SIZE; c++)); do v="SLURM_NTASKS_HET_GROUP_$c"; tasks=$((tasks + ${!v})); done
-  echo "slurm_rl: heterogeneous allocation, $SLURM_HET_SIZE components, $tasks tasks"
-fi
-while read -r name run_dir world port; do
-  if [ "${SLURM_HET_SIZE:-1}" -gt 1 ]; then
-    if [ "$world" -ne "$tasks" ]; then
-      echo "slurm_rl: job $name has $world ranks but the heterogeneous allocation has $tasks tasks" >&2
-      kill "$scheduler_pid" 2>/dev/null || true
-      exit 2
-    fi
-    placement=(--het-group="$(seq -s, 0 $((SLURM_HET_SIZE - 1)))")
-  else
-    placement=(--ntasks="$world" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}")
-  fi
-  SLURM_RL_MASTER_PORT=$port srun --overlap --kill-on-bad-exit=1 "${placement[@]}" \
-    "$PY" -m slurm_rl.worker "$run_dir" >"$run_dir/logs/srun.log" 2>&1 &
-  step_pid[$name]=$!
-  echo "slurm_rl: job $name: $world ranks (srun step, port $port), run dir $run_dir"
-done < <("$PY" -m slurm_rl.launch.mux steps "$GROUP_DIR")
-
-failed=0
+# The group scheduler and one `srun --overlap` step per job (jobs that `slurm-rl mux add` admits
+# later get theirs as they join); a job that fails is stopped alone.
 set +e
-for name in "${!step_pid[@]}"; do
-  wait "${step_pid[$name]}"
-  rc=$?
-  if [ $rc -eq 0 ]; then echo "slurm_rl: job $name finished"
-  else echo "slurm_rl: job $name failed with exit code $rc (the other jobs went on)"; failed=1; fi
-done
-wait "$scheduler_pid"
-src=$?
+"$PY" -m slurm_rl.launch.mux srun "$GROUP_DIR"
+rc=$?
 set -e
-echo "slurm_rl: group scheduler exit code $src; inspect with: slurm-rl inspect $GROUP_DIR"
-[ $failed -eq 0 ] && [ $src -eq 0 ]
+exit $rc

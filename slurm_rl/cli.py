@@ -114,11 +114,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--at-iteration", type=int, default=None, metavar="N",
                    help="stop at the gate of iteration N (or the first gate after it) (default: the next gate)")
 
-    p = command("mux", "run a co-execution group (several jobs sharing GPU pools) on this machine")
+    p = command("mux", "run a co-execution group (several jobs sharing GPU pools) on this machine; "
+                "`mux add|remove|place` change running groups (`slurm-rl mux add --help`)")
     p.add_argument("group", help="group YAML file (group: + jobs:)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the group file, e.g. group.tail_fraction=1")
     p.add_argument("--prepare-only", action="store_true",
                    help="validate and create the group dir, print it, launch nothing (sbatch/mux.sh)")
+
+    p = command("mux-add", "mux add: ask a running group to take a job (admission as for a declared group; "
+                "refused: exit 2 with the reason)", prog="slurm-rl mux add")
+    p.add_argument("group_dir", type=Path, help="GROUP_DIR of the running group")
+    p.add_argument("name", help="the job's name in the group (lower-case letters, digits, '_', '-')")
+    p.add_argument("config", help="the job's run config (YAML)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the job's config")
+    p.add_argument("--slo", type=float, default=None, help="tolerated slowdown versus running alone (default: 2.0)")
+    p.add_argument("--max-response-length", type=int, default=None, metavar="N",
+                   help="the conservative profile's response length (default: emulated.response_len_max)")
+    p.add_argument("--dry-run", action="store_true", help="admit or refuse, print the figures, change nothing")
+    p.add_argument("--json", action="store_true", help="print the admission figures as JSON")
+
+    p = command("mux-remove", "mux remove: a job leaves a running group (it checkpoints at its next gate and "
+                "its ranks exit, freeing what they parked)", prog="slurm-rl mux remove")
+    p.add_argument("group_dir", type=Path, help="GROUP_DIR of the running group")
+    p.add_argument("name", help="the member to remove")
+    p.add_argument("--reason", default="removed from the group", help="recorded with the leave")
 
     p = command("submit", "submit a run (or, with --group, a co-execution group) with submitit")
     _config_args(p)
@@ -372,6 +391,34 @@ def cmd_mux(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
+def cmd_mux_add(args: argparse.Namespace) -> int:
+    from slurm_rl.mux.membership import add_job
+
+    figures = add_job(args.group_dir, args.name, args.config, args.overrides, slo=args.slo,
+                      max_response_length=args.max_response_length, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(figures, indent=1, default=str))
+    else:
+        verb = "would admit" if args.dry_run else "admitted"
+        slow = figures.get("predicted_slowdown", {})
+        print(f"{verb} job {args.name} into {args.group_dir}: members {figures['members']}")
+        for kind, per in slow.items():
+            print(f"  predicted slowdown ({kind}): " + ", ".join(f"{j} {v:.2f}x" for j, v in per.items()))
+        if not figures.get("slo_checked"):
+            print("  SLO not checked: real engines have no calibrated phase times (residency checked)")
+        if not args.dry_run:
+            print(f"  it enters the rotation at the next meta-iteration (membership record {figures['record']})")
+    return EXIT_OK
+
+
+def cmd_mux_remove(args: argparse.Namespace) -> int:
+    from slurm_rl.mux.membership import remove_job
+
+    number = remove_job(args.group_dir, args.name, args.reason)
+    print(f"job {args.name} leaves {args.group_dir} at its next gate (membership record {number})")
+    return EXIT_OK
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from slurm_rl.launch.submit import SlurmOptions, submit
 
@@ -452,6 +499,8 @@ COMMANDS = {
     "run": cmd_run,
     "stop": cmd_stop,
     "mux": cmd_mux,
+    "mux-add": cmd_mux_add,
+    "mux-remove": cmd_mux_remove,
     "submit": cmd_submit,
     "prepare": cmd_prepare,
     "export": cmd_export,
@@ -465,12 +514,19 @@ def _debug(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") == "1"
 
 
+MUX_VERBS = ("add", "remove", "place")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code (see the module docstring)."""
     from slurm_rl.config import ConfigError
     from slurm_rl.errors import InputError, SlurmRLError
 
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if first is not None and argv[first] == "mux" and argv[first + 1:first + 2] and argv[first + 1] in MUX_VERBS:
+        argv = [*argv[:first], f"mux-{argv[first + 1]}", *argv[first + 2:]]  # `mux add ...` -> mux-add
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -11,6 +11,7 @@ group:
   park_s: 0.0                            # emulated jobs: seconds of one warm switch (park or resume)
   host_memory_gb: null                   # per node: parked state must fit (admission); null: unchecked
   gpus_per_node: 8                       # slots per node
+  schedule: round_robin                  # or work_conserving: a pool serves the next ready job
 jobs:                                    # round-robin order = this order
   a: {config: a.yaml, slo: 1.5, max_response_length: 1024, overrides: [train.num_iterations=3]}
   b: {config: b.yaml, slo: 2.0}
@@ -24,7 +25,6 @@ and raises one :class:`ConfigError` listing every problem with its key path; not
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -34,12 +34,13 @@ from omegaconf import OmegaConf
 
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.grants import JOB_NAME_CHARS
+from slurm_rl.placement import parse_slot_ranges
 
 POOLS = ("rollout", "train")
 GROUP_KEYS = ("dir", "pools", "tail_fraction", "tail_slots", "poll_interval_s", "timeout_s", "park_s",
-              "host_memory_gb", "gpus_per_node")
+              "host_memory_gb", "gpus_per_node", "schedule")
+SCHEDULES = ("round_robin", "work_conserving")
 JOB_KEYS = ("config", "slo", "max_response_length", "overrides")
-_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class GroupSpec:
     park_s: float = 0.0
     host_memory_gb: float | None = None  # per node: residency limit of parked state (None: unchecked)
     gpus_per_node: int = 8  # slots per node (which node a slot's parked state lives on)
+    schedule: str = "round_robin"  # rotation: round_robin (strict order) | work_conserving
     raw: Mapping[str, Any] = field(default_factory=dict)
 
     def job(self, name: str) -> GroupJob:
@@ -90,35 +92,28 @@ class GroupSpec:
             "tail_fraction": self.tail_fraction, "tail_slots": self.tail_slots,
             "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s, "park_s": self.park_s,
             "gpus_per_node": self.gpus_per_node, "host_memory_gb": self.host_memory_gb,
-            "jobs": {j.name: {"slo": j.slo, "max_response_length": j.max_response_length,
-                              "iterations": j.cfg.train.num_iterations,
-                              "samples": j.cfg.train.rollout_batch_size * j.cfg.train.group_size,
-                              "world_size": j.cfg.placement.world_size, "device": j.cfg.runtime.device,
-                              "slot_capacity": j.cfg.scheduler.max_running_requests
-                              * j.cfg.scheduler.rollout_ranks_per_instance,
-                              "rank_slots": {str(r): list(ps) for r, ps in j.rank_slots.items()}}
-                     for j in self.jobs},
+            "schedule": self.schedule, "jobs": {j.name: job_json(j) for j in self.jobs},
         }
 
 
+def job_json(j: GroupJob) -> dict[str, Any]:
+    """One member's entry of ``group.json``'s ``jobs`` (what the scheduler and its ranks read)."""
+    return {"slo": j.slo, "max_response_length": j.max_response_length, "iterations": j.cfg.train.num_iterations,
+            "samples": j.cfg.train.rollout_batch_size * j.cfg.train.group_size,
+            "world_size": j.cfg.placement.world_size, "device": j.cfg.runtime.device,
+            "slot_capacity": j.cfg.scheduler.max_running_requests * j.cfg.scheduler.rollout_ranks_per_instance,
+            "rank_slots": {str(r): list(ps) for r, ps in j.rank_slots.items()}}
+
+
 def _slots(text: Any, key: str, issues: list[ConfigIssue]) -> tuple[int, ...]:
+    """A pool's slots from ``'0-3'`` / ``'0-1,4-5'`` (placement.py's range parser) or one int."""
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return (text,)
-    if not isinstance(text, str) or not _RANGES.match(text):
-        issues.append(ConfigIssue(key, text, "slot ranges such as '0-3' or '0-1,4-5'"))
+    slots = parse_slot_ranges(text) if isinstance(text, str) else None
+    if not slots:
+        issues.append(ConfigIssue(key, text, "slot ranges in ascending order such as '0-3' or '0-1,4-5'"))
         return ()
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        a, b = int(lo), int(hi or lo)
-        if b < a:
-            issues.append(ConfigIssue(key, text, "ascending ranges ('a-b' with a <= b)"))
-            return ()
-        out.extend(range(a, b + 1))
-    if len(set(out)) != len(out):
-        issues.append(ConfigIssue(key, text, "each slot once"))
-        return ()
-    return tuple(sorted(out))
+    return tuple(slots)
 
 
 def _number(value: Any, key: str, issues: list[ConfigIssue], lo: float, hi: float | None, what: str,
@@ -225,6 +220,9 @@ def load_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
     if host_gb is not None:
         host_gb = _number(host_gb, "group.host_memory_gb", issues, 1e-9, None, "a positive number of GB (or null)")
     gpn = _number(g.get("gpus_per_node", 8), "group.gpus_per_node", issues, 1, None, "a positive int", integer=True)
+    schedule = g.get("schedule", "round_robin")
+    if schedule not in SCHEDULES:
+        issues.append(ConfigIssue("group.schedule", schedule, " | ".join(SCHEDULES)))
 
     jobs_doc = doc.get("jobs")
     jobs: list[GroupJob] = []
@@ -272,4 +270,5 @@ def load_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
     return GroupSpec(source=source, dir=Path(gdir).absolute(), pools=pools, jobs=tuple(jobs),
                      tail_fraction=float(tail_fraction), tail_slots=int(tail_slots), poll_interval_s=float(poll),
                      timeout_s=float(timeout), park_s=float(park_s),
-                     host_memory_gb=None if host_gb is None else float(host_gb), gpus_per_node=int(gpn), raw=doc)
+                     host_memory_gb=None if host_gb is None else float(host_gb), gpus_per_node=int(gpn),
+                     schedule=str(schedule), raw=doc)

@@ -250,6 +250,17 @@ def _parse_range(text: str, num_slots: int | None) -> list[int] | None:
     return list(range(lo, hi + 1)) if lo <= hi else None
 
 
+def parse_slot_ranges(text: str) -> list[int] | None:
+    """``"a-b,c,d-e"`` (ranges in ascending order, each slot once) -> the slots; None if malformed."""
+    out: list[int] = []
+    for part in text.split(","):
+        slots = _parse_range(part, None)
+        if slots is None or (out and slots[0] <= out[-1]):
+            return None
+        out.extend(slots)
+    return out
+
+
 def _parse_spec(
     spec: str, num_slots: int, where: str, scope: str = "the allocation"
 ) -> tuple[list[tuple[int, ...]], list[str]]:

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from slurm_rl.control.atomic import atomic_write_json
+from slurm_rl.control.atomic import atomic_write_json, read_json
+from slurm_rl.fsio import stat_key
 from slurm_rl.control.grants import GroupPaths
-from slurm_rl.control.paths import create_run_dir
+from slurm_rl.control.paths import RunPaths, create_run_dir
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.config import ConfigError
 from slurm_rl.group_config import GroupSpec, load_group
@@ -41,7 +42,7 @@ class GroupResult:
 
     @property
     def ok(self) -> bool:
-        return self.scheduler_rc == 0 and all(v == "finished" for v in self.jobs.values())
+        return self.scheduler_rc == 0 and all(v in ("finished", "stopped") for v in self.jobs.values())
 
 
 def prepare_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
@@ -76,22 +77,73 @@ def start_group_scheduler(group_dir: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def run_group_local(group_dir: Path, log: Callable[[str], None] = print) -> GroupResult:
-    """Run every job of the prepared group at ``group_dir`` on this machine (the group scheduler
-    too); a failed job is stopped alone, the others go on."""
-    from slurm_rl.control.atomic import read_json
+class SrunJob:
+    """One job of a group as an ``srun --overlap`` step of the allocation (``sbatch/mux.sh``)."""
 
-    group = read_json(group_dir / "group.json")
+    def __init__(self, name: str, run_dir: Path, world_size: int, port: int) -> None:
+        self.name = name
+        het = int(os.environ.get("SLURM_HET_SIZE", "1"))
+        if het > 1:  # one step over every component; its tasks are the allocation's (component 0 first)
+            tasks = sum(int(os.environ[f"SLURM_NTASKS_HET_GROUP_{c}"]) for c in range(het))
+            if world_size != tasks:
+                raise LaunchError(f"job {name} has {world_size} ranks but the heterogeneous allocation has "
+                                  f"{tasks} tasks")
+            placement = [f"--het-group={','.join(str(c) for c in range(het))}"]
+        else:
+            placement = [f"--ntasks={world_size}", f"--cpus-per-task={os.environ.get('SLURM_CPUS_PER_TASK', '1')}"]
+        log = open(run_dir / "logs" / "srun.log", "ab")
+        self.proc = subprocess.Popen(["srun", "--overlap", "--kill-on-bad-exit=1", *placement, sys.executable, "-m",
+                                      "slurm_rl.worker", str(run_dir)], stdout=log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, SLURM_RL_MASTER_PORT=str(port)))
+        log.close()
+
+    def poll(self) -> dict[int, int] | None:
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        if rc != 0:
+            raise LaunchError(f"srun step of job {self.name} exited with code {rc}")
+        return {}
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def local_job(name: str, run_dir: Path, world_size: int, port: int) -> LocalJob:
+    """One job of a group as local processes (``slurm-rl mux``)."""
+    return LocalJob(run_dir, world_size)
+
+
+def run_group_local(group_dir: Path, log: Callable[[str], None] = print,
+                    start_job: Callable[[str, Path, int, int], Any] = local_job) -> GroupResult:
+    """Run every job of the prepared group at ``group_dir`` (the group scheduler too), starting
+    each with ``start_job(name, run_dir, ranks, port)`` (default: on this machine; ``SrunJob``
+    under ``sbatch/mux.sh``). Jobs that ``slurm-rl mux add`` admits while the group runs are
+    started as they appear in ``group.json``. A failed job is stopped alone, the others go on."""
     started = time.monotonic()
     result = GroupResult(group_dir=group_dir, seconds=0.0)
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
+    group = read_json(group_dir / "group.json")
     scheduler = start_group_scheduler(group_dir)
-    running: dict[str, LocalJob] = {}
+    running: dict[str, Any] = {}
+    launched: set[str] = set()
+    group_key: Any = None
     try:
-        for name, job in group["jobs"].items():
-            running[name] = LocalJob(Path(job["run_dir"]), int(job["world_size"]))
         deadline = time.monotonic() + float(group["timeout_s"])
-        while running:
+        while True:
+            if stat_key(group_dir / "group.json") != group_key:  # the members, joins included
+                group_key = stat_key(group_dir / "group.json")
+                for name, run_dir, world, port in job_steps(group_dir):
+                    if name not in launched:
+                        launched.add(name)
+                        running[name] = start_job(name, run_dir, world, port)
+                        log(f"job {name}: {world} ranks, run dir {run_dir}")
             for name, job in list(running.items()):
                 try:
                     codes = job.poll()
@@ -101,10 +153,13 @@ def run_group_local(group_dir: Path, log: Callable[[str], None] = print) -> Grou
                     del running[name]
                     continue
                 if codes is not None:
-                    result.jobs[name] = "finished"
-                    log(f"job {name} finished after {time.monotonic() - started:.1f}s")
+                    result.jobs[name] = _how_it_ended(group_dir, name)
+                    log(f"job {name} {result.jobs[name]} after {time.monotonic() - started:.1f}s")
                     del running[name]
-            if scheduler.poll() not in (None, 0) and running and _scheduler_state(group_dir) != "finished":
+            state = _scheduler_state(group_dir)
+            if not running and state == "finished":
+                break
+            if scheduler.poll() not in (None, 0) and state != "finished":
                 raise LaunchError(f"group scheduler exited with code {scheduler.returncode} "
                                   f"(see {group_dir / 'logs' / 'group-scheduler.log'}); stopping every job")
             if time.monotonic() > deadline:
@@ -200,16 +255,35 @@ def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m slurm_rl.launch.mux steps GROUP_DIR``: one line per job (name run_dir ranks port)."""
+    """``python -m slurm_rl.launch.mux steps GROUP_DIR``: one line per job (name run_dir ranks port);
+    ``python -m slurm_rl.launch.mux srun GROUP_DIR``: run the group inside a Slurm allocation, one
+    ``srun`` step per job (joins included); exit 0 when every job finished."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m slurm_rl.launch.mux")
-    parser.add_argument("what", choices=["steps"])
+    parser.add_argument("what", choices=["steps", "srun"])
     parser.add_argument("group_dir", type=Path)
     args = parser.parse_args(argv)
+    if args.what == "srun":
+        log = lambda msg: print(f"slurm_rl: {msg}", flush=True)  # noqa: E731
+        het = int(os.environ.get("SLURM_HET_SIZE", "1"))
+        if het > 1:
+            tasks = sum(int(os.environ[f"SLURM_NTASKS_HET_GROUP_{c}"]) for c in range(het))
+            log(f"heterogeneous allocation, {het} components, {tasks} tasks")
+        result = run_group_local(args.group_dir.absolute(), log=log, start_job=SrunJob)
+        for name, how in sorted(result.jobs.items()):
+            log(f"job {name}: {how}")
+        log(f"group scheduler exit code {result.scheduler_rc}; inspect with: slurm-rl inspect {args.group_dir}")
+        return 0 if result.ok else 1
     for name, run_dir, world, port in job_steps(args.group_dir):
         print(name, run_dir, world, port)
     return 0
+
+
+def _how_it_ended(group_dir: Path, name: str) -> str:
+    """``stopped`` (a stop request: removed, preempted) or ``finished``, for a job whose ranks exited 0."""
+    status = read_coordinator_status(RunPaths(GroupPaths(group_dir).job_dir(name)))
+    return "stopped" if status is not None and status.state == "stopped" else "finished"
 
 
 def _scheduler_state(group_dir: Path) -> str | None:

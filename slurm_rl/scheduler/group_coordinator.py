@@ -32,6 +32,9 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.scheduler.errors import GroupTimeout
+from slurm_rl.fsio import stat_key
+from slurm_rl.mux.membership import membership_lock
+from slurm_rl.scheduler.mux.group_sim import with_member
 from slurm_rl.scheduler.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
                                              grant_to_json, initial_grant)
 
@@ -51,16 +54,43 @@ class GroupLoop:
     def __post_init__(self) -> None:
         self.members = tuple(self.group.get("members") or self.group["jobs"])
         self.pools = {p: tuple(self.group["pools"][p]) for p in POOLS}
-        self.slots = {j: {p: tuple(sorted(s for q, s in spec["rank_slots"].values() if q == p)) for p in POOLS}
-                      for j, spec in self.group["jobs"].items()}
+        self.slots: dict[str, dict[str, tuple[int, ...]]] = {}
+        self._add_slots(self.group)
         self.poll_s = float(self.group["poll_interval_s"])
         self.seen_releases: set[tuple[str, str, int, int]] = set()
+        self.group_key = stat_key(self.paths.run_dir / "group.json")
         numbers = grant_numbers(self.paths)
         if numbers:  # a restarted scheduler carries on from the last grant (level-triggered)
             last = read_grant(self.paths, numbers[-1])
             self.number, self.grant = last.grant, grant_from_json(last.pools, last.done)
+            # the rotation's order (joins insert where the cursor points) and its members are the grant's
+            order = last.pools["train"].get("order")
+            if order:
+                self.members = tuple(order)
         else:
             self.number, self.grant = -1, initial_grant(self.pools, self.members)
+
+    def _add_slots(self, group: dict[str, Any]) -> None:
+        for j, spec in group["jobs"].items():
+            self.slots[j] = {p: tuple(sorted(s for q, s in spec["rank_slots"].values() if q == p)) for p in POOLS}
+
+    # -- joins ----------------------------------------------------------------------------------
+    def joins(self) -> list[str]:
+        """Jobs that ``slurm-rl mux add`` put into ``group.json`` since the last look, now in the
+        rotation (inserted where the train pool's cursor points: one cyclic order on both pools)."""
+        key = stat_key(self.paths.run_dir / "group.json")
+        if key == self.group_key:
+            return []
+        self.group_key = key
+        group = read_json(self.paths.run_dir / "group.json")
+        new = [j for j in group["members"] if j not in self.members]
+        self.group = group
+        self._add_slots(group)
+        for job in new:
+            self.grant, self.members = with_member(self.grant, self.members, job)
+            append_event(self.paths, "job_joined", {"job": job, "order": list(self.members)})
+            self.log(f"group: job {job} joined; rotation order {list(self.members)}")
+        return new
 
     # -- observing ------------------------------------------------------------------------------
     def _job_health(self, job: str) -> str | None:
@@ -69,6 +99,8 @@ class GroupLoop:
         status = read_coordinator_status(jpaths)
         if status is not None and status.state == "finished":
             return "finished"
+        if status is not None and status.state == "stopped":
+            return f"stopped: {(status.stop or {}).get('reason', 'stop requested')}"
         if status is not None and status.failed:
             return f"failed: {status.error}"
         world = range(int(self.group["jobs"][job]["world_size"]))
@@ -98,7 +130,7 @@ class GroupLoop:
                 why = self._job_health(job)
                 if why is not None:
                     self.out[job] = why
-                    kind = "job_finished" if why == "finished" else "job_failed"
+                    kind = {"finished": "job_finished", "stopped": "job_stopped"}.get(why.split(":")[0], "job_failed")
                     append_event(self.paths, kind, {"job": job, "why": why})
                     self.log(f"group: job {job} {why}")
             waiting: dict[str, int] = {}
@@ -131,6 +163,8 @@ class GroupLoop:
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, grant: GroupGrant, events: list[str]) -> None:
         pools, done = grant_to_json(grant)
+        for doc in pools.values():
+            doc["order"] = list(self.members)
         record = Grant(grant=self.number + 1, generation=self.generation, created_at=time.time(), pools=pools,
                        done=done, events=tuple(events))
         publish_grant(self.paths, record, self.generation)
@@ -151,7 +185,12 @@ class GroupLoop:
             self.publish(self.grant, ["group started"])
         self.status("running")
         deadline = time.monotonic() + timeout_s
-        while len(self.out) < len(self.members):
+        while True:
+            joined = self.joins()
+            if joined:
+                self.publish(self.grant, [f"{j} joined the rotation" for j in joined])
+            if len(self.out) >= len(self.members) and self._end():
+                break
             view = self.observe()
             change = decide(self.grant, view)
             if change is not None:
@@ -162,8 +201,19 @@ class GroupLoop:
                 raise GroupTimeout(f"group did not finish within group.timeout_s={timeout_s:.0f}s; jobs still "
                                    f"running: {[j for j in self.members if j not in self.out]}")
             time.sleep(self.poll_s)
-        failed = {j: why for j, why in self.out.items() if why != "finished"}
-        self.status("finished", failed=failed)
+
+    def _end(self) -> bool:
+        """Every member left: end the group unless a job joined meanwhile (under the membership
+        lock, which ``slurm-rl mux add`` holds while it admits a job)."""
+        with membership_lock(self.paths.run_dir):
+            joined = self.joins()
+            if joined:
+                self.publish(self.grant, [f"{j} joined the rotation" for j in joined])
+                return False
+            stopped = {j: why for j, why in self.out.items() if why.startswith("stopped")}
+            failed = {j: why for j, why in self.out.items() if why != "finished" and j not in stopped}
+            self.status("finished", failed=failed, stopped=stopped)
+        return True
 
 
 def run_group_scheduler(group_dir: Path) -> int:
@@ -180,7 +230,7 @@ def run_group_scheduler(group_dir: Path) -> int:
             loop.status("failed", error=error)
             traceback.print_exc()
             return 1
-    return 0 if all(why == "finished" for why in loop.out.values()) else 1
+    return 0 if all(why == "finished" or why.startswith("stopped") for why in loop.out.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
