@@ -1,20 +1,20 @@
 """Placement epochs: the immutable, densely numbered JSON documents that say who does what.
 
 ``EpochStore`` is the coordinator's side (publish, read, list at startup); ``EpochWatcher`` is a
-rank's side: one ``open`` of the next epoch's path per poll, with back-off while idle.
+rank's side: one ``open`` of the next epoch's path per poll, with back-off while idle. Both sit
+on ``control.numbered.NumberedFiles`` (exclusive create, generation fencing, dense numbering).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_rl.control.atomic import parse_json, read_bytes_once, read_json, write_json_exclusive
-from slurm_rl.faults import fault_point
-from slurm_rl.control.errors import EpochOrderError, FencedEpochError, TornFileError, WaitTimeout
+from slurm_rl.control.errors import EpochOrderError, TornFileError, WaitTimeout
+from slurm_rl.control.numbered import NumberedFiles, lease_generation
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.faults import fault_point
 
 SCHEMA_VERSION = 1
 DEFAULT_POLL_INTERVAL_S = 0.01
@@ -108,25 +108,14 @@ class Epoch:
         return [name for name, spec in self.placement.items() if rank in spec["ranks"]]
 
 
+def epoch_files(paths: RunPaths) -> NumberedFiles[Epoch]:
+    """The epoch log of a run: ``epochs/NNNNNN.json``, decoded as :class:`Epoch`."""
+    return NumberedFiles(paths, paths.epochs_dir, kind="epoch", number_key="epoch", decode=Epoch.from_json)
+
+
 def read_epoch_file(paths: RunPaths, n: int) -> Epoch:
     """Read and validate epoch ``n``; ``FileNotFoundError`` if it is not published."""
-    path = paths.epoch(n)
-    epoch = Epoch.from_json(read_json(path, fs=paths.fs), str(path))
-    if epoch.epoch != n:
-        raise TornFileError(f"{path}: file holds epoch {epoch.epoch}, expected {n}")
-    return epoch
-
-
-def lease_generation(paths: RunPaths) -> int:
-    """The current coordinator generation from ``control/lease`` (0 if no coordinator ever ran)."""
-    try:
-        doc = read_json(paths.lease, fs=paths.fs)
-    except FileNotFoundError:
-        return 0
-    generation = doc.get("generation")
-    if not _is_int(generation) or generation < 0:
-        raise TornFileError(f"{paths.lease}: field 'generation' must be a non-negative int, got {generation!r}")
-    return generation
+    return epoch_files(paths).read(n)
 
 
 class EpochStore:
@@ -134,6 +123,7 @@ class EpochStore:
 
     def __init__(self, paths: RunPaths) -> None:
         self.paths = paths
+        self.files = epoch_files(paths)
 
     def publish(self, epoch: Epoch, generation: int) -> None:
         """Publish ``epoch`` exclusively, as the holder of lease ``generation``.
@@ -143,49 +133,26 @@ class EpochStore:
         refuses (``EpochOrderError``) a non-dense number or an existing epoch. Creates the
         epoch's ack directory first so ranks can ack without a ``mkdir``.
         """
-        path = self.paths.epoch(epoch.epoch)
-        if epoch.generation != generation:
-            raise FencedEpochError(f"epoch {epoch.epoch} ({path}) carries generation {epoch.generation} "
-                                   f"but the publisher holds lease generation {generation}")
-        current = lease_generation(self.paths)
-        if generation < current:
-            raise FencedEpochError(f"cannot publish epoch {epoch.epoch} ({path}) as generation {generation}: "
-                                   f"{self.paths.lease} is at generation {current} (a newer coordinator took over)")
         if epoch.previous is not None and epoch.previous != epoch.epoch - 1:
             raise EpochOrderError(f"epoch {epoch.epoch}: 'previous' is {epoch.previous}, expected {epoch.epoch - 1}")
-        if epoch.epoch > 0:
-            try:
-                prev = read_epoch_file(self.paths, epoch.epoch - 1)
-            except FileNotFoundError:
-                raise EpochOrderError(f"cannot publish epoch {epoch.epoch} ({path}): epoch {epoch.epoch - 1} "
-                                      f"is not published; numbering must be dense") from None
-            if prev.generation > generation:
-                raise FencedEpochError(f"cannot publish epoch {epoch.epoch} as generation {generation}: "
-                                       f"epoch {prev.epoch} already has generation {prev.generation}")
-        self.paths.acks_dir(epoch.epoch).mkdir(parents=True, exist_ok=True)
-        fault_point("epoch_write", epoch=epoch.epoch, generation=generation)
-        try:
-            write_json_exclusive(path, epoch.to_json(), fs=self.paths.fs)
-        except FileExistsError:
-            raise EpochOrderError(f"epoch {epoch.epoch} is already published at {path}") from None
+
+        def before_write() -> None:
+            self.paths.acks_dir(epoch.epoch).mkdir(parents=True, exist_ok=True)
+            fault_point("epoch_write", epoch=epoch.epoch, generation=generation)
+
+        self.files.publish(epoch.epoch, epoch.to_json(), generation, before_write)
 
     def read(self, n: int) -> Epoch:
         """Read epoch ``n`` (``FileNotFoundError`` if absent)."""
-        return read_epoch_file(self.paths, n)
+        return self.files.read(n)
 
     def numbers(self) -> list[int]:
         """Published epoch numbers, sorted (lists the directory; temp files are ignored)."""
-        try:
-            names = os.listdir(self.paths.epochs_dir)
-        except FileNotFoundError:
-            return []
-        return sorted(int(name[:-5]) for name in names
-                      if len(name) == 11 and name.endswith(".json") and name[:6].isdigit())
+        return self.files.numbers()
 
     def latest(self) -> Epoch | None:
         """The highest published epoch, or None (lists the directory)."""
-        numbers = self.numbers()
-        return self.read(numbers[-1]) if numbers else None
+        return self.files.latest()
 
     def all(self) -> list[Epoch]:
         """Every published epoch in order; raises ``EpochOrderError`` if numbering has a gap."""
@@ -217,6 +184,7 @@ class EpochWatcher:
         if backoff < 1.0:
             raise ValueError(f"backoff must be >= 1, got {backoff}")
         self.paths = paths
+        self.files = epoch_files(paths)
         self.current = start_after
         self.highest_generation = min_generation
         self.poll_interval_s = poll_interval_s
@@ -239,21 +207,15 @@ class EpochWatcher:
     def poll(self) -> Epoch | None:
         """Return the next epoch and advance, or None if it is not published yet (one ``open``)."""
         n = self.current + 1
-        path = self.paths.epoch(n)
         self.polls += 1
         self._last_poll = time.monotonic()
         try:
-            data = read_bytes_once(path, fs=self.paths.fs)
+            epoch = self.files.read(n)
         except FileNotFoundError:
             self.interval = min(self.poll_interval_s * self.backoff ** self._misses, self.idle_poll_interval_s)
             self._misses = min(self._misses + 1, 64)
             return None
-        epoch = Epoch.from_json(parse_json(data, path), str(path))
-        if epoch.epoch != n:
-            raise TornFileError(f"{path}: file holds epoch {epoch.epoch}, expected {n}")
-        if epoch.generation < self.highest_generation:
-            raise FencedEpochError(f"{self._who()}: epoch {n} ({path}) has generation {epoch.generation}, older "
-                                   f"than generation {self.highest_generation} already seen; refusing it")
+        self.files.check_order(n, epoch.generation, self.highest_generation, self._who())
         self.highest_generation = epoch.generation
         self.current = n
         self.activity()
@@ -281,3 +243,7 @@ class EpochWatcher:
                 raise WaitTimeout(f"{self._who()}: timed out after {timeout_s:.1f}s waiting for {what} "
                                   f"(epoch {self.current + 1} at {self.paths.epoch(self.current + 1)})")
             time.sleep(min(self.interval, remaining))
+
+
+__all__ = ["DEFAULT_BACKOFF", "DEFAULT_IDLE_POLL_INTERVAL_S", "DEFAULT_POLL_INTERVAL_S", "SCHEMA_VERSION", "Epoch",
+           "EpochStore", "EpochWatcher", "epoch_files", "lease_generation", "read_epoch_file"]

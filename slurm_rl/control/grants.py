@@ -7,6 +7,7 @@ the group scheduler exactly as they fence a run's coordinator):
   ``{"grant", "generation", "created_at", "events", "pools": {pool: {"slots": {slot: holder|null},
   "turn", "cursor"}}, "done": {job: {pool: iteration}}}``, a holder being
   ``{"job", "iteration", "revoked"}``. A rank polls exactly the next number (one ``open``).
+  Published and read through ``control.numbered.NumberedFiles``, as epochs are.
 - ``control/members/<job>/rank-RRRR.json`` — a rank's state, rewritten atomically (waiting for a
   grant, running, parked) with what the group scheduler needs (rollout samples finished).
 - ``control/releases/<job>/<pool>-IIIIII/slot-SSSS.json`` — written once by the rank on that slot
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from slurm_rl.control.atomic import atomic_write_json, parse_json, read_bytes_once, read_json, write_json_exclusive
-from slurm_rl.control.epochs import lease_generation
-from slurm_rl.control.errors import EpochOrderError, FencedEpochError, TornFileError
+from slurm_rl.control.atomic import atomic_write_json, read_json, write_json_exclusive
+from slurm_rl.control.errors import TornFileError
+from slurm_rl.control.numbered import NumberedFiles
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.validate import check_equal, check_fields
 
@@ -113,45 +114,25 @@ class Grant:
                    pools=pools, done=done, events=tuple(events))
 
 
+def grant_files(paths: GroupPaths) -> NumberedFiles[Grant]:
+    """The grants of a group: ``grants/NNNNNN.json``, decoded as :class:`Grant`."""
+    return NumberedFiles(paths, paths.grants_dir, kind="grant", number_key="grant", decode=Grant.from_json,
+                         holder="group scheduler")
+
+
 def read_grant(paths: GroupPaths, n: int) -> Grant:
     """Grant ``n`` (``FileNotFoundError`` when not published)."""
-    path = paths.grant(n)
-    grant = Grant.from_json(read_json(path, fs=paths.fs), str(path))
-    if grant.grant != n:
-        raise TornFileError(f"{path}: file holds grant {grant.grant}, expected {n}")
-    return grant
+    return grant_files(paths).read(n)
 
 
 def grant_numbers(paths: GroupPaths) -> list[int]:
     """Published grant numbers, sorted (lists the directory: startup and inspection only)."""
-    try:
-        names = os.listdir(paths.grants_dir)
-    except FileNotFoundError:
-        return []
-    return sorted(int(n[:-5]) for n in names if len(n) == 11 and n.endswith(".json") and n[:6].isdigit())
+    return grant_files(paths).numbers()
 
 
 def publish_grant(paths: GroupPaths, grant: Grant, generation: int) -> None:
     """Publish ``grant`` exclusively as lease holder ``generation`` (fencing as for epochs)."""
-    path = paths.grant(grant.grant)
-    current = lease_generation(paths)
-    if grant.generation != generation or generation < current:
-        raise FencedEpochError(f"cannot publish grant {grant.grant} ({path}) as generation {grant.generation}: "
-                               f"{paths.lease} is at generation {current} (a newer group scheduler took over)")
-    if grant.grant > 0:
-        try:
-            prev = read_grant(paths, grant.grant - 1)
-        except FileNotFoundError:
-            raise EpochOrderError(f"cannot publish grant {grant.grant}: grant {grant.grant - 1} is missing "
-                                  f"({paths.grants_dir}); numbering must be dense") from None
-        if prev.generation > generation:
-            raise FencedEpochError(f"cannot publish grant {grant.grant} as generation {generation}: grant "
-                                   f"{prev.grant} already has generation {prev.generation}")
-    paths.grants_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        write_json_exclusive(path, grant.to_json(), fs=paths.fs)
-    except FileExistsError:
-        raise EpochOrderError(f"grant {grant.grant} is already published at {path}") from None
+    grant_files(paths).publish(grant.grant, grant.to_json(), generation)
 
 
 class GrantWatcher:
@@ -159,6 +140,7 @@ class GrantWatcher:
 
     def __init__(self, paths: GroupPaths, poll_interval_s: float, who: str) -> None:
         self.paths, self.poll_interval_s, self.who = paths, poll_interval_s, who
+        self.files = grant_files(paths)
         self.latest: Grant | None = None
         self.highest_generation = 0
         self._last_poll = -float("inf")
@@ -170,15 +152,11 @@ class GrantWatcher:
         self._last_poll = time.monotonic()
         while True:
             n = 0 if self.latest is None else self.latest.grant + 1
-            path = self.paths.grant(n)
             try:
-                data = read_bytes_once(path, fs=self.paths.fs)
+                grant = self.files.read(n)
             except FileNotFoundError:
                 return self.latest
-            grant = Grant.from_json(parse_json(data, path), str(path))
-            if grant.generation < self.highest_generation:
-                raise FencedEpochError(f"{self.who}: grant {n} ({path}) has generation {grant.generation}, older "
-                                       f"than generation {self.highest_generation} already seen; refusing it")
+            self.files.check_order(n, grant.generation, self.highest_generation, self.who)
             self.highest_generation = grant.generation
             self.latest = grant
 

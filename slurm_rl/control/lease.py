@@ -15,8 +15,8 @@ from typing import Any
 import filelock
 
 from slurm_rl.control.atomic import atomic_write_json, read_json, write_json_exclusive
-from slurm_rl.control.epochs import lease_generation
 from slurm_rl.control.errors import LeaseHeldError, TornFileError
+from slurm_rl.control.numbered import lease_generation
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.validate import check_fields
 
