@@ -115,6 +115,7 @@ def joined_group(request, tmp_path_factory):
     return device, spec.dir, result, driver, {**jobs, "c": c_cfg}
 
 
+@pytest.mark.slow
 def test_add_admits_a_job_that_enters_the_rotation_next_meta_iteration(joined_group) -> None:
     device, group_dir, result, driver, cfgs = joined_group
     assert driver.error is None, driver.error
@@ -139,6 +140,7 @@ def test_add_admits_a_job_that_enters_the_rotation_next_meta_iteration(joined_gr
         check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfgs[name])
 
 
+@pytest.mark.slow
 def test_remove_stops_the_job_at_its_gate_and_frees_its_memory(joined_group) -> None:
     device, group_dir, result, driver, cfgs = joined_group
     assert driver.error is None, driver.error
@@ -163,6 +165,7 @@ def test_remove_stops_the_job_at_its_gate_and_frees_its_memory(joined_group) -> 
     check_every_sample_once(b_dir, done)
 
 
+@pytest.mark.slow
 def test_add_refuses_with_exit_2_and_the_reason(joined_group, tmp_path: Path) -> None:
     """A finished group takes no job; a bad name or config is named (exit 2, nothing created)."""
     device, group_dir, *_ = joined_group

@@ -22,9 +22,11 @@ from typing import Mapping, Sequence
 
 from slurm_rl.scheduler.mux.analysis import (SLO_EPS, meta_iteration, member_phases, parked_bytes,
                                              residency_problems)
-from slurm_rl.scheduler.mux.model import GPU_PRICE, POOL_GPU, GroupSpec, JobProfile, Pools, slots_cost_per_hour
+from slurm_rl.scheduler.mux.model import (GPU_PRICE, POOL_GPU, ColocatedModel, GroupSpec, JobProfile, Pools,
+                                          slots_cost_per_hour)
+from slurm_rl.scheduler.mux.rotation import SCHEDULES
 
-KINDS = ("direct", "scaled", "new", "refused")
+KINDS = ("direct", "scaled", "new", "colocated", "refused")
 SLO_CHECKS = ("conservative", "both")
 COST_BASES = ("rate", "lifetime")
 
@@ -46,8 +48,13 @@ class ClusterSpec:
     # ``lifetime``: least added cost until the group's last member is expected to finish (joining
     # a group may keep its nodes longer; a small job in a large group's leftover is not free).
     cost_basis: str = "rate"
+    # rotation schedule of the groups placement opens (``round_robin`` | ``work_conserving``);
+    # an existing group is predicted under its own ``GroupSpec.schedule``
+    schedule: str = "round_robin"
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule: got {self.schedule!r}, allowed {SCHEDULES}")
         if self.slo_check not in SLO_CHECKS:
             raise ValueError(f"slo_check: got {self.slo_check!r}, allowed {SLO_CHECKS}")
         if self.cost_basis not in COST_BASES:
@@ -62,6 +69,9 @@ class AdmissionDecision:
     the train slots the job sits on (ids in that group; for ``new``: ``0..n-1``).
     ``slowdowns``: the conservative estimate for every member of the resulting group.
     ``rejected``: candidates turned down, by cause (``slo``, ``residency``, ``train_pool``).
+    ``options``: per kind considered (``direct``, ``scaled``, ``new``, ``colocated``), the
+    cheapest admissible candidate's figures: ``cost_per_h`` (added price per hour), ``cost``
+    (added cost over its expected life), ``slowdown`` (the job's, conservative), ``group``.
     """
 
     kind: str
@@ -73,6 +83,7 @@ class AdmissionDecision:
     slowdowns: Mapping[str, float] = field(default_factory=dict)
     reason: str = ""
     rejected: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, Mapping[str, float | int | None]] = field(default_factory=dict)
 
 
 def _fits_train(group: GroupSpec, job: JobProfile) -> tuple[int, ...]:
@@ -85,7 +96,7 @@ def _fits_train(group: GroupSpec, job: JobProfile) -> tuple[int, ...]:
 def _slowdowns(group: GroupSpec, newcomer: JobProfile, conservative: bool) -> dict[str, float]:
     """Every member's slowdown over one meta-iteration; the newcomer's also pays one meta-iteration
     of waiting for its first turn (it joins last in the order), spread over its iterations."""
-    m = meta_iteration(member_phases(group, conservative))
+    m = meta_iteration(member_phases(group, conservative), schedule=group.schedule)
     out = dict(m.slowdown)
     if len(group.members) > 1:
         out[newcomer.name] *= (newcomer.iterations + 1) / newcomer.iterations
@@ -107,7 +118,7 @@ def _check(group: GroupSpec, newcomer: JobProfile, how: str) -> tuple[dict[str, 
 
 def _packing(group: GroupSpec) -> float:
     """Cost-weighted busy share of the group's pools over one conservative meta-iteration."""
-    m = meta_iteration(member_phases(group, conservative=True))
+    m = meta_iteration(member_phases(group, conservative=True), schedule=group.schedule)
     pr = len(group.pools.rollout) * GPU_PRICE[POOL_GPU["rollout"]]
     pt = len(group.pools.train) * GPU_PRICE[POOL_GPU["train"]]
     return (m.rollout_busy * pr + m.train_busy * pt) / (pr + pt) if pr + pt else 0.0
@@ -128,9 +139,9 @@ def _life_cost(group: GroupSpec, extra_s: float = 0.0) -> float:
     (expected phase times; ``extra_s`` added, e.g. a newcomer's state loading)."""
     if not group.members:
         return 0.0
-    period = meta_iteration(member_phases(group, conservative=False)).period_s
-    left = max(group.remaining.get(j.name, j.iterations) for j in group.members)
-    return _rate(group) * (left * period + extra_s) / 3600
+    m = meta_iteration(member_phases(group, conservative=False), schedule=group.schedule)
+    life = max(group.remaining.get(j.name, j.iterations) * m.period_of(j.name) for j in group.members)
+    return _rate(group) * (life + extra_s) / 3600
 
 
 def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec()) -> AdmissionDecision:
@@ -139,6 +150,7 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
     rejected: dict[str, int] = {}
     notes: list[str] = []
     candidates: list[tuple[float, int, float, int, AdmissionDecision]] = []
+    options: dict[str, dict] = {}
 
     def add(kind: str, order: int, g: GroupSpec, cand: GroupSpec, k: int, slow: Mapping[str, float]) -> None:
         rate = _rate(cand) - (_rate(g) if g.members or kind != "new" else 0.0)
@@ -147,6 +159,10 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
         gid = g.gid if kind != "new" else None
         candidates.append((key, order, -_packing(cand), g.gid,
                            AdmissionDecision(kind, gid, k, cand.train_of(job), rate, life, slow)))
+        best = options.get(kind)
+        if best is None or key < best["_key"]:
+            options[kind] = {"_key": key, "cost_per_h": round(rate, 3), "cost": round(life, 3),
+                             "slowdown": round(slow[job.name], 4), "group": gid}
 
     for g in groups:
         if len(g.pools.train) < job.train_slots:
@@ -172,7 +188,8 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
             rejected["slo"] = rejected.get("slo", 0) + 1
             notes.append(f"group {g.gid}: SLO: {bad[0]}")
     empty = GroupSpec(pools=Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
-                                  cluster.gpus_per_slot, cluster.host_bytes_per_slot), gid=-1)
+                                  cluster.gpus_per_slot, cluster.host_bytes_per_slot), gid=-1,
+                      schedule=cluster.schedule)
     own = empty.with_member(job)
     problems = residency_problems(own)
     slow, bad = _check(own, job, cluster.slo_check)
@@ -183,9 +200,88 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
     else:
         add("new", 2, empty, own, 0, slow)
         reason = ""
+    opts = {k: {f: v for f, v in o.items() if f != "_key"} for k, o in options.items()}
     if not candidates:
-        return AdmissionDecision("refused", reason=reason or "; ".join(notes), rejected=rejected)
+        return AdmissionDecision("refused", reason=reason or "; ".join(notes), rejected=rejected, options=opts)
     best = min(candidates, key=lambda c: c[:4])[4]
     why = (f"least added cost ({best.delta_cost_per_h:.1f}/h, {best.delta_cost:.1f} over the group's "
            f"expected life) of {len(candidates)} candidates")
-    return replace(best, reason=why, rejected=rejected)
+    return replace(best, reason=why, rejected=rejected, options=opts)
+
+
+@dataclass(frozen=True)
+class ColocatedPrediction:
+    """``job`` co-located on its own training slots (H800), predicted by the cost model."""
+
+    seconds: float  # expected run time, cold start included
+    cost_per_h: float
+    cost: float  # over the expected run time
+    slowdown: float  # conservative (max-length phase times), vs its solo run
+    slowdown_expected: float
+    problems: tuple[str, ...]  # SLO violations under the cluster's check (empty: admissible)
+
+
+def predict_colocated(job: JobProfile, cluster: ClusterSpec = ClusterSpec(),
+                      model: ColocatedModel = ColocatedModel()) -> ColocatedPrediction:
+    """Cost and slowdowns of ``job`` co-located (:class:`~.model.ColocatedModel`): each iteration's
+    rollout on the training slots at the H800 decode speed and lanes, then its training, plus
+    both warm switches; slowdowns against its solo iteration (max-length and expected phase times,
+    as the SLO check of :func:`place`), the cold start counted on both sides."""
+    cold = job.switch.cold_s
+    expected = cold + job.iterations * model.expected_iteration_s(job)
+    solo_expected = cold + job.iterations * job.solo_iteration_s()
+    worst = cold + job.iterations * model.conservative_iteration_s(job)
+    solo_worst = cold + job.iterations * job.solo_iteration_s(conservative=True)
+    slow, slow_e = worst / solo_worst, expected / solo_expected
+    problems = []
+    if slow > job.slo + SLO_EPS:
+        problems.append(f"{job.name} {slow:.2f}x > SLO {job.slo:.2f}x co-located (max-length times)")
+    if cluster.slo_check == "both" and slow_e > job.slo + SLO_EPS:
+        problems.append(f"{job.name} {slow_e:.2f}x > SLO {job.slo:.2f}x co-located (expected times)")
+    rate = job.train_slots * cluster.gpus_per_slot * GPU_PRICE[POOL_GPU["train"]]
+    return ColocatedPrediction(expected, rate, rate * expected / 3600, slow, slow_e, tuple(problems))
+
+
+def place_hybrid(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec(),
+                 colocated: ColocatedModel = ColocatedModel()) -> AdmissionDecision:
+    """Hybrid placement: :func:`place`, and where no existing group admits the job (the decision
+    would be ``new`` or ``refused``), ``colocated`` — actor and rollout one after the other on its
+    own training GPUs — when the cost model predicts that cheaper over the job's life than a new
+    disaggregated group of its own, or when a new group is refused, provided its co-located
+    slowdown keeps its SLO (the same check as :func:`place`: max-length times, and expected times
+    with ``slo_check="both"``). A job neither can run within its SLO stays ``refused``.
+
+    Costs are compared over the job's expected life whatever ``cluster.cost_basis`` says: the two
+    options differ in duration as well as in price per hour (a co-located job holds fewer,
+    pricier GPUs for longer), so a price per hour alone would always pick co-location.
+
+    A joinable lone group versus a co-located job: a new group of one job is joinable by later
+    arrivals (``direct`` at no added price is where multiplexing gains), a co-located job is not —
+    it keeps its training GPUs busy for both phases (the model's busy share is ~90 % against
+    ~35-60 % for a lone group's pools), so a partner could only run in its switch gaps and would
+    slow it by nearly its own phase time. The decision here is made on the predicted cost of the
+    job itself, without betting on partners that have not arrived: a lone group is opened when it
+    is cheaper as it is (or co-location breaks the SLO); it then stays joinable like any group.
+
+    ``options`` of the result carries each option's predicted cost per hour, cost over its life
+    and the job's slowdown (``colocated`` included), so a caller can show why.
+    """
+    d = place(job, groups, cluster)
+    if d.kind in ("direct", "scaled"):
+        return d
+    c = predict_colocated(job, cluster, colocated)
+    opts = {**d.options, "colocated": {"cost_per_h": round(c.cost_per_h, 3), "cost": round(c.cost, 3),
+                                       "slowdown": round(c.slowdown, 4),
+                                       "slowdown_expected": round(c.slowdown_expected, 4), "group": None,
+                                       "admissible": not c.problems}}
+    if c.problems:
+        why = f"co-located: {c.problems[0]}"
+        return replace(d, options=opts, reason=f"{d.reason}; {why}" if d.reason else why)
+    if d.kind == "refused" or c.cost < d.delta_cost:
+        why = (f"co-located: {c.cost:.1f} over its expected life ({c.cost_per_h:.1f}/h for "
+               f"{c.seconds / 3600:.2f} h)" + (f" < a new group's {d.delta_cost:.1f}" if d.kind == "new" else
+                                               f"; no group admits it ({d.reason})"))
+        return AdmissionDecision("colocated", None, 0, tuple(range(job.train_slots)), c.cost_per_h, c.cost,
+                                 {job.name: c.slowdown}, why, d.rejected, opts)
+    why = f"{d.reason}; a new group ({d.delta_cost:.1f}) is cheaper than co-located ({c.cost:.1f})"
+    return replace(d, options=opts, reason=why)

@@ -6,15 +6,18 @@ busiest pool's work per meta-iteration). A group is *saturated* when ``load >= c
 works back to back and the meta-iteration lasts about ``load``; below that it lasts about
 ``cycle`` and round-robin keeps both pools as busy as the members allow (RollMux, Theorem 1).
 
-:func:`meta_iteration` simulates the strict round-robin schedule phase by phase (every phase
-pays the pool's warm switch when the group has several members) until it repeats, and gives each
-member's slowdown: the meta-iteration's length over its ``T_solo`` on its own pools.
+:func:`meta_iteration` simulates the group's schedule phase by phase (every phase pays the pool's
+warm switch when the group has several members) until it repeats, and gives each member's
+slowdown: its iteration period over its ``T_solo`` on its own pools. Under strict round-robin every
+member's period is the meta-iteration; under ``work_conserving`` (a free pool serves the next
+*ready* member, see :mod:`slurm_rl.scheduler.mux.rotation`) a short-cycle member may run several
+iterations per iteration of a long-cycle partner, and each member has its own period.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from slurm_rl.scheduler.mux.model import GroupSpec
@@ -40,10 +43,15 @@ class PhaseTimes:
 class MetaIteration:
     """Steady-state round-robin meta-iteration of a group."""
 
-    period_s: float
+    period_s: float  # the longest member period (round-robin: every member's)
     slowdown: Mapping[str, float]
     rollout_busy: float  # share of the period the rollout pool computes
     train_busy: float
+    periods: Mapping[str, float] = field(default_factory=dict)  # work_conserving: per member
+
+    def period_of(self, name: str) -> float:
+        """Seconds between two iterations of member ``name`` in steady state."""
+        return self.periods.get(name, self.period_s)
 
     def violations(self, slos: Mapping[str, float]) -> dict[str, float]:
         """Members whose slowdown exceeds their SLO -> slowdown."""
@@ -82,9 +90,15 @@ def saturated(group: GroupSpec | list[PhaseTimes], conservative: bool = True) ->
     return bool(phases) and load(phases) >= cycle(phases)
 
 
-def meta_iteration(phases: list[PhaseTimes], rounds: int | None = None) -> MetaIteration:
-    """Strict round-robin on both pools, phase by phase, from a cold start for ``rounds``
-    meta-iterations (default: members + 3); the period is the larger of the last two."""
+def meta_iteration(phases: list[PhaseTimes], rounds: int | None = None,
+                   schedule: str = "round_robin") -> MetaIteration:
+    """``round_robin``: strict round-robin on both pools, phase by phase, from a cold start for
+    ``rounds`` meta-iterations (default: members + 3); the period is the larger of the last two.
+    ``work_conserving``: see :func:`meta_iteration_work_conserving`."""
+    if schedule == "work_conserving":
+        return meta_iteration_work_conserving(phases, rounds)
+    if schedule != "round_robin":
+        raise ValueError(f"schedule: got {schedule!r}, allowed ('round_robin', 'work_conserving')")
     if not phases:
         return MetaIteration(0.0, {}, 0.0, 0.0)
     n = len(phases)
@@ -114,9 +128,66 @@ def meta_iteration(phases: list[PhaseTimes], rounds: int | None = None) -> MetaI
                          min(1.0, sum(p.train_s for p in phases) / period) if period else 0.0)
 
 
-def slowdowns(group: GroupSpec, conservative: bool = True) -> MetaIteration:
-    """The one-meta-iteration slowdown estimate of every member of ``group``."""
-    return meta_iteration(member_phases(group, conservative))
+def meta_iteration_work_conserving(phases: list[PhaseTimes], rounds: int | None = None) -> MetaIteration:
+    """Work-conserving rotation on both pools, event by event from a cold start: a free pool serves
+    the first member ready for it in the cyclic order from its cursor (then the cursor moves past
+    it), or waits for the first one to become ready. Runs until every member started ``rounds``
+    rollouts (default: 2 x members + 4); a member's period is the mean interval between its rollout
+    starts over the second half of them (a short-cycle member may run several iterations per
+    iteration of a long-cycle one, in a repeating pattern)."""
+    if not phases:
+        return MetaIteration(0.0, {}, 0.0, 0.0)
+    n = len(phases)
+    target = rounds or 2 * n + 4
+    multi = n > 1
+    dur = ([p.rollout_s + (p.rollout_switch_s if multi else 0.0) for p in phases],
+           [p.train_s + (p.train_switch_s if multi else 0.0) for p in phases])
+    free = [0.0, 0.0]
+    cursor = [0, 0]
+    need = [0] * n  # 0: waits for rollout, 1: for training
+    ready = [0.0] * n
+    starts: list[list[float]] = [[] for _ in range(n)]
+    # the slowest member gets a turn at least once per lap of each pool: bounded number of steps
+    for _ in range(4 * n * (target + 1) + 8):
+        if min(len(s) for s in starts) >= target:
+            break
+        best: tuple[float, int, int] | None = None
+        for pool in (0, 1):
+            waiting = [j for j in range(n) if need[j] == pool]
+            if not waiting:
+                continue
+            t = max(free[pool], min(ready[j] for j in waiting))
+            for step in range(n):
+                j = (cursor[pool] + step) % n
+                if need[j] == pool and ready[j] <= t:
+                    break
+            if best is None or t < best[0]:
+                best = (t, pool, j)
+        assert best is not None
+        t, pool, j = best
+        if pool == 0:
+            starts[j].append(t)
+        end = t + dur[pool][j]
+        free[pool] = ready[j] = end
+        need[j] = 1 - pool
+        cursor[pool] = (j + 1) % n
+    periods: dict[str, float] = {}
+    slowdown = {}
+    for p, s in zip(phases, starts):
+        m = len(s) // 2
+        per = (s[-1] - s[m]) / (len(s) - 1 - m) if len(s) - 1 > m else t_solo(p)
+        periods[p.name] = per
+        slowdown[p.name] = per / p.solo_s if p.solo_s > 0 else float("inf")
+    period = max(periods.values())
+    rbusy = sum(p.rollout_s / periods[p.name] for p in phases if periods[p.name] > 0)
+    tbusy = sum(p.train_s / periods[p.name] for p in phases if periods[p.name] > 0)
+    return MetaIteration(period, slowdown, min(1.0, rbusy), min(1.0, tbusy), periods)
+
+
+def slowdowns(group: GroupSpec, conservative: bool = True, schedule: str | None = None) -> MetaIteration:
+    """The one-meta-iteration slowdown estimate of every member of ``group`` (under ``schedule``,
+    default: the group's own)."""
+    return meta_iteration(member_phases(group, conservative), schedule=schedule or group.schedule)
 
 
 def parked_bytes(group: GroupSpec) -> dict[tuple[str, int], float]:

@@ -26,10 +26,11 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from slurm_rl.scheduler.mux.admission import KINDS, ClusterSpec, place
+from slurm_rl.scheduler.mux.admission import KINDS, ClusterSpec, place, place_hybrid
 from slurm_rl.scheduler.mux.group_sim import GroupResult, GroupSim
 from slurm_rl.scheduler.mux.model import (
     GPU_PRICE,
+    ColocatedModel,
     POOL_GPU,
     POOLS,
     GroupSpec,
@@ -39,15 +40,9 @@ from slurm_rl.scheduler.mux.model import (
     solo_pools,
 )
 
-POLICY_NAMES = ("solo", "colocated", "mux")
-
-
-@dataclass(frozen=True)
-class ColocatedModel:
-    """Rollout on H800s relative to H20s (see the module docstring)."""
-
-    decode_speed: float = 1.0
-    lane_factor: float = 0.8
+POLICY_NAMES = ("solo", "colocated", "mux", "hybrid")
+#: also accepted by :func:`simulate_cluster`: ablations and the work-conserving rotation
+EXTRA_POLICIES = ("mux_no_tail", "mux_wc", "hybrid_wc")
 
 
 @dataclass(frozen=True)
@@ -210,15 +205,12 @@ def run_solo(jobs: Sequence[JobProfile], solo: Mapping[str, GroupResult],
 
 def colocated_seconds(job: JobProfile, model: ColocatedModel = ColocatedModel()) -> tuple[float, float]:
     """(seconds, busy slot-seconds) of ``job`` with rollout and training on its training slots."""
-    lanes = max(1, int(job.lanes_per_slot * model.lane_factor))
     t = job.switch.cold_s
     busy = 0.0
     for k in range(job.iterations):
-        durations = tuple(d / model.decode_speed for d in job.responses(k))
-        sched = schedule_rollout(durations, job.train_slots, lanes)
-        train = job.train_seconds(k)
-        t += sched.makespan_s + train + job.switch.rollout_warm_s + job.switch.train_warm_s
-        busy += sum(sched.slot_busy_s) + train * job.train_slots
+        secs, b = model.iteration_s(job, k)
+        t += secs
+        busy += b
     return t, busy
 
 
@@ -251,9 +243,14 @@ class _Group:
 
 
 def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: ClusterSpec = ClusterSpec(),
-            tail_fraction: float = 0.8, tail_slots: int = 1, record: bool = False) -> PolicyResult:
-    """RollMux: admission into co-execution groups, each run by the rotation policy."""
+            tail_fraction: float = 0.8, tail_slots: int = 1, record: bool = False,
+            hybrid: ColocatedModel | None = None, name: str | None = None) -> PolicyResult:
+    """RollMux: admission into co-execution groups, each run by the rotation policy under
+    ``cluster.schedule``. With ``hybrid`` (the co-located model), placement is
+    :func:`~.admission.place_hybrid`: a job no group admits runs co-located on its training GPUs
+    when that is predicted cheaper than a group of its own (or no group can take it)."""
     by_name = {j.name: j for j in jobs}
+    colocated: dict[str, tuple[float, float]] = {}  # co-located job -> (seconds, busy slot-seconds)
     live: dict[int, _Group] = {}
     closed: list[tuple[_Group, GroupResult]] = []
     decisions: dict[str, Any] = {}
@@ -277,18 +274,23 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             active = [by_name[n] for n in g.sim.active]
             specs.append(GroupSpec(pools=g.sim.pools, members=tuple(active), gid=g.gid,
                                    train_assign={n: g.sim.jobs[n].train_slots for n in g.sim.active},
-                                   remaining={n: by_name[n].iterations - g.sim.jobs[n].it for n in g.sim.active}))
-        p = place(job, specs, cluster)
+                                   remaining={n: by_name[n].iterations - g.sim.jobs[n].it for n in g.sim.active},
+                                   schedule=g.sim.schedule))
+        p = place_hybrid(job, specs, cluster, hybrid) if hybrid is not None else place(job, specs, cluster)
         for k, v in p.rejected.items():
             rejected[k] = rejected.get(k, 0) + v
         decisions[job.name] = p
         if p.kind == "refused":
             refusals.append(f"{job.name}: {p.reason}")
             continue
+        if p.kind == "colocated":
+            colocated[job.name] = colocated_seconds(job, hybrid or ColocatedModel())
+            continue
         if p.kind == "new":
             pools = Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
                           cluster.gpus_per_slot, cluster.host_bytes_per_slot)
-            g = _Group(next_gid, GroupSim(pools, tail_fraction, tail_slots, record=record, start_s=t), t)
+            g = _Group(next_gid, GroupSim(pools, tail_fraction, tail_slots, record=record, start_s=t,
+                                          schedule=cluster.schedule), t)
             live[g.gid] = g
             next_gid += 1
             decisions[job.name] = p = replace(p, group=g.gid)
@@ -330,7 +332,18 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
         if p.kind == "refused":
             j = by_name[name]
             outcomes[name] = JobOutcome(name, j.kind, j.arrival_s, None, solo_s[name], j.slo, "refused")
-    mix = {k: sum(1 for p in decisions.values() if p.kind == k) for k in KINDS}
+    gpu = POOL_GPU["train"]
+    coloc_hours = {gpu: 0.0}
+    coloc_busy = {gpu: 0.0}
+    for name, (secs, busy_slot_s) in colocated.items():
+        j = by_name[name]
+        coloc_hours[gpu] += secs * j.train_slots * cluster.gpus_per_slot / 3600
+        coloc_busy[gpu] += busy_slot_s * cluster.gpus_per_slot / 3600
+        outcomes[name] = JobOutcome(name, j.kind, j.arrival_s, j.arrival_s + secs, solo_s[name], j.slo, "colocated")
+    _add(hours, coloc_hours)
+    _add(busy, coloc_busy)
+    mix = {k: sum(1 for p in decisions.values() if p.kind == k) for k in KINDS
+           if k != "colocated" or hybrid is not None}
     finishes = [o.finish_s for o in outcomes.values() if o.finish_s is not None]
     makespan = max(finishes, default=0.0) - min(j.arrival_s for j in jobs)
     migrated = sum(r.jobs[n].migrated_responses for g, r in closed for n in g.members)
@@ -338,8 +351,21 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
     for row in group_rows:
         for k, c in row["cost_by_members"].items():
             share[k] = share.get(k, 0.0) + c
+    lone = share.get(1, 0.0)
+    shared = sum(v for k, v in share.items() if k >= 2)
+    coloc_cost = _cost(coloc_hours)
     total = sum(share.values()) or 1.0
-    return PolicyResult("mux", outcomes, _cost(hours), hours, busy, makespan, mix,
+    everything = lone + shared + coloc_cost or 1.0
+    hybrid_extra: dict[str, Any] = {}
+    if hybrid is not None:
+        hybrid_extra = {"colocated_jobs": len(colocated),
+                        "cost_share": {"lone_groups": round(lone / everything, 4),
+                                       "shared_groups": round(shared / everything, 4),
+                                       "colocated_jobs": round(coloc_cost / everything, 4)},
+                        "colocated_busy_fraction": round(coloc_busy[gpu] / coloc_hours[gpu], 4)
+                        if coloc_hours[gpu] else 0.0,
+                        "colocated_model": {"decode_speed": hybrid.decode_speed, "lane_factor": hybrid.lane_factor}}
+    return PolicyResult(name or ("hybrid" if hybrid is not None else "mux"), outcomes, _cost(hours), hours, busy, makespan, mix,
                         {"members_over_lifetime": lifetime, "peak_concurrent_members": peak},
                         rejected, tuple(refusals), tuple(group_rows),
                         extra={"groups": len(closed), "migrated_responses": migrated,
@@ -349,7 +375,8 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
                                "cost_share_by_concurrent_jobs": {str(k): round(v / total, 4)
                                                                  for k, v in sorted(share.items())},
                                "tail_fraction": tail_fraction, "tail_slots": tail_slots,
-                               "slo_check": cluster.slo_check, "cost_basis": cluster.cost_basis})
+                               "slo_check": cluster.slo_check, "cost_basis": cluster.cost_basis,
+                               "schedule": cluster.schedule, **hybrid_extra})
 
 
 def _cost_by_members(g: _Group, res: GroupResult, outcomes: Mapping[str, JobOutcome], cost: float) -> dict[int, float]:
@@ -382,9 +409,15 @@ def simulate_cluster(jobs: Sequence[JobProfile], policies: Sequence[str] = POLIC
         elif name == "mux":
             out[name] = run_mux(jobs, secs, cluster, tail_fraction, tail_slots)
         elif name == "mux_no_tail":
-            out[name] = run_mux(jobs, secs, cluster, 1.0, tail_slots)
+            out[name] = run_mux(jobs, secs, cluster, 1.0, tail_slots, name=name)
+        elif name == "hybrid":
+            out[name] = run_mux(jobs, secs, cluster, tail_fraction, tail_slots, hybrid=colocated)
+        elif name in ("mux_wc", "hybrid_wc"):
+            wc = replace(cluster, schedule="work_conserving")
+            out[name] = run_mux(jobs, secs, wc, tail_fraction, tail_slots,
+                                hybrid=colocated if name == "hybrid_wc" else None, name=name)
         else:
-            raise ValueError(f"policy: got {name!r}, allowed {POLICY_NAMES + ('mux_no_tail',)}")
+            raise ValueError(f"policy: got {name!r}, allowed {POLICY_NAMES + EXTRA_POLICIES}")
     return out
 
 

@@ -36,6 +36,7 @@ from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.mux.model import POOLS, JobProfile, Pools, solo_pools
 from slurm_rl.scheduler.mux.rotation import (
     NONE_DONE,
+    SCHEDULES,
     GroupGrant,
     GroupView,
     Holding,
@@ -194,11 +195,18 @@ class _Job:
 
 
 class GroupSim:
-    """One group over time: add jobs (and rollout slots) at any time, advance with ``run_until``."""
+    """One group over time: add jobs (and rollout slots) at any time, advance with ``run_until``.
+
+    ``schedule``: how the rotation hands out a free pool (``round_robin`` or ``work_conserving``,
+    see :mod:`slurm_rl.scheduler.mux.rotation`); the live group scheduler gets it from the group's
+    ``schedule``."""
 
     def __init__(self, pools: Pools, tail_fraction: float = 0.8, tail_slots: int = 1,
-                 record: bool = True, start_s: float = 0.0) -> None:
+                 record: bool = True, start_s: float = 0.0, schedule: str = "round_robin") -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule: got {schedule!r}, allowed {SCHEDULES}")
         self.pools = pools
+        self.schedule = schedule
         self.tail_fraction = tail_fraction
         self.tail_slots = tail_slots
         self.record = record
@@ -363,7 +371,7 @@ class GroupSim:
                 self._view_cache[name] = jv
             jobs[name] = jv
         return GroupView(members=tuple(self.members), jobs=jobs, tail_fraction=self.tail_fraction,
-                         tail_slots=self.tail_slots)
+                         tail_slots=self.tail_slots, schedule=self.schedule)
 
     def _settle(self) -> None:
         """After the events of one instant: dispatch responses to every slot that became usable
@@ -648,6 +656,11 @@ def with_member(grant: GroupGrant, members: Sequence[str], job: str) -> tuple[Gr
     that order; the rollout cursor keeps pointing at the same job, unless it points at that very
     job and the rollout pool is a lap ahead (its rollout started, its training not yet): then the
     newcomer's rollout is the next one.
+
+    The same insertion serves both schedules: there is one members' order, cyclic on both pools.
+    Under ``work_conserving`` a pool never waits for a job that is not ready, so no order can
+    deadlock it; inserting the newcomer just before the train pool's next job still makes it the
+    last of the current lap on both pools (it waits at most one lap for its first turns).
     """
     members = tuple(members)
     fresh = {p: NONE_DONE for p in POOLS}
@@ -677,10 +690,10 @@ def solo_time(job: JobProfile, gpus_per_slot: int = 8, host_bytes_per_slot: floa
 def simulate_group(pools: Pools, jobs: Sequence[JobProfile], tail_fraction: float = 0.8,
                    tail_slots: int = 1, rollout_assign: Mapping[str, Sequence[int]] | None = None,
                    train_assign: Mapping[str, Sequence[int]] | None = None, record: bool = True,
-                   solo_s: Mapping[str, float] | None = None) -> GroupResult:
+                   solo_s: Mapping[str, float] | None = None, schedule: str = "round_robin") -> GroupResult:
     """Run ``jobs`` (each joining at its ``arrival_s``, in that order) on ``pools`` to the end."""
     sim = GroupSim(pools, tail_fraction, tail_slots, record=record,
-                   start_s=min((j.arrival_s for j in jobs), default=0.0))
+                   start_s=min((j.arrival_s for j in jobs), default=0.0), schedule=schedule)
     for job in sorted(jobs, key=lambda j: j.arrival_s):
         sim.add_job(job, job.arrival_s, (rollout_assign or {}).get(job.name), (train_assign or {}).get(job.name))
     sim.run_until(None)
@@ -690,7 +703,7 @@ def simulate_group(pools: Pools, jobs: Sequence[JobProfile], tail_fraction: floa
 def simulate_group_from_phases(rollout_slots: Sequence[int], train_slots: Sequence[int],
                                jobs: Sequence[Mapping[str, Any]], tail_fraction: float = 0.8,
                                tail_slots: int = 1, switch: Mapping[str, float] | None = None,
-                               record: bool = True) -> GroupResult:
+                               record: bool = True, schedule: str = "round_robin") -> GroupResult:
     """Convenient entry: each job given as a mapping with ``name``, ``iterations``,
     ``response_s`` (per iteration: decode seconds of each response), ``train_s`` (per iteration),
     ``lanes_per_slot``, and optionally ``rollout`` / ``train`` (the slots it sits on; default all
@@ -716,4 +729,4 @@ def simulate_group_from_phases(rollout_slots: Sequence[int], train_slots: Sequen
             train_max_s=float(spec.get("train_max_s", max(trn))), slo=float(spec.get("slo", 1.5)),
             switch=costs, arrival_s=float(spec.get("arrival_s", 0.0))))
         ra[name], ta[name] = ro, tr
-    return simulate_group(pools, profiles, tail_fraction, tail_slots, ra, ta, record)
+    return simulate_group(pools, profiles, tail_fraction, tail_slots, ra, ta, record, schedule=schedule)

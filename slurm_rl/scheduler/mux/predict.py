@@ -106,16 +106,17 @@ def job_profile(cfg: Config, name: str, tail_fraction: float = 0.8, switch: Swit
 def predict_group(configs: Sequence[Config], names: Sequence[str], rollout_slots: tuple[int, ...],
                   train_slots: tuple[int, ...], tail_fraction: float = 0.8, tail_slots: int = 1,
                   switch_s: Mapping[str, float] | None = None, seed: int | None = None,
-                  timeline: bool = False) -> dict[str, Any]:
+                  timeline: bool = False, schedule: str = "round_robin") -> dict[str, Any]:
     """Predicted run of ``configs`` as one group on ``rollout_slots`` / ``train_slots``.
 
     ``switch_s``: seconds of a warm switch per pool (``rollout``, ``train``; e.g. the emulated
     ``mux.park_s``), and optionally ``migrate`` (tail hand-off) and ``cold`` (state loading
-    before a job joins). Returns ``makespan_s``, per job ``finish_s`` / ``solo_s`` (alone on its
-    own ranks, same phase model) / ``slowdown``, ``sequential_s`` (the jobs one after another as
-    ordinary runs: the sum of their single-job simulated totals), ``sequential_phased_s`` (the
-    sum of ``solo_s``), ``speedup_vs_sequential``, per-pool busy/bubble shares, each job's phase
-    figures (``jobs``), the rotation's events and, with ``timeline``, the per-slot intervals.
+    before a job joins). ``schedule``: the rotation's schedule in force (``round_robin`` or
+    ``work_conserving``, as the group's ``schedule``). Returns ``makespan_s``, per job
+    ``finish_s`` / ``solo_s`` (alone on its own ranks, same phase model) / ``slowdown``,
+    ``sequential_s`` (the jobs one after another as ordinary runs: the sum of their single-job
+    simulated totals), ``sequential_phased_s`` (the sum of ``solo_s``), ``speedup_vs_sequential``,
+    per-pool busy/bubble shares, each job's phase figures (``jobs``), the rotation's events and, with ``timeline``, the per-slot intervals.
     """
     if len(configs) != len(names) or len(set(names)) != len(names):
         raise ValueError("predict_group: one distinct name per config")
@@ -137,7 +138,7 @@ def predict_group(configs: Sequence[Config], names: Sequence[str], rollout_slots
         ta[name] = tuple(train_slots[:prof.train_slots])
     solo = {p.name: solo_time(p, gpus_per_slot=1) for p in profiles}
     res = simulate_group(Pools(tuple(rollout_slots), tuple(train_slots), gpus_per_slot=1), profiles,
-                         tail_fraction, tail_slots, ra, ta, record=True, solo_s=solo)
+                         tail_fraction, tail_slots, ra, ta, record=True, solo_s=solo, schedule=schedule)
     sequential = sum(f["single_job_total_s"] for f in figures.values())
     out: dict[str, Any] = {
         "makespan_s": round(res.makespan_s, 4),
@@ -151,7 +152,7 @@ def predict_group(configs: Sequence[Config], names: Sequence[str], rollout_slots
                       "bubble_fraction": round(s.bubble_fraction, 4)} for p, s in res.pools.items()},
         "migrated_responses": {n: j.migrated_responses for n, j in res.jobs.items()},
         "jobs": figures,
-        "tail_fraction": tail_fraction, "tail_slots": tail_slots,
+        "tail_fraction": tail_fraction, "tail_slots": tail_slots, "schedule": schedule,
         "switch_s": {"rollout": switch.rollout_warm_s, "train": switch.train_warm_s,
                      "migrate": switch.migrate_s, "cold": switch.cold_s},
         "events": [{"t": t, "event": e} for t, e in res.events],

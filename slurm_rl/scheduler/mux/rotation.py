@@ -3,8 +3,24 @@
 A group has two pools, ``rollout`` and ``train``, each a set of slots (GPUs). Every member job
 alternates phases: ``rollout`` of iteration ``k`` on the rollout pool, then ``train`` of ``k``
 (inference + actor) on the train pool, then ``rollout`` of ``k+1`` (on-policy). Each pool is
-handed round-robin in the members' order (strict: the pool waits for the job whose turn is next,
-which keeps every job's slowdown bounded by the group's cycle).
+handed out in the members' cyclic order under one of two schedules (``GroupView.schedule``):
+
+* ``round_robin`` (default, RollMux): strict — a free pool waits for the job whose turn is next,
+  even while another member is ready. Every member runs exactly one iteration per lap, so its
+  period is the group's meta-iteration (``max(cycle, load)`` in steady state).
+* ``work_conserving``: a free pool whose next job is not ready (not waiting for it) serves the
+  next *ready* job in the cyclic order from the cursor; the cursor then moves past the job served.
+  A pool idles only while no member is ready for it, so this schedule cannot deadlock, and a
+  short-cycle member may run several iterations while a long-cycle partner computes (no lock-step
+  to the slowest member). Bounded slowdown still holds: once a job is ready for a pool, every
+  grant of that pool goes to the first ready job between the cursor and it, and the cursor moves
+  past that job, so it is served after at most the remainder of the running phase and one phase
+  of each of the other ``n - 2`` members — at most ``n - 1`` phases of others, the same bound as
+  strict round-robin (where it also waits for one phase of each other member per lap). The price:
+  a member may now wait for a partner's *extra* phase that strict round-robin would not have run
+  (at most one per pool per iteration), so a long-cycle member with a tight SLO can be slowed more
+  than under round-robin; admission predicts with the schedule in force
+  (:func:`slurm_rl.scheduler.mux.analysis.meta_iteration`).
 
 A pool's *turn* is the (job, iteration) phase that owns it: it receives every slot of the pool
 that is free and that the job's ranks sit on. A turn ends when the job has released every one of
@@ -27,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 POOLS = ("rollout", "train")
+SCHEDULES = ("round_robin", "work_conserving")
 NONE_DONE = -1  # ``done`` value of a job that completed no phase on a pool yet
 
 
@@ -78,10 +95,15 @@ class JobView:
 class GroupView:
     """The observations one decision is made on."""
 
-    members: tuple[str, ...]  # round-robin order (admission order)
+    members: tuple[str, ...]  # the cyclic order of both pools (admission order, see group_sim.with_member)
     jobs: Mapping[str, JobView]
     tail_fraction: float = 1.0  # 1.0 (or more): no long-tail migration
     tail_slots: int = 1
+    schedule: str = "round_robin"  # or "work_conserving" (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule: got {self.schedule!r}, allowed {SCHEDULES}")
 
 
 def initial_grant(pools: Mapping[str, tuple[int, ...]], members: tuple[str, ...]) -> GroupGrant:
@@ -163,20 +185,27 @@ def decide(grant: GroupGrant, view: GroupView) -> tuple[GroupGrant, list[str]] |
                 events.append(f"{pool}: {turn.job} iteration {turn.iteration} reached its tail "
                               f"({jv.rollout_fraction:.0%} finished): keeps slots {keep}, revoked {revoke}")
                 turn = None
-        # 3. a free pool goes to the job whose turn is next, once it is eligible (strict order)
+        # 3. a free pool goes to the job whose turn is next, once it is eligible (round_robin: strict
+        # order); work_conserving: to the first eligible job in the cyclic order from the cursor
         if turn is None:
             order = [j for j in view.members if not view.jobs[j].out]
             if order:
-                for step in range(len(view.members)):
-                    job = view.members[(cursor + step) % len(view.members)]
-                    if not view.jobs[job].out:
-                        cursor = (cursor + step) % len(view.members)
+                n = len(view.members)
+                now = GroupGrant(pools=grant.pools, done=done, started=started)
+                for step in range(n):
+                    job = view.members[(cursor + step) % n]
+                    if view.jobs[job].out:
+                        continue
+                    k = eligible(now, view, job, pool)
+                    if k is not None or view.schedule == "round_robin":
+                        cursor = (cursor + step) % n
                         break
-                k = eligible(GroupGrant(pools=grant.pools, done=done, started=started), view, job, pool)
+                else:
+                    k = None  # work_conserving: nobody is ready; the cursor stays
                 if k is not None:
                     turn = Holding(job, k)
                     started[job][pool] = k
-                    cursor = (cursor + 1) % len(view.members)
+                    cursor = (cursor + 1) % n
                     events.append(f"{pool}: turn of {job} iteration {k}")
         # 4. the turn takes every free slot its job sits on
         if turn is not None:
