@@ -1,4 +1,4 @@
-"""A whole trace of RL jobs under three provisioning policies, with one set of models.
+"""A whole trace of RL jobs under four provisioning policies, with one set of models.
 
 * ``solo`` — standard disaggregation: every job gets its own rollout pool (H20) and training pool
   (H800) for its lifetime; it runs through :class:`~.group_sim.GroupSim` alone (so the solo
@@ -13,6 +13,12 @@
   new / refused); each group runs in a :class:`~.group_sim.GroupSim` (the live rotation policy);
   a group's nodes are paid from its creation (added rollout nodes: from their addition) until its
   last member finishes.
+* ``hybrid`` — mux, but a job that no existing group admits runs co-located (as above) when the
+  cost model predicts that cheaper over its life than a group of its own, or when a new group is
+  refused (:func:`~.admission.place_hybrid`); co-located jobs are not joinable.
+
+``mux_wc`` / ``hybrid_wc``: the same with the work-conserving rotation (``ClusterSpec.schedule``;
+admission predicts with it); ``mux_no_tail``: mux without long-tail migration.
 
 Metrics: cost (GPU-hours x relative price), useful job-hours (the solo duration of every job the
 policy ran — the same figure under every policy), cost per useful job-hour and its inverse
@@ -244,11 +250,14 @@ class _Group:
 
 def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: ClusterSpec = ClusterSpec(),
             tail_fraction: float = 0.8, tail_slots: int = 1, record: bool = False,
-            hybrid: ColocatedModel | None = None, name: str | None = None) -> PolicyResult:
+            hybrid: ColocatedModel | None = None, name: str | None = None,
+            run_schedule: str | None = None) -> PolicyResult:
     """RollMux: admission into co-execution groups, each run by the rotation policy under
     ``cluster.schedule``. With ``hybrid`` (the co-located model), placement is
     :func:`~.admission.place_hybrid`: a job no group admits runs co-located on its training GPUs
-    when that is predicted cheaper than a group of its own (or no group can take it)."""
+    when that is predicted cheaper than a group of its own (or no group can take it).
+    ``run_schedule`` (default ``cluster.schedule``): the schedule the groups actually run, for the
+    ablation of admitting with one schedule's predictions and running another."""
     by_name = {j.name: j for j in jobs}
     colocated: dict[str, tuple[float, float]] = {}  # co-located job -> (seconds, busy slot-seconds)
     live: dict[int, _Group] = {}
@@ -275,7 +284,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             specs.append(GroupSpec(pools=g.sim.pools, members=tuple(active), gid=g.gid,
                                    train_assign={n: g.sim.jobs[n].train_slots for n in g.sim.active},
                                    remaining={n: by_name[n].iterations - g.sim.jobs[n].it for n in g.sim.active},
-                                   schedule=g.sim.schedule))
+                                   schedule=cluster.schedule))
         p = place_hybrid(job, specs, cluster, hybrid) if hybrid is not None else place(job, specs, cluster)
         for k, v in p.rejected.items():
             rejected[k] = rejected.get(k, 0) + v
@@ -290,7 +299,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             pools = Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
                           cluster.gpus_per_slot, cluster.host_bytes_per_slot)
             g = _Group(next_gid, GroupSim(pools, tail_fraction, tail_slots, record=record, start_s=t,
-                                          schedule=cluster.schedule), t)
+                                          schedule=run_schedule or cluster.schedule), t)
             live[g.gid] = g
             next_gid += 1
             decisions[job.name] = p = replace(p, group=g.gid)
