@@ -13,6 +13,10 @@
 #     sbatch/mux.sh configs/examples/mux/group_2x8.yaml
 #
 # A job that fails is stopped alone; the others go on. Exit code: 0 when every job finished.
+#
+# Preemption and time limits: with `sbatch --requeue --signal=B:USR1@120 sbatch/mux.sh GROUP.yaml`
+# (or `scancel --signal=USR1 --batch JOBID`) every member checkpoints at its gate, the job is
+# requeued, and the requeued job resumes each member from its checkpoint.
 #SBATCH --job-name=slurm-rl-mux
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
@@ -43,8 +47,28 @@ echo "slurm_rl group dir: $GROUP_DIR"
 
 # The group scheduler and one `srun --overlap` step per job (jobs that `slurm-rl mux add` admits
 # later get theirs as they join); a job that fails is stopped alone.
+launcher_pid=""
+on_usr1() {
+  echo "slurm_rl: USR1 (preemption/time limit) received at $(date +%s); every member checkpoints at its gate"
+  "$PY" -m slurm_rl.mux.group_requeue stop "$GROUP_DIR" || true
+}
+trap on_usr1 USR1
 set +e
-"$PY" -m slurm_rl.launch.mux srun "$GROUP_DIR"
-rc=$?
+"$PY" -m slurm_rl.launch.mux srun "$GROUP_DIR" &
+launcher_pid=$!
+while true; do
+  wait "$launcher_pid"
+  rc=$?
+  # wait returns >128 when interrupted by the trapped signal; keep waiting for the launcher itself.
+  if [ $rc -gt 128 ] && kill -0 "$launcher_pid" 2>/dev/null; then continue; fi
+  break
+done
+# Requeue the group when it was stopped at the members' gates (sbatch --requeue; the requeued job
+# resumes every stopped member from its checkpoint).
+"$PY" -m slurm_rl.mux.group_requeue requeue "$GROUP_DIR"
+case $? in
+  0) sleep 60 & wait $! ;;  # requeued: Slurm ends this script
+  3) rc=0 ;;  # every member finished
+esac
 set -e
 exit $rc

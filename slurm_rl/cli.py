@@ -373,10 +373,23 @@ def cmd_mux(args: argparse.Namespace) -> int:
     from slurm_rl.launch.local import LaunchError
     from slurm_rl.launch.mux import prepare_group, run_group_local
 
-    spec = prepare_group(args.group, args.overrides)
-    if args.prepare_only:
-        print(spec.dir)
+    if args.prepare_only:  # sbatch/mux.sh: a requeued job resumes its previous incarnation's group
+        from slurm_rl.group_config import load_group
+        from slurm_rl.mux.group_requeue import previous_group, resume_group
+        from slurm_rl.resume.restart import record_job
+
+        previous = previous_group(load_group(args.group, args.overrides).dir, dict(os.environ))
+        if previous is not None:
+            resumed = resume_group(previous, log=lambda m: print(m, file=sys.stderr, flush=True))
+            print(f"slurm_rl: resuming group {previous}: members {resumed}", file=sys.stderr, flush=True)
+            group_dir = previous
+        else:
+            group_dir = prepare_group(args.group, args.overrides).dir
+        if os.environ.get("SLURM_JOB_ID"):
+            record_job(group_dir, os.environ["SLURM_JOB_ID"])
+        print(group_dir)
         return EXIT_OK
+    spec = prepare_group(args.group, args.overrides)
     print(f"group dir: {spec.dir}", flush=True)
     for job in spec.jobs:
         print(f"  job {job.name}: {job.cfg.placement.world_size} ranks (rollout slots {list(job.slots('rollout'))}, "

@@ -240,18 +240,22 @@ def _main_thread() -> bool:
 
 
 def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
-    """(job, run dir, ranks, master port) per job, in group order: one ``srun`` step each.
+    """(job, run dir, ranks, master port) per job still to run (not finished, failed or removed),
+    in group order: one ``srun`` step each.
 
     Every step of an allocation shares ``SLURM_JOB_ID``, so each job gets its own port (from the
     job id's default port upward) for its torch.distributed rendezvous."""
     from slurm_rl.control.atomic import read_json
     from slurm_rl.launch.rank_env import port_for_job
 
+    from slurm_rl.mux.group_requeue import member_states, removed
+
     group = read_json(group_dir / "group.json")
     base = port_for_job(os.environ.get("SLURM_JOB_ID", "local"))
     names = group.get("members") or list(group["jobs"])
+    out = removed(group_dir) | {j for j, s in member_states(group_dir).items() if s in ("finished", "failed")}
     return [(name, Path(group["jobs"][name]["run_dir"]), int(group["jobs"][name]["world_size"]), base + 1 + i)
-            for i, name in enumerate(names)]
+            for i, name in enumerate(names) if name not in out]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

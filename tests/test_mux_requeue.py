@@ -1,0 +1,139 @@
+"""Preemption of a co-execution group: every member checkpoints at its gate (a parked one too), the
+group resumes each member from its checkpoint, and every member ends as in an uninterrupted group
+(``emulated``: same samples and rewards; ``cpu``: same per-step losses too). Locally through the
+same functions ``sbatch/mux.sh`` calls, and on the local Slurm cluster with
+``scancel --signal=USR1 --batch`` and a real requeue."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from identity import assert_losses_match
+from resume_helpers import outcome
+from slurm_rl.control.events import read_events
+from slurm_rl.control.grants import GroupPaths
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.launch.mux import prepare_group, run_group_local
+from slurm_rl.mux.group_requeue import decide, resume_group, stop_group
+from test_mux_live import REPO, job_config, turns, write_group
+from test_scheduling_backends import check_every_sample_once
+
+BACKENDS = ["emulated", pytest.param("cpu", marks=pytest.mark.slow)]
+ITERATIONS = 3
+
+
+def _jobs(device: str, tmp: Path) -> dict[str, dict]:
+    return {"a": job_config(device, tmp / "x", iterations=ITERATIONS, seed=1),
+            "b": job_config(device, tmp / "y", iterations=ITERATIONS, seed=2)}
+
+
+def _wait(what: str, done, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s:.0f}s for {what}")
+        time.sleep(0.02)
+
+
+def assert_same_members(group_dir: Path, reference: Path, cfgs: dict[str, dict]) -> None:
+    """Each member: same per-iteration samples, rewards, mini-batches and per-step losses as in the
+    uninterrupted group, every sample produced and trained once."""
+    for name, cfg in cfgs.items():
+        got, ref = outcome(GroupPaths(group_dir).job_dir(name)), outcome(GroupPaths(reference).job_dir(name))
+        assert [m["iteration"] for m in got] == list(range(ITERATIONS)), got
+        for x, y in zip(got, ref):
+            assert {k: v for k, v in x.items() if k != "losses"} == {k: v for k, v in y.items() if k != "losses"}
+            assert (x["losses"] is None) == (y["losses"] is None)
+            assert_losses_match(x["losses"] or [], y["losses"] or [])
+        check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfg)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    made: dict[str, Path] = {}
+
+    def get(device: str) -> Path:
+        if device not in made:
+            tmp = tmp_path_factory.mktemp(f"mux-reference-{device}")
+            spec = prepare_group(write_group(tmp, device, _jobs(device, tmp)))
+            assert run_group_local(spec.dir, log=lambda m: None).ok
+            made[device] = spec.dir
+        return made[device]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", BACKENDS)
+def test_stopped_group_resumes_every_member_from_its_checkpoint(tmp_path: Path, device: str, uninterrupted) -> None:
+    jobs = _jobs(device, tmp_path)
+    spec = prepare_group(write_group(tmp_path, device, jobs))
+    asked: list[str] = []
+
+    def preempt() -> None:  # what sbatch/mux.sh does on USR1, once both are inside iteration 0
+        _wait("b's first rollout turn", lambda: (spec.dir / "control" / "grants").is_dir()
+              and ("b", 0) in turns(spec.dir)["rollout"])
+        asked.extend(stop_group(spec.dir, "USR1 (test)"))
+
+    thread = threading.Thread(target=preempt, daemon=True)
+    thread.start()
+    first = run_group_local(spec.dir, log=lambda m: None)
+    thread.join(timeout=30)
+    assert asked == ["a", "b"]
+    assert first.jobs == {"a": "stopped", "b": "stopped"}, first.jobs
+    stopped_at = {}
+    for name in jobs:
+        status = read_coordinator_status(RunPaths(GroupPaths(spec.dir).job_dir(name)))
+        assert status is not None and status.state == "stopped" and status.checkpoint, status
+        stopped_at[name] = status.stopped_at_iteration
+        assert 0 < stopped_at[name] < ITERATIONS, stopped_at
+    decision = decide(spec.dir)
+    assert decision.requeue, decision
+    assert resume_group(spec.dir) == ["a", "b"]
+    second = run_group_local(spec.dir, log=lambda m: None)
+    assert second.jobs == {"a": "finished", "b": "finished"}, second.jobs
+    assert decide(spec.dir).finished
+    # the requeued group's scheduler carried on from the last grant: each member's turns go on
+    # from the iteration it stopped at, in the same cyclic order
+    t = turns(spec.dir)
+    for pool in ("rollout", "train"):
+        for name in jobs:
+            iters = [k for j, k in t[pool] if j == name]
+            assert sorted(set(iters)) == list(range(ITERATIONS)), (pool, name, t)
+    assert [e["members"] for e in read_events(GroupPaths(spec.dir), "group_resumed")] == [["a", "b"]]
+    assert_same_members(spec.dir, uninterrupted(device), jobs)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path, uninterrupted) -> None:
+    """``scancel --signal=USR1 --batch``: the group checkpoints, requeues itself and resumes each member."""
+    from test_requeue_slurm import JOB_TIMEOUT_S
+
+    jobs = _jobs("emulated", tmp_path)
+    for cfg in jobs.values():
+        cfg["runtime"]["poll_interval_s"] = 0.25  # iterations long enough to be interrupted inside
+    path = write_group(tmp_path, "emulated", jobs)
+    log = tmp_path / "job.out"
+    proc = slurm_cluster.run("sbatch", "--parsable", "--requeue", "--nodes=1", "--ntasks-per-node=8", "--gres=gpu:4",
+                             "--open-mode=append", f"--output={log}", str(REPO / "sbatch" / "mux.sh"), str(path))
+    job_id = proc.stdout.strip().split(";")[0]
+    group_dir = tmp_path / "group"
+    _wait("b's first rollout turn", lambda: (group_dir / "control" / "grants").is_dir()
+          and ("b", 0) in turns(group_dir)["rollout"], JOB_TIMEOUT_S)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job_id)
+    _wait(f"job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), JOB_TIMEOUT_S)
+    text = log.read_text()
+    assert "USR1 (preemption/time limit) received" in text, text
+    assert f"requeueing job {job_id}" in text and f"resuming group {group_dir}" in text, text
+    assert "job a finished" in text and "job b finished" in text, text
+    for name in jobs:
+        kinds = [e["kind"] for e in read_events(RunPaths(GroupPaths(group_dir).job_dir(name)))]
+        assert kinds.count("stopped") == 1 and kinds.count("resumed") == 1, kinds
+    assert_same_members(group_dir, uninterrupted("emulated"), jobs)
