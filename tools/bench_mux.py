@@ -11,7 +11,17 @@ long tails), rlhf (training-heavy) and balanced jobs of 7B-70B models, SLOs ~ U(
   phase times, candidates compared by added cost over the group's expected life;
 * ``mux_no_tail``: the same without long-tail migration (ablation);
 * ``mux_rollmux_check``: admission exactly as RollMux describes it (SLO on max-length phase times
-  only; a group joined as it is costs nothing).
+  only; a group joined as it is costs nothing);
+* ``hybrid``: mux, but a job no group admits runs co-located when the cost model predicts that
+  cheaper than a group of its own (or a new group is refused) — ``admission.place_hybrid``;
+* ``mux_wc`` / ``hybrid_wc``: the same with the work-conserving rotation (admission predicts with
+  it); ``mux_wc_rr_admitted``: groups run work-conserving but admitted on round-robin predictions
+  (ablation: what the schedule does to SLOs the placer did not predict with it).
+
+``hybrid_breakdown`` says what reaches RollMux's 1.38x over co-located and what does not (cost and
+efficiency of lone groups, shared groups and co-located jobs against the same jobs co-located),
+``schedule_pairs`` when work-conserving beats round-robin and when it breaks an SLO (one pair of
+representative jobs of two types in one group, under both schedules).
 
 Cost efficiency = useful job-hours (each job's solo duration) per unit of cost (GPU-hours x
 relative price: H20 1.0, H800 2.85). When mux falls short of RollMux's figures (1.84x solo,
@@ -30,6 +40,8 @@ import sys
 import time
 from typing import Any
 
+from dataclasses import replace
+
 from slurm_rl.scheduler.mux.admission import ClusterSpec
 from slurm_rl.scheduler.mux.cluster_sim import (
     ColocatedModel,
@@ -41,7 +53,8 @@ from slurm_rl.scheduler.mux.cluster_sim import (
     solo_results,
     solo_seconds,
 )
-from slurm_rl.scheduler.mux.model import GPU_PRICE, JobProfile
+from slurm_rl.scheduler.mux.group_sim import simulate_group
+from slurm_rl.scheduler.mux.model import GPU_PRICE, JobProfile, Pools
 from slurm_rl.scheduler.mux.trace import TraceSpec, generate
 
 TARGET = {"mux/solo": 1.84, "mux/colocated": 1.38, "slo_attainment": 1.0}
@@ -49,58 +62,123 @@ MUX_VARIANTS = {
     "mux": dict(check="both", basis="lifetime", tail=True),
     "mux_no_tail": dict(check="both", basis="lifetime", tail=False),
     "mux_rollmux_check": dict(check="conservative", basis="rate", tail=True),
+    "hybrid": dict(check="both", basis="lifetime", tail=True, hybrid=True),
+    "mux_wc": dict(check="both", basis="lifetime", tail=True, schedule="work_conserving"),
+    "hybrid_wc": dict(check="both", basis="lifetime", tail=True, hybrid=True, schedule="work_conserving"),
+    "mux_wc_rr_admitted": dict(check="both", basis="lifetime", tail=True, schedule="round_robin",
+                               run_schedule="work_conserving"),
 }
+TARGET_HYBRID = {"hybrid/colocated": 1.0, "hybrid/solo": 1.3, "slo_attainment": 1.0}
 
 
-def trace_profile(jobs: list[JobProfile]) -> dict[str, Any]:
-    """Per job type: count, phase seconds, rollout/training ratio, tail share, and how much the
-    max-length (conservative) profile inflates each phase."""
-    out: dict[str, Any] = {}
-    for kind in sorted({j.kind for j in jobs}):
-        js = [j for j in jobs if j.kind == kind]
-        r = [j.expected_rollout_s() for j in js]
-        t = [j.expected_train_s() for j in js]
-        tail = [j.tail(0, 0.8)[1] / j.rollout_seconds(0) for j in js]
-        out[kind] = {
-            "jobs": len(js),
-            "rollout_s": round(statistics.mean(r), 1), "train_s": round(statistics.mean(t), 1),
-            "rollout_over_train": round(statistics.median(a / b for a, b in zip(r, t)), 2),
-            "tail_share_of_rollout": round(statistics.mean(tail), 3),
-            "conservative_rollout_x": round(statistics.mean(j.conservative_rollout_s() / x for j, x in zip(js, r)), 2),
-            "conservative_train_x": round(statistics.mean(j.train_max_s / x for j, x in zip(js, t)), 2),
-            "job_hours": round(sum(j.iterations * j.solo_iteration_s() for j in js) / 3600, 1),
-        }
+def _class_rows(res: PolicyResult, coloc: PolicyResult, jobs: dict[str, JobProfile]) -> dict[str, Any]:
+    """Cost, useful job-hours and efficiency against the same jobs co-located, for lone groups
+    (never two jobs at once), shared groups and co-located jobs of a mux/hybrid run."""
+    peak = {g["gid"]: g["peak"] for g in res.groups}
+    rows = {g["gid"]: g for g in res.groups}
+    classes: dict[str, dict[str, Any]] = {c: {"jobs": 0, "cost": 0.0, "job_hours": 0.0, "colocated_cost": 0.0,
+                                              "busy_cost": 0.0} for c in ("lone_groups", "shared_groups",
+                                                                          "colocated_jobs")}
+    seen: set[int] = set()
+    price = 8 * GPU_PRICE["H800"] / 3600
+    for name, o in res.jobs.items():
+        if o.finish_s is None:
+            continue
+        c_out = coloc.jobs[name]
+        c_cost = (c_out.finish_s - c_out.arrival_s) * jobs[name].train_slots * price
+        if o.placement == "colocated":
+            cls = classes["colocated_jobs"]
+            cls["cost"] += c_cost
+            cls["busy_cost"] += c_cost * res.extra.get("colocated_busy_fraction", 0.0)
+        else:
+            cls = classes["shared_groups" if peak[o.group] >= 2 else "lone_groups"]
+            if o.group not in seen:
+                seen.add(o.group)
+                g = rows[o.group]
+                wr, wt = g["rollout_slots"] * GPU_PRICE["H20"], g["train_slots"] * GPU_PRICE["H800"]
+                cls["cost"] += g["cost"]
+                cls["busy_cost"] += g["cost"] * (g["rollout_busy"] * wr + g["train_busy"] * wt) / (wr + wt)
+        cls["jobs"] += 1
+        cls["job_hours"] += o.solo_s / 3600
+        cls["colocated_cost"] += c_cost
+    total = sum(c["cost"] for c in classes.values()) or 1.0
+    out = {}
+    for k, c in classes.items():
+        out[k] = {"jobs": c["jobs"], "cost_share": round(c["cost"] / total, 4),
+                  "useful_job_hours": round(c["job_hours"], 1),
+                  "cost_per_job_hour": round(c["cost"] / c["job_hours"], 3) if c["job_hours"] else None,
+                  "vs_same_jobs_colocated": round(c["colocated_cost"] / c["cost"], 3) if c["cost"] else None,
+                  "bubble_share_of_cost": round(1 - c["busy_cost"] / c["cost"], 3) if c["cost"] else None}
     return out
 
 
-def breakdown(res: dict[str, PolicyResult], ratios: dict[str, float], profile: dict[str, Any]) -> list[str]:
-    """Why mux lands where it does, from the simulation's own figures."""
-    mux, solo, paper = res["mux"], res["solo"], res["mux_rollmux_check"]
-    share = mux.extra.get("cost_share_by_concurrent_jobs", {})
+def hybrid_breakdown(res: dict[str, PolicyResult], jobs: list[JobProfile], secs: dict[str, float],
+                     ratios: dict[str, float]) -> dict[str, Any]:
+    """What reaches RollMux's 1.38x over co-located and what does not, from the runs' figures."""
+    by_name = {j.name: j for j in jobs}
+    coloc, solo = res["colocated"], res["solo"]
+    price = 8 * GPU_PRICE["H800"] / 3600
+    # per job, without any sharing: co-located where that keeps its SLO and is cheaper, else solo
+    best = 0.0
+    for j in jobs:
+        c = coloc.jobs[j.name]
+        c_cost = (c.finish_s - c.arrival_s) * j.train_slots * price
+        s_cost = secs[j.name] * 8 * (j.rollout_slots * GPU_PRICE["H20"] + j.train_slots * GPU_PRICE["H800"]) / 3600
+        best += c_cost if c.slo_met and c_cost < s_cost else s_cost
+    hy = res["hybrid"]
+    classes = _class_rows(hy, coloc, by_name)
     lines = [
-        f"{share.get('1', 0.0):.0%} of mux's cost is spent on groups running one job (no member whose "
-        f"SLO, cycle and residency fit was there when it arrived, or its partners had finished); "
-        f"{share.get('2', 0.0):.0%} on two jobs, "
-        f"{sum(v for k, v in share.items() if int(k) >= 3):.0%} on three or more.",
-        f"H800 (training) busy {solo.busy_fraction('H800'):.0%} solo -> {mux.busy_fraction('H800'):.0%} mux; "
-        f"H20 (rollout) busy {solo.busy_fraction('H20'):.0%} -> {mux.busy_fraction('H20'):.0%}. "
-        f"H800s are {GPU_PRICE['H800'] / (1 + GPU_PRICE['H800']):.0%} of a 1:1 node pair's price, and most "
-        f"job-hours are rollout-bound, so the expensive pool stays mostly idle unless training-heavy "
-        f"partners of a similar cycle are present.",
-        f"candidate groups turned down at admission: {dict(mux.rejected)} (slo: a member's slowdown "
-        f"would exceed its SLO; train_pool: the group's training pool is smaller than the job's layout).",
-        f"rollout slots that were decoding used {mux.extra.get('rollout_lane_fraction', 0):.0%} of their "
-        f"request lanes (the long tail); tail migration gains {ratios['mux/mux_no_tail']:.2f}x in cost efficiency.",
+        f"hybrid {ratios['hybrid/colocated']:.2f}x co-located, {ratios['hybrid/solo']:.2f}x solo at "
+        f"{hy.slo_attainment:.0%} SLO attainment; placement {dict(hy.placement_mix)}.",
+        f"co-located jobs: {classes['colocated_jobs']['cost_share']:.0%} of hybrid's cost, at exactly co-located "
+        f"efficiency (1.00x) by construction; co-location costs less than solo for "
+        f"{sum(1 for j in jobs if coloc.jobs[j.name].finish_s - j.arrival_s <= 1e9):d} jobs but keeps the SLO of "
+        f"{sum(o.slo_met for o in coloc.jobs.values())}/{len(jobs)}.",
+        f"shared groups: {classes['shared_groups']['cost_share']:.0%} of the cost at "
+        f"{classes['shared_groups']['vs_same_jobs_colocated']}x the efficiency of the same jobs co-located "
+        f"(bubble {classes['shared_groups']['bubble_share_of_cost']} of their cost): sharing is the only part "
+        f"that can beat co-location, and RollMux's 1.38x needs it on most of the work.",
+        f"lone groups: {classes['lone_groups']['cost_share']:.0%} of the cost at "
+        f"{classes['lone_groups']['vs_same_jobs_colocated']}x (bubble {classes['lone_groups']['bubble_share_of_cost']}"
+        f" of their cost): jobs whose co-located slowdown breaks their SLO, or that a group of their own "
+        f"serves cheaper; they pay the disaggregation bubble in full.",
+        f"without sharing, the best per-job choice (co-located where cheaper and within the SLO, else "
+        f"solo) reaches {coloc.cost / best:.3f}x co-located and {solo.cost / best:.3f}x solo: the ceiling of "
+        f"placement alone. Mux on its own ({ratios['mux/colocated']:.2f}x co-located) leaves "
+        f"{res['mux'].extra['cost_share_by_concurrent_jobs'].get('1', 0):.0%} of its cost in groups running one job; "
+        f"with SLOs ~U(1,2) most candidate groups are turned down ({dict(res['mux'].rejected)}).",
     ]
-    infl = {k: (v["conservative_rollout_x"], v["conservative_train_x"]) for k, v in profile.items()}
-    lines.append(
-        "max-length profiles inflate (rollout, training) by " +
-        ", ".join(f"{k} {a:.1f}x/{b:.1f}x" for k, (a, b) in infl.items()) +
-        f": unevenly across types, so RollMux's max-length-only SLO check admitted placements that "
-        f"then missed SLOs (attainment {paper.slo_attainment:.1%}, misses "
-        f"{paper.summary()['slo_misses_by_kind']}) at {ratios['mux_rollmux_check/solo']:.2f}x solo; "
-        f"checking expected times too keeps {mux.slo_attainment:.1%}.")
-    return lines
+    return {"classes": classes, "no_sharing_best_vs_colocated": round(coloc.cost / best, 3),
+            "no_sharing_best_vs_solo": round(solo.cost / best, 3), "lines": lines}
+
+
+def schedule_pairs(jobs: list[JobProfile], tail_fraction: float) -> list[dict[str, Any]]:
+    """One representative job per type (median solo iteration, one node per pool), every pair and a
+    few triples in one group on two rollout nodes (so the long tail migrates) and one training node, under round-robin and
+    work-conserving: each member's slowdown, whether an SLO of 1.5 holds for all, and the group's
+    cost efficiency against running its members solo."""
+    reps: dict[str, JobProfile] = {}
+    for kind in sorted({j.kind for j in jobs}):
+        js = sorted((j for j in jobs if j.kind == kind and j.train_slots == 1 and j.rollout_slots == 1),
+                    key=lambda j: j.solo_iteration_s())
+        if js:
+            reps[kind] = replace(js[len(js) // 2], arrival_s=0.0, slo=1.5, name=kind)
+    kinds = sorted(reps)
+    combos = [(a, b) for i, a in enumerate(kinds) for b in kinds[i:]]
+    combos += [c for c in (("agentic", "rlhf", "rlhf"), ("reasoning", "rlhf", "rlhf"), ("balanced", "rlhf", "rlhf"),
+                           ("reasoning", "balanced", "rlhf")) if all(k in reps for k in c)]
+    out = []
+    for combo in combos:
+        members = [replace(reps[k], name=f"{k}{i}") for i, k in enumerate(combo)]
+        row: dict[str, Any] = {"group": "+".join(combo)}
+        for sched in ("round_robin", "work_conserving"):
+            res = simulate_group(Pools((0, 1), (0,)), members, tail_fraction, record=False, schedule=sched)
+            slows = {n: round(r.slowdown, 3) for n, r in res.jobs.items() if r.slowdown is not None}
+            solo_h = sum(r.solo_s for r in res.jobs.values()) / 3600
+            row[sched] = {"slowdown": slows, "slo_1.5_kept": all(v <= 1.5 + 1e-9 for v in slows.values()),
+                          "vs_solo": round(solo_h / (res.makespan_s / 3600), 3)}
+        out.append(row)
+    return out
 
 
 def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: ColocatedModel) -> dict[str, Any]:
@@ -111,8 +189,11 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
     res: dict[str, PolicyResult] = {"solo": run_solo(jobs, solo),
                                     "colocated": run_colocated(jobs, secs, model=colocated)}
     for name, v in MUX_VARIANTS.items():
-        res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"]),
-                            tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots)
+        res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
+                                                    schedule=v.get("schedule", "round_robin")),
+                            tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
+                            hybrid=colocated if v.get("hybrid") else None, name=name,
+                            run_schedule=v.get("run_schedule"))
     ratios = {
         "mux/solo": efficiency_ratio(res["mux"], res["solo"]),
         "mux/colocated": efficiency_ratio(res["mux"], res["colocated"]),
@@ -121,6 +202,16 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "mux/mux_no_tail": efficiency_ratio(res["mux"], res["mux_no_tail"]),
         "mux_rollmux_check/solo": efficiency_ratio(res["mux_rollmux_check"], res["solo"]),
         "mux_rollmux_check/colocated": efficiency_ratio(res["mux_rollmux_check"], res["colocated"]),
+        "hybrid/solo": efficiency_ratio(res["hybrid"], res["solo"]),
+        "hybrid/colocated": efficiency_ratio(res["hybrid"], res["colocated"]),
+        "hybrid/mux": efficiency_ratio(res["hybrid"], res["mux"]),
+        "mux_wc/solo": efficiency_ratio(res["mux_wc"], res["solo"]),
+        "mux_wc/colocated": efficiency_ratio(res["mux_wc"], res["colocated"]),
+        "mux_wc/mux": efficiency_ratio(res["mux_wc"], res["mux"]),
+        "hybrid_wc/solo": efficiency_ratio(res["hybrid_wc"], res["solo"]),
+        "hybrid_wc/colocated": efficiency_ratio(res["hybrid_wc"], res["colocated"]),
+        "hybrid_wc/hybrid": efficiency_ratio(res["hybrid_wc"], res["hybrid"]),
+        "mux_wc_rr_admitted/solo": efficiency_ratio(res["mux_wc_rr_admitted"], res["solo"]),
     }
     profile = trace_profile(jobs)
     met = (ratios["mux/solo"] >= TARGET["mux/solo"] and ratios["mux/colocated"] >= TARGET["mux/colocated"]
@@ -134,8 +225,13 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "target_met": met,
     }
+    out["target_hybrid_met"] = (ratios["hybrid/colocated"] >= TARGET_HYBRID["hybrid/colocated"]
+                                and ratios["hybrid/solo"] >= TARGET_HYBRID["hybrid/solo"]
+                                and res["hybrid"].slo_attainment >= TARGET_HYBRID["slo_attainment"])
     if not met:
         out["breakdown"] = breakdown(res, ratios, profile)
+    out["hybrid_breakdown"] = hybrid_breakdown(res, jobs, secs, ratios)
+    out["schedule_pairs"] = schedule_pairs(jobs, tail_fraction)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -174,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "colocated_model": {"decode_speed": colocated.decode_speed, "lane_factor": colocated.lane_factor},
         "mux_variants": MUX_VARIANTS,
         "target": TARGET,
+        "target_hybrid": TARGET_HYBRID,
         "runs": runs,
     }
     if len(runs) > 1:

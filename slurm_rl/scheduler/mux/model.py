@@ -101,9 +101,14 @@ class JobProfile:
                                 self.lanes_per_slot).makespan_s
 
     def expected_rollout_s(self, slots: int | None = None) -> float:
-        """Mean rollout phase seconds over the profiled iterations."""
-        n = len(self.response_s)
-        return sum(self.rollout_seconds(i, slots) for i in range(n)) / n
+        """Mean rollout phase seconds over the profiled iterations (memoized per slot count on the
+        instance: the profile is immutable, and admission asks for it once per candidate group)."""
+        memo = self.__dict__.setdefault("_expected_rollout_memo", {})
+        key = slots or self.rollout_slots
+        if key not in memo:
+            n = len(self.response_s)
+            memo[key] = sum(self.rollout_seconds(i, key) for i in range(n)) / n
+        return memo[key]
 
     def expected_train_s(self) -> float:
         return sum(self.train_s) / len(self.train_s)
