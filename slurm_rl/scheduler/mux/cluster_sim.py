@@ -258,6 +258,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
     when that is predicted cheaper than a group of its own (or no group can take it).
     ``run_schedule`` (default ``cluster.schedule``): the schedule the groups actually run, for the
     ablation of admitting with one schedule's predictions and running another."""
+    policy = name or ("hybrid" if hybrid is not None else "mux")
     by_name = {j.name: j for j in jobs}
     colocated: dict[str, tuple[float, float]] = {}  # co-located job -> (seconds, busy slot-seconds)
     live: dict[int, _Group] = {}
@@ -374,7 +375,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
                         "colocated_busy_fraction": round(coloc_busy[gpu] / coloc_hours[gpu], 4)
                         if coloc_hours[gpu] else 0.0,
                         "colocated_model": {"decode_speed": hybrid.decode_speed, "lane_factor": hybrid.lane_factor}}
-    return PolicyResult(name or ("hybrid" if hybrid is not None else "mux"), outcomes, _cost(hours), hours, busy, makespan, mix,
+    return PolicyResult(policy, outcomes, _cost(hours), hours, busy, makespan, mix,
                         {"members_over_lifetime": lifetime, "peak_concurrent_members": peak},
                         rejected, tuple(refusals), tuple(group_rows),
                         extra={"groups": len(closed), "migrated_responses": migrated,
