@@ -121,7 +121,7 @@ def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path, un
         cfg["runtime"]["poll_interval_s"] = 0.25  # iterations long enough to be interrupted inside
     path = write_group(tmp_path, "emulated", jobs)
     log = tmp_path / "job.out"
-    proc = slurm_cluster.run("sbatch", "--parsable", "--requeue", "--nodes=1", "--ntasks-per-node=8", "--gres=gpu:4",
+    proc = slurm_cluster.run("sbatch", "--parsable", "--requeue", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4",
                              "--open-mode=append", f"--output={log}", str(REPO / "sbatch" / "mux.sh"), str(path))
     job_id = proc.stdout.strip().split(";")[0]
     group_dir = tmp_path / "group"

@@ -6,13 +6,16 @@ rank's engines are parked in host memory; :meth:`PoolGate.acquire` waits until t
 gives its slot to its job's phase of the iteration, then resumes the engines in place (warm
 switch). :meth:`PoolGate.release` parks them and writes the release file that frees the slot.
 A grant that revokes the slot (long-tail migration) is seen by :meth:`PoolGate.revoked`.
+
+The iteration protocol talks to a :class:`PhaseGate`: hooks around an iteration's phases that
+pass straight through for a run outside a group; :class:`PoolGate` is the group's gate.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from slurm_rl.config import Config
 from slurm_rl.control.atomic import read_json
@@ -26,7 +29,39 @@ class GroupFailed(WorkerError, RuntimeError):
     """The group scheduler failed or stopped; the job's ranks stop too."""
 
 
-class PoolGate:
+class GatedRollout(Protocol):
+    """What a gate sees of this rank's rollout in an iteration."""
+
+    done: bool
+    finished: int
+
+    def hand_back(self, grant: int) -> int:
+        """Leave the rollout as grant ``grant`` revoked the slot: unfinished requests go back to
+        the job; the rows handed back."""
+        ...
+
+
+class PhaseGate:
+    """The hooks the iteration protocol calls around an iteration; all pass straight through (a
+    run outside a co-execution group). :class:`PoolGate` gives them the group's turns."""
+
+    def before_iteration(self) -> None:
+        """At the start of an iteration, before the weight sync."""
+
+    def enter(self, k: int, check: Callable[[], None], rollout_done: Callable[[], bool]) -> bool:
+        """Before this rank works on iteration ``k``: True when it may; False when its work is
+        already done elsewhere (``rollout_done()``: the iteration's rollout is complete)."""
+        return True
+
+    def rollout_turn(self, rollout: GatedRollout | None) -> bool:
+        """At every step of the iteration; True when the rank's rollout was just handed back."""
+        return False
+
+    def after_iteration(self) -> None:
+        """Once the iteration is trained."""
+
+
+class PoolGate(PhaseGate):
     """One rank's slot in its group; see the module docstring."""
 
     def __init__(self, cfg: Config, info: RankInfo, park: Callable[[], dict[str, Any]],
@@ -115,6 +150,36 @@ class PoolGate:
                                                        "iteration": k, **self.acquired})
         return True
 
+    # -- the protocol's hooks ------------------------------------------------------------------
+    def before_iteration(self) -> None:
+        """Outside its job's turn a rank's engines stay parked (the weight sync runs parked)."""
+        self.park()
+
+    def enter(self, k: int, check: Callable[[], None], rollout_done: Callable[[], bool]) -> bool:
+        """Wait for this slot's turn in phase ``k`` (:meth:`acquire`); a rollout slot gives up
+        once ``rollout_done()``."""
+        return self.acquire(k, check, rollout_done if self.pool == "rollout" else (lambda: False))
+
+    def rollout_turn(self, rollout: GatedRollout | None) -> bool:
+        """Free the rollout slot once this rank's rollout is done, or hand the unfinished requests
+        to the job's tail and free it when the grant revokes it (True then)."""
+        if self.holding is None or self.pool != "rollout":
+            return False
+        if rollout is None or rollout.done:
+            self.release(finished=rollout.finished if rollout else 0)
+            return False
+        if not self.revoked():
+            return False
+        grant = self.watcher.latest.grant if self.watcher.latest is not None else 0
+        migrated = rollout.hand_back(grant)
+        self.release(finished=rollout.finished, migrated=migrated, revoked=True)
+        return True
+
+    def after_iteration(self) -> None:
+        """The training pool is released once the iteration is trained."""
+        self.release()
+
+    # -- turns -----------------------------------------------------------------------------------
     def release(self, **extra: Any) -> None:
         """Park and free the slot (no-op unless holding)."""
         if self.holding is None:

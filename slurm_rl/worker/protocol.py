@@ -67,7 +67,7 @@ from slurm_rl.rl.formulas import k3
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
-from slurm_rl.worker.pool_gate import PoolGate
+from slurm_rl.worker.pool_gate import PhaseGate, PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
 
 ROLLOUTS_STAGE = "rollouts"
@@ -163,7 +163,7 @@ class IterationProtocol:
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
-        self.gate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else None
+        self.gate: PhaseGate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else PhaseGate()
 
     def epoch(self, n: int, rt: WorkerRuntime) -> Epoch:
         """Epoch ``n`` (cached; the one in force comes from the runtime)."""
@@ -208,8 +208,7 @@ class IterationProtocol:
         """This rank's share of ``iteration`` for whatever roles it holds while it runs."""
         assert rt.epoch is not None
         start = self.epoch(rt.released_epoch if rt.released_epoch is not None else rt.epoch.epoch, rt)
-        if self.gate is not None:  # outside its job's turn a rank's engines stay parked (weights sync parked)
-            self.gate.park()
+        self.gate.before_iteration()
         before = list(self.actor_ranks)
         self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt, tp=start.tp_of("actor"))
         rollout = sorted(start.ranks_of("rollout"))
@@ -227,18 +226,15 @@ class IterationProtocol:
             if figures is not None:
                 write_eval(self.run_dir, iteration, figures)
         self._iteration = _Iteration(self, iteration, rt, start, sync, before)  # writes the expected producers
-        if self.gate is not None:
-            samples = self.samples_per_iteration
-            over = (lambda: rollout_complete(self.run_dir, iteration, samples)) if self.gate.pool == "rollout" else (lambda: False)
-            granted = self.gate.acquire(iteration, rt.check, over)
-            if not granted and self._iteration.rollout is not None:  # the job's rollout ended on other slots
-                self._iteration.rollout.skip()
+        samples = self.samples_per_iteration
+        granted = self.gate.enter(iteration, rt.check, lambda: rollout_complete(self.run_dir, iteration, samples))
+        if not granted and self._iteration.rollout is not None:  # the job's rollout ended on other slots
+            self._iteration.rollout.skip()
         try:
             self._iteration.run()
         finally:
             self._iteration = None
-        if self.gate is not None:  # the training pool is released once the iteration is trained
-            self.gate.release()
+        self.gate.after_iteration()
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, directory: Path, iteration: int) -> None:
@@ -388,6 +384,10 @@ class _Rollout:
         if self.held <= self.p.max_running:
             wakes.append(max(now, self.next_claim))
         return min(wakes) if wakes else None
+
+    def hand_back(self, grant: int) -> int:
+        """Leave rollout as group grant ``grant`` revoked this rank's slot; rows migrated."""
+        return self.release(REVOKE_TAG + grant, time.time())
 
     def release(self, epoch: int, now: float) -> int:
         """Leave rollout: publish finished samples, hand unfinished requests back; rows migrated."""
@@ -835,17 +835,9 @@ class _Iteration:
         self._finish()
 
     def _pool_turn(self) -> None:
-        """Inside a group: free the rollout slot once this rank's rollout is done, or hand the
-        unfinished requests to the job's tail and free it when the grant revokes it."""
-        gate = self.p.gate
-        if gate is None or gate.holding is None or gate.pool != "rollout":
-            return
-        if self.rollout is None or self.rollout.done:
-            gate.release(finished=self.rollout.finished if self.rollout else 0)
-        elif gate.revoked():
-            grant = gate.watcher.latest.grant if gate.watcher.latest is not None else 0
-            migrated = self.rollout.release(REVOKE_TAG + grant, time.time())
-            gate.release(finished=self.rollout.finished, migrated=migrated, revoked=True)
+        """Inside a group: the gate frees the rollout slot once this rank's rollout is done, or
+        hands the unfinished requests to the job's tail when the grant revokes the slot."""
+        if self.p.gate.rollout_turn(self.rollout) and self.rollout is not None:
             self.rt.counters["migrated_out"] = self.rollout.migrated_out
 
     def _waiting_for(self) -> str:
