@@ -1,0 +1,1 @@
+"""Multiplexing: group file, admission, rotation, group scheduler, placer across groups, group simulator."""
