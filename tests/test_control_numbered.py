@@ -142,3 +142,18 @@ def test_readers_refuse_an_older_generation(paths: RunPaths) -> None:
     files.check_order(3, 2, 2, "rank 1")
     with pytest.raises(FencedEpochError, match=r"rank 1: change 3 \(.*000003.json\) has generation 1, older than generation 2"):
         files.check_order(3, 1, 2, "rank 1")
+
+
+def test_an_unfenced_log_keeps_exclusive_dense_numbering(paths: RunPaths) -> None:
+    records = NumberedFiles(paths, paths.control / "records", kind="record", number_key="record", fenced=False)
+    records.publish(0, {"record": 0, "job": "a"}, None)
+    with pytest.raises(EpochOrderError, match="record 0 is already published"):
+        records.publish(0, {"record": 0, "job": "b"}, None)
+    with pytest.raises(EpochOrderError, match="record 1 is not published; numbering must be dense"):
+        records.publish(2, {"record": 2}, None)
+    with pytest.raises(ValueError, match="unfenced log takes generation=None"):
+        records.publish(1, {"record": 1}, 1)
+    with pytest.raises(ValueError, match="fenced log takes a generation"):
+        log(paths).publish(0, doc(0), None)
+    records.publish(1, {"record": 1, "job": "b"}, None)
+    assert records.numbers() == [0, 1] and records.latest() == {"record": 1, "job": "b"}

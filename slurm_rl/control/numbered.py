@@ -6,9 +6,11 @@ racing publishers exactly one wins), only by the holder of the current lease gen
 (``control/lease``), only as the next number, never as an older generation than the one before
 it. Readers refuse a document of an older generation than one they already saw (``check_order``).
 
-Every document is a JSON object holding its own number (under ``number_key``) and its publisher's
-``"generation"``. ``decode`` turns a document into the caller's type (and validates it); the
-default keeps the plain dict.
+Every document is a JSON object holding its own number (under ``number_key``) and, in a fenced
+log (the default), its publisher's ``"generation"``; an unfenced log (``fenced=False``: a record
+written by whoever holds some other lock) keeps the exclusive create and the dense numbering only.
+``decode`` turns a document into the caller's type (and validates it); the default keeps the
+plain dict.
 """
 
 from __future__ import annotations
@@ -55,12 +57,12 @@ class NumberedFiles(Generic[T]):
 
     def __init__(self, paths: RunPaths, directory: Path, *, kind: str, number_key: str,
                  decode: Decode[T] = _plain, holder: str = "coordinator", prefix: str = "", width: int = 6,
-                 suffix: str = ".json") -> None:
+                 suffix: str = ".json", fenced: bool = True) -> None:
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
         self.paths, self.directory = paths, Path(directory)
         self.kind, self.number_key, self.decode, self.holder = kind, number_key, decode, holder
-        self.prefix, self.width, self.suffix = prefix, width, suffix
+        self.prefix, self.width, self.suffix, self.fenced = prefix, width, suffix, fenced
 
     def path(self, n: int) -> Path:
         """Where document ``n`` is (or will be) published."""
@@ -81,13 +83,13 @@ class NumberedFiles(Generic[T]):
         """Document ``n`` as read and as decoded (one ``open``; ``FileNotFoundError`` if absent).
 
         ``TornFileError`` naming the file if it does not decode, holds another number, or has no
-        valid generation."""
+        valid generation (fenced logs)."""
         path = self.path(n)
         doc = read_json(path, fs=self.paths.fs)
         value = self.decode(doc, str(path))
         if doc.get(self.number_key) != n:
             raise TornFileError(f"{path}: file holds {self.kind} {doc.get(self.number_key)!r}, expected {n}")
-        if not _is_count(doc.get("generation")):
+        if self.fenced and not _is_count(doc.get("generation")):
             raise TornFileError(f"{path}: 'generation' must be a non-negative int, got {doc.get('generation')!r}")
         return doc, value
 
@@ -100,7 +102,7 @@ class NumberedFiles(Generic[T]):
         numbers = self.numbers()
         return self.read(numbers[-1]) if numbers else None
 
-    def publish(self, n: int, doc: Mapping[str, Any], generation: int,
+    def publish(self, n: int, doc: Mapping[str, Any], generation: int | None,
                 before_write: Callable[[], None] | None = None) -> None:
         """Publish ``doc`` as number ``n``, exclusively, as the holder of lease ``generation``.
 
@@ -108,11 +110,31 @@ class NumberedFiles(Generic[T]):
         ``generation`` older than the lease's, or one older than the previous document's;
         refuses (``EpochOrderError``) a number that is not the next one (``n - 1`` missing) or
         that is already published (the loser of a race). ``before_write`` runs once every check
-        passed, just before the exclusive create.
+        passed, just before the exclusive create. An unfenced log takes ``generation=None`` and
+        checks only the numbering.
         """
         path = self.path(n)
         if doc.get(self.number_key) != n:
             raise ValueError(f"{self.kind} {n} ({path}): document holds {self.number_key} {doc.get(self.number_key)!r}")
+        if (generation is None) == self.fenced:
+            raise ValueError(f"{self.kind} {n}: a {'fenced' if self.fenced else 'unfenced'} log takes "
+                             f"{'a generation' if self.fenced else 'generation=None'}, got {generation!r}")
+        self._check_fence(n, path, doc, generation)
+        if before_write is not None:
+            before_write()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            write_json_exclusive(path, dict(doc), fs=self.paths.fs)
+        except FileExistsError:
+            raise EpochOrderError(f"{self.kind} {n} is already published at {path}") from None
+
+    def _check_fence(self, n: int, path: Path, doc: Mapping[str, Any], generation: int | None) -> None:
+        """Refuse stale generations (fenced logs) and a number whose predecessor is missing."""
+        if generation is None:
+            if n > 0 and not self.path(n - 1).exists():
+                raise EpochOrderError(f"cannot publish {self.kind} {n} ({path}): {self.kind} {n - 1} "
+                                      f"is not published; numbering must be dense")
+            return
         if doc.get("generation") != generation:
             raise FencedEpochError(f"{self.kind} {n} ({path}) carries generation {doc.get('generation')} "
                                    f"but the publisher holds lease generation {generation}")
@@ -129,13 +151,6 @@ class NumberedFiles(Generic[T]):
             if prev["generation"] > generation:
                 raise FencedEpochError(f"cannot publish {self.kind} {n} as generation {generation}: "
                                        f"{self.kind} {n - 1} already has generation {prev['generation']}")
-        if before_write is not None:
-            before_write()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        try:
-            write_json_exclusive(path, dict(doc), fs=self.paths.fs)
-        except FileExistsError:
-            raise EpochOrderError(f"{self.kind} {n} is already published at {path}") from None
 
     def check_order(self, n: int, generation: int, highest_seen: int, who: str) -> None:
         """A reader's fence: refuse document ``n`` of ``generation`` when a newer one was seen."""
