@@ -185,21 +185,24 @@ def _union(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> fl
     return total
 
 
-def _why(text: Any) -> str:
-    """The failure reason without the scheduler's ``failed:`` prefix."""
+def _why(text: Any, prefix: str = "failed:") -> str:
+    """The reason without the scheduler's ``failed:`` (or ``stopped:``) prefix."""
     text = str(text)
-    return text[len("failed:"):].strip() if text.startswith("failed:") else text
+    return text[len(prefix):].strip() if text.startswith(prefix) else text
 
 
 def _job_status(name: str, paths: GroupPaths, events: list[dict[str, Any]],
                 sched: Mapping[str, Any]) -> tuple[str, str | None]:
-    """(finished | failed | running? , why) from the log, the scheduler status, the job's own status."""
+    """(finished | stopped | failed | running? , why) from the log, the scheduler status, the job's own status."""
     for e in events:
-        if e.get("job") == name and e.get("kind") in ("job_finished", "job_failed"):
-            return ("finished", None) if e["kind"] == "job_finished" else ("failed", _why(e.get("why")))
+        if e.get("job") == name and e.get("kind") in ("job_finished", "job_failed", "job_stopped"):
+            return {"job_finished": ("finished", None), "job_stopped": ("stopped", _why(e.get("why"), "stopped:")),
+                    "job_failed": ("failed", _why(e.get("why")))}[e["kind"]]
     out = sched.get("out") if isinstance(sched.get("out"), dict) else {}
     if name in out:
         why = str(out[name])
+        if why.startswith("stopped"):
+            return "stopped", _why(why, "stopped:")
         return ("finished", None) if why == "finished" else ("failed", _why(why))
     try:
         own = read_coordinator_status(RunPaths(paths.job_dir(name)))
@@ -384,7 +387,7 @@ def group_report_json(group_dir: str | os.PathLike[str]) -> dict[str, Any]:
     jobs_doc: dict[str, Any] = group.get("jobs") if isinstance(group.get("jobs"), dict) else {}
     names = list(jobs_doc)
     for name in sorted({ph.job for ph in phases.values()} | {str(e.get("job")) for e in events
-                                                              if e.get("kind") in ("job_finished", "job_failed")}):
+                                                              if e.get("kind") in ("job_finished", "job_failed", "job_stopped")}):
         if name not in names:
             names.append(name)
             if jobs_doc:
@@ -423,7 +426,7 @@ def group_report_json(group_dir: str | os.PathLike[str]) -> dict[str, Any]:
             j["metrics_rows"] = len(read_metrics(paths.job_dir(name)))
         except _READ_ERRORS:
             j["metrics_rows"] = 0
-        if j["iterations"] is not None and j["iterations_done"] < j["iterations"]:
+        if j["iterations"] is not None and j["iterations_done"] < j["iterations"] and j["status"] != "stopped":
             missing.append(f"job {name}: {j['iterations_done']} of {j['iterations']} iterations have a completed "
                            "train phase")
         if j["status"] == "running?":
@@ -432,7 +435,10 @@ def group_report_json(group_dir: str | os.PathLike[str]) -> dict[str, Any]:
             missing.append(f"job {name}: no phase ran")
 
     facts = {k: _num(group.get(k)) for k in ("tail_fraction", "tail_slots", "park_s", "poll_interval_s", "timeout_s")}
+    facts["schedule"] = group.get("schedule", "round_robin")
+    membership = _membership(root, events)
     return {
+        "membership": membership,
         "group_dir": str(root), "facts": {"pools": pools, **facts},
         "scheduler": {"state": sched.get("state"), "error": sched.get("error"), "grants": len(grants)},
         "group_start": group_start, "observed_until": observed_until,
@@ -510,6 +516,32 @@ def timeline_rows(report: Mapping[str, Any], columns: int = TIMELINE_COLUMNS) ->
     return rows
 
 
+def _membership(root: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Joins and leaves (``mux add`` / ``mux remove`` records, the scheduler's ``job_joined``) and the
+    group's stops and resumes, in time order."""
+    rows: list[dict[str, Any]] = []
+    try:
+        from slurm_rl.mux.membership import read_records
+
+        records = read_records(root)
+    except _READ_ERRORS:
+        records = []
+    for r in records:
+        what = f"mux add {r['join']}" if "join" in r else f"mux remove {r.get('leave')}: {r.get('reason', '')}"
+        rows.append({"time": _num(r.get("time")), "what": what})
+    for e in events:
+        kind = e.get("kind")
+        if kind == "job_joined":
+            rows.append({"time": _num(e.get("time")), "what": f"{e.get('job')} joined the rotation, order "
+                                                               f"{e.get('order')}"})
+        elif kind == "group_stop":
+            rows.append({"time": _num(e.get("time")), "what": f"group stop ({e.get('reason')}): members "
+                                                               f"{e.get('members')} checkpoint at their gates"})
+        elif kind == "group_resumed":
+            rows.append({"time": _num(e.get("time")), "what": f"group resumed members {e.get('members')}"})
+    return sorted(rows, key=lambda r: r["time"] if r["time"] is not None else math.inf)
+
+
 def format_group_report(group_dir: str | os.PathLike[str], columns: int = TIMELINE_COLUMNS) -> str:
     """One screen: facts, per-job table, per-pool busy/bubble, switch latency, text timeline."""
     r = group_report_json(group_dir)
@@ -521,7 +553,10 @@ def format_group_report(group_dir: str | os.PathLike[str], columns: int = TIMELI
     out.append(f"  pools: {pools}; tail_fraction {_f(facts.get('tail_fraction'), '{:g}')}, tail_slots "
                f"{_f(facts.get('tail_slots'), '{:g}')}, park_s {_f(facts.get('park_s'), '{:g}')}")
     out.append(f"  span {_f(span['seconds'])}s (first job ready +{_f(span['startup_s'])}s after grant 0 .. "
-               f"last release); times below are seconds since grant 0")
+               f"last release); times below are seconds since grant 0; schedule {facts.get('schedule')}")
+    for m in r["membership"]:
+        t = None if m["time"] is None or r["group_start"] is None else m["time"] - r["group_start"]
+        out.append(f"  {_f(t):>7}s  {m['what']}")
     out.append("")
     letters = _letters(list(r["jobs"]))
     out.append(f"  {'job':<14} {'':1} {'iters':>5} {'start':>6} {'end':>6} {'makespan':>8} {'est.solo':>8} "

@@ -58,7 +58,8 @@ class GroupLoop:
         self._add_slots(self.group)
         self.poll_s = float(self.group["poll_interval_s"])
         self.seen_releases: set[tuple[str, str, int, int]] = set()
-        self.group_key = stat_key(self.paths.run_dir / "group.json")
+        self.group_key: Any = None  # group.json as last read (None: read it on the first look)
+        self.pending: list[str] = []  # joined group.json, ranks not all up yet
         numbers = grant_numbers(self.paths)
         if numbers:  # a restarted scheduler carries on from the last grant (level-triggered)
             last = read_grant(self.paths, numbers[-1])
@@ -76,21 +77,30 @@ class GroupLoop:
 
     # -- joins ----------------------------------------------------------------------------------
     def joins(self) -> list[str]:
-        """Jobs that ``slurm-rl mux add`` put into ``group.json`` since the last look, now in the
-        rotation (inserted where the train pool's cursor points: one cyclic order on both pools)."""
+        """Jobs that ``slurm-rl mux add`` put into ``group.json`` and whose ranks are all up now
+        enter the rotation (inserted where the train pool's cursor points: one cyclic order on both
+        pools). Until every rank of a joining job waits for its first grant, the job is pending
+        and holds nobody up: a job whose ranks are still starting gets no turn to keep a pool idle."""
         key = stat_key(self.paths.run_dir / "group.json")
-        if key == self.group_key:
-            return []
-        self.group_key = key
-        group = read_json(self.paths.run_dir / "group.json")
-        new = [j for j in group["members"] if j not in self.members]
-        self.group = group
-        self._add_slots(group)
-        for job in new:
-            self.grant, self.members = with_member(self.grant, self.members, job)
-            append_event(self.paths, "job_joined", {"job": job, "order": list(self.members)})
-            self.log(f"group: job {job} joined; rotation order {list(self.members)}")
-        return new
+        if key != self.group_key:
+            self.group_key = key
+            self.group = read_json(self.paths.run_dir / "group.json")
+            self._add_slots(self.group)
+            self.pending += [j for j in self.group["members"] if j not in self.members and j not in self.pending]
+        joined = []
+        for job in list(self.pending):
+            why = self._job_health(job)
+            if why is not None:  # failed (or stopped) before it ever ran
+                self.pending.remove(job)
+                append_event(self.paths, "job_failed", {"job": job, "why": f"before joining: {why}"})
+                self.log(f"group: job {job} left before joining: {why}")
+            elif len(read_members(self.paths, job)) >= int(self.group["jobs"][job]["world_size"]):
+                self.pending.remove(job)
+                self.grant, self.members = with_member(self.grant, self.members, job)
+                append_event(self.paths, "job_joined", {"job": job, "order": list(self.members)})
+                self.log(f"group: job {job} joined; rotation order {list(self.members)}")
+                joined.append(job)
+        return joined
 
     # -- observing ------------------------------------------------------------------------------
     def _job_health(self, job: str) -> str | None:
@@ -189,7 +199,7 @@ class GroupLoop:
             joined = self.joins()
             if joined:
                 self.publish(self.grant, [f"{j} joined the rotation" for j in joined])
-            if len(self.out) >= len(self.members) and self._end():
+            if not self.pending and all(j in self.out for j in self.members) and self._end():
                 break
             view = self.observe()
             change = decide(self.grant, view)
@@ -209,6 +219,7 @@ class GroupLoop:
             joined = self.joins()
             if joined:
                 self.publish(self.grant, [f"{j} joined the rotation" for j in joined])
+            if joined or self.pending:
                 return False
             stopped = {j: why for j, why in self.out.items() if why.startswith("stopped")}
             failed = {j: why for j, why in self.out.items() if why != "finished" and j not in stopped}
