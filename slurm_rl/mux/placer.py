@@ -358,6 +358,7 @@ def _act_new(cluster_dir: Path, p: Placement, groups: Sequence[LiveGroup], confi
     slots = job["rollout_slots"] + job["train_slots"]
     (cluster_dir / "logs").mkdir(mode=0o700, exist_ok=True)
     args = [*resource_args(slots, spec.capacity), f"--job-name=slurm-rl-mux-{group}",
+            f"--time={int(cfg.runtime.run_timeout_s // 60) + 1}",
             f"--output={cluster_dir / 'logs' / group}-%j.out", *sbatch_args, str(REPO_ROOT / "sbatch" / "mux.sh"),
             str(path)]
     action = {"group": group, "group_dir": str(cluster_dir / group), "group_file": str(path), "pools": pools,

@@ -72,7 +72,8 @@ def format_placement(p: Any) -> str:
                      f"{f.get('delta_cost', 0.0):.1f} over the expected life")
     free = f.get("free_gpus")
     lines.append(f"  capacity: {f.get('capacity_gpus')} GPUs ({f.get('capacity_source')}), {f.get('held_gpus')} held, "
-                 f"{free if free is not None else '?'} free; this job needs {f.get('gpus_needed', 0)}")
+                 f"{free if free is not None else '?'} free"
+                 + (f"; this placement takes {f['gpus_needed']} more" if f.get("gpus_needed") else ""))
     for g, times in (f.get("member_times") or {}).items():
         lines.append(f"  group {g} phase times: " + ", ".join(f"{m} {t}" for m, t in times.items()))
     for note in f.get("notes", []):
