@@ -3,7 +3,7 @@ takes one out; over both computes (``emulated`` and ``cpu``).
 
 One group run per backend, shared by the checks: a and b start; once a's first rollout turn is
 granted, c is added (it enters the rotation at the next meta-iteration, every sample of every job
-is produced and trained once); once c's first training turn is granted, b is removed (it stops at
+is produced and trained once); once c's first rollout turn is granted, b is removed (it stops at
 its next gate, its ranks exit: their memory is gone, and it leaves the rotation).
 """
 
@@ -67,7 +67,7 @@ def _rss_kb(pid: int) -> int:
 
 
 class _Driver(threading.Thread):
-    """Adds c once a's first rollout turn is granted, removes b once c's first training turn is
+    """Adds c once a's first rollout turn is granted, removes b once c's first rollout turn is
     granted (measuring b's ranks' RSS just before), through the command line."""
 
     def __init__(self, group_dir: Path, c_config: Path) -> None:
@@ -88,7 +88,7 @@ class _Driver(threading.Thread):
             _wait("a's first rollout turn", lambda: (self.group_dir / "control" / "grants").is_dir()
                   and _granted(self.group_dir, "rollout", "a"))
             self.add = self._cli("add", str(self.group_dir), "c", str(self.c_config), "--slo", "4")
-            _wait("c's first training turn", lambda: _granted(self.group_dir, "train", "c"))
+            _wait("c's first rollout turn", lambda: _granted(self.group_dir, "rollout", "c"))
             b_dir = GroupPaths(self.group_dir).job_dir("b")
             self.b_pids = _rank_pids(b_dir)
             self.b_rss_kb = {r: _rss_kb(p) for r, p in self.b_pids.items() if _alive(p)}
@@ -103,7 +103,7 @@ def joined_group(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"membership-{device}")
     iterations = 3 if device == "emulated" else 2
     jobs = {"a": job_config(device, tmp / "x", iterations=iterations, seed=1),
-            "b": job_config(device, tmp / "y", iterations=iterations + 3, seed=2)}
+            "b": job_config(device, tmp / "y", iterations=iterations + 6, seed=2)}
     path = write_group(tmp, device, jobs, schedule="round_robin")
     c_cfg = job_config(device, tmp / "z", iterations=iterations, seed=3)
     write_config(tmp / "c.yaml", c_cfg)

@@ -30,10 +30,11 @@ from filelock import FileLock, Timeout
 from slurm_rl.config import ConfigError, ConfigIssue, load_config
 from slurm_rl.control.atomic import read_json
 from slurm_rl.control.grants import JOB_NAME_CHARS, GroupPaths
+from slurm_rl.control.numbered import NumberedFiles
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.errors import InputError
 from slurm_rl.control.status import read_coordinator_status, status_path
-from slurm_rl.fsio import atomic_write_json, write_json_exclusive
+from slurm_rl.fsio import atomic_write_json
 from slurm_rl.group_config import POOLS, GroupJob, GroupSpec, _place, job_json
 
 LOCK_TIMEOUT_S = 60.0
@@ -42,10 +43,6 @@ OUT_STATES = ("finished", "failed", "stopped")
 
 class MembershipError(InputError):
     """The group cannot change now (not running, lock held too long, unknown job): exit 2."""
-
-
-def membership_dir(group_dir: Path) -> Path:
-    return Path(group_dir) / "control" / "membership"
 
 
 @contextmanager
@@ -60,21 +57,24 @@ def membership_lock(group_dir: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Itera
                               "(another `slurm-rl mux add/remove/place`, or the group scheduler ending the group)") from None
 
 
+def records_log(group_dir: Path) -> NumberedFiles[dict[str, Any]]:
+    """``control/membership/NNNNNN.json``: numbered, exclusive, unfenced (written under the lock)."""
+    paths = GroupPaths(Path(group_dir))
+    return NumberedFiles(paths, paths.control / "membership", kind="membership record", number_key="record",
+                         holder="mux add/remove", fenced=False)
+
+
 def read_records(group_dir: Path) -> list[dict[str, Any]]:
     """Every membership record (joins and leaves), in order."""
-    d = membership_dir(group_dir)
-    if not d.is_dir():
-        return []
-    return [read_json(p) for p in sorted(d.glob("[0-9]*.json"))]
+    log = records_log(group_dir)
+    return [log.read(n) for n in log.numbers()]
 
 
 def _publish_record(group_dir: Path, doc: dict[str, Any]) -> int:
     """The next numbered record, created exclusively (a second writer of the same number fails)."""
-    d = membership_dir(group_dir)
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    numbers = [int(p.stem) for p in d.glob("[0-9]*.json")]
-    n = max(numbers, default=-1) + 1
-    write_json_exclusive(d / f"{n:06d}.json", {"record": n, "time": time.time(), **doc})
+    log = records_log(group_dir)
+    n = max(log.numbers(), default=-1) + 1
+    log.publish(n, {"record": n, "time": time.time(), **doc}, None)
     return n
 
 
