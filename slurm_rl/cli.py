@@ -139,6 +139,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the member to remove")
     p.add_argument("--reason", default="removed from the group", help="recorded with the leave")
 
+    from slurm_rl.mux.placer_cli import add_place_parser
+
+    add_place_parser(sub, formatter=_Formatter)
+
     p = command("submit", "submit a run (or, with --group, a co-execution group) with submitit")
     _config_args(p)
     p.add_argument("--executor", default="slurm", choices=["slurm", "local"],
@@ -432,6 +436,12 @@ def cmd_mux_remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_mux_place(args: argparse.Namespace) -> int:
+    from slurm_rl.mux.placer_cli import cmd_mux_place as place
+
+    return place(args)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from slurm_rl.launch.submit import SlurmOptions, submit
 
@@ -468,6 +478,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if len(dirs) != 1:
         return _bad(f"inspect: got {len(dirs)} run dirs; allowed: one (two with --compare)")
     args.run_dir = dirs[0]
+    from slurm_rl.mux.cluster_view import cluster_report, cluster_report_json, is_cluster_dir
+
+    if is_cluster_dir(args.run_dir):  # groups placed by `slurm-rl mux place`: the groups and every decision
+        print(json.dumps(cluster_report_json(args.run_dir), indent=1) if args.json else cluster_report(args.run_dir))
+        return EXIT_OK
     if (args.run_dir / "group.json").is_file():  # a co-execution group: its timeline
         from slurm_rl.inspect.group_timeline import format_group_report, group_report_json, write_group_gantt
 
@@ -514,6 +529,7 @@ COMMANDS = {
     "mux": cmd_mux,
     "mux-add": cmd_mux_add,
     "mux-remove": cmd_mux_remove,
+    "mux-place": cmd_mux_place,
     "submit": cmd_submit,
     "prepare": cmd_prepare,
     "export": cmd_export,

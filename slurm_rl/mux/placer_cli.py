@@ -15,9 +15,11 @@ from typing import Any, Sequence
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def add_place_parser(subparsers: Any, name: str = "mux-place") -> argparse.ArgumentParser:
-    """Add the ``mux place`` command to ``subparsers`` (``slurm-rl mux place`` maps to ``mux-place``)."""
-    p = subparsers.add_parser(name, prog="slurm-rl mux place", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def add_place_parser(subparsers: Any, name: str = "mux-place",
+                     formatter: type[argparse.HelpFormatter] | None = None) -> argparse.ArgumentParser:
+    """Add the ``mux place`` command to ``subparsers`` (``slurm-rl mux place`` maps to ``mux-place``);
+    ``formatter``: the command line's help formatter."""
+    p = subparsers.add_parser(name, prog="slurm-rl mux place", formatter_class=formatter or argparse.HelpFormatter,
                               help="place a job into the co-execution groups of a cluster dir (join a group, "
                                    "sbatch a new one, co-locate, or refuse: exit 2)",
                               description="Place a job: into a running group that admits it (mux add), a new "
