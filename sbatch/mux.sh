@@ -54,7 +54,7 @@ on_usr1() {
 }
 trap on_usr1 USR1
 set +e
-"$PY" -m slurm_rl.launch.mux srun "$GROUP_DIR" &
+"$PY" -m slurm_rl.mux.launcher srun "$GROUP_DIR" &
 launcher_pid=$!
 while true; do
   wait "$launcher_pid"

@@ -215,9 +215,9 @@ def cmd_validate_group(args: argparse.Namespace) -> int:
     """Validate a group file as ``slurm-rl mux`` would (every job config, pools, admission:
     SLO and residency); create nothing."""
     from slurm_rl.config import ConfigError
-    from slurm_rl.group_config import load_group
+    from slurm_rl.mux.group_file import load_group
     from slurm_rl.inspect.epoch_log import compress_ranks
-    from slurm_rl.scheduler.mux.group_admission import admit
+    from slurm_rl.mux.group_admission import admit
 
     spec = load_group(args.config, args.overrides)
     issues, figures = admit(spec, spec.host_memory_gb, spec.gpus_per_node)
@@ -375,10 +375,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_mux(args: argparse.Namespace) -> int:
     from slurm_rl.launch.local import LaunchError
-    from slurm_rl.launch.mux import prepare_group, run_group_local
+    from slurm_rl.mux.launcher import prepare_group, run_group_local
 
     if args.prepare_only:  # sbatch/mux.sh: a requeued job resumes its previous incarnation's group
-        from slurm_rl.group_config import load_group
+        from slurm_rl.mux.group_file import load_group
         from slurm_rl.mux.group_requeue import previous_group, resume_group
         from slurm_rl.resume.restart import record_job
 
@@ -449,7 +449,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                     nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                     constraint=args.constraint, exclusive=args.exclusive, slurm=args.slurm)
     if args.group:
-        from slurm_rl.launch.mux import submit_group
+        from slurm_rl.mux.launcher import submit_group
 
         job = submit_group(args.config, args.overrides, executor=args.executor, options=options)
         if args.wait:

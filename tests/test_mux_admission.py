@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_rl.scheduler.mux.admission import ClusterSpec, place
-from slurm_rl.scheduler.mux.analysis import residency_problems, slowdowns
-from slurm_rl.scheduler.mux.model import GroupSpec, JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.admission import ClusterSpec, place
+from slurm_rl.mux.analysis import residency_problems, slowdowns
+from slurm_rl.mux.model import GroupSpec, JobProfile, Pools, SwitchCosts
 
 SW = SwitchCosts(rollout_warm_s=0.01, train_warm_s=0.01, cold_s=0.0, migrate_s=0.0)
 

@@ -13,8 +13,8 @@ from slurm_rl.control.errors import EpochOrderError, FencedEpochError, LeaseHeld
 from slurm_rl.control.grants import (Grant, GrantWatcher, GroupPaths, grant_numbers, publish_grant, read_grant,
                                      read_releases, write_member, write_release)
 from slurm_rl.control.lease import CoordinatorLease
-from slurm_rl.scheduler.group_coordinator import GroupLoop
-from slurm_rl.scheduler.mux.rotation import decide, grant_from_json, grant_to_json, initial_grant
+from slurm_rl.mux.group_scheduler import GroupLoop
+from slurm_rl.mux.rotation import decide, grant_from_json, grant_to_json, initial_grant
 
 POOLS = {"rollout": (0, 1), "train": (2, 3)}
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_rl.scheduler.mux.admission import KINDS, ClusterSpec, place, place_hybrid, predict_colocated
-from slurm_rl.scheduler.mux.analysis import PhaseTimes, meta_iteration
-from slurm_rl.scheduler.mux.cluster_sim import POLICY_NAMES, colocated_seconds, run_mux
-from slurm_rl.scheduler.mux.group_sim import GroupSim, simulate_group_from_phases, with_member
-from slurm_rl.scheduler.mux.model import ColocatedModel, GroupSpec, JobProfile, Pools, SwitchCosts
-from slurm_rl.scheduler.mux.rotation import GroupView, Holding, JobView, decide, initial_grant
+from slurm_rl.mux.admission import KINDS, ClusterSpec, place, place_hybrid, predict_colocated
+from slurm_rl.mux.analysis import PhaseTimes, meta_iteration
+from slurm_rl.mux.cluster_sim import POLICY_NAMES, colocated_seconds, run_mux
+from slurm_rl.mux.group_sim import GroupSim, simulate_group_from_phases, with_member
+from slurm_rl.mux.model import ColocatedModel, GroupSpec, JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.rotation import GroupView, Holding, JobView, decide, initial_grant
 
 SW = SwitchCosts(rollout_warm_s=0.01, train_warm_s=0.01, cold_s=0.0, migrate_s=0.0)
 SLOTS = {"rollout": (0,), "train": (0,)}
@@ -110,7 +110,7 @@ def test_work_conserving_skips_a_next_job_that_is_not_ready() -> None:
 def test_work_conserving_serves_the_first_ready_job_in_cyclic_order_from_the_cursor() -> None:
     from dataclasses import replace
 
-    from slurm_rl.scheduler.mux.rotation import PoolGrant
+    from slurm_rl.mux.rotation import PoolGrant
 
     members = ("A", "B", "C", "D")
     grant = initial_grant(SLOTS, members)
@@ -195,7 +195,7 @@ def test_meta_iteration_work_conserving_without_overlap_is_round_robin() -> None
 
 
 def test_admission_predicts_with_the_schedule_of_each_group(monkeypatch) -> None:
-    import slurm_rl.scheduler.mux.admission as adm
+    import slurm_rl.mux.admission as adm
 
     seen: list[str] = []
     real = adm.meta_iteration

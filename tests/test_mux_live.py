@@ -26,7 +26,7 @@ from slurm_rl.control.grants import GroupPaths, grant_numbers, read_grant
 from slurm_rl.control.heartbeats import read_heartbeat
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.inspect.report import read_metrics
-from slurm_rl.launch.mux import prepare_group, run_group_local
+from slurm_rl.mux.launcher import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
@@ -327,7 +327,7 @@ def test_sbatch_mux_rejects_a_bad_group_with_exit_2(slurm_cluster, tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_submitit_runs_a_group_on_real_slurm(slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_rl.launch.mux import submit_group
+    from slurm_rl.mux.launcher import submit_group
 
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
@@ -341,7 +341,7 @@ def test_submitit_runs_a_group_on_real_slurm(slurm_cluster, tmp_path: Path, monk
 
 
 def test_example_group_files_load() -> None:
-    from slurm_rl.group_config import load_group
+    from slurm_rl.mux.group_file import load_group
 
     paths = sorted((REPO / "configs").rglob("group*.yaml"))
     assert paths

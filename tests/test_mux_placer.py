@@ -18,13 +18,13 @@ import yaml
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import write_coordinator_status
-from slurm_rl.launch.mux import prepare_group
+from slurm_rl.mux.launcher import prepare_group
 from slurm_rl.mux import placer
 from slurm_rl.mux.cluster_view import cluster_report, cluster_report_json
 from slurm_rl.mux.live import read_cluster
 from slurm_rl.mux.placer_cli import main as place_main
 from slurm_rl.mux.slurm_capacity import Capacity, gres_gpus, parse_job_id, parse_sinfo, resource_args
-from slurm_rl.scheduler.mux.admission import AdmissionDecision
+from slurm_rl.mux.admission import AdmissionDecision
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples" / "mux"
 ROLLOUT_HEAVY = EXAMPLES / "job_rollout_heavy.yaml"

@@ -19,7 +19,7 @@ from slurm_rl.control.events import read_events
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
-from slurm_rl.launch.mux import prepare_group, run_group_local
+from slurm_rl.mux.launcher import prepare_group, run_group_local
 from slurm_rl.mux.group_requeue import decide, resume_group, stop_group
 from test_mux_live import REPO, job_config, turns, write_group
 from test_scheduling_backends import check_every_sample_once

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from slurm_rl.scheduler.mux.analysis import PhaseTimes, cycle, load, meta_iteration, saturated
-from slurm_rl.scheduler.mux.group_sim import GroupSim, simulate_group_from_phases, with_member
-from slurm_rl.scheduler.mux.model import JobProfile, Pools, SwitchCosts
-from slurm_rl.scheduler.mux.rotation import GroupView, JobView, decide, initial_grant
+from slurm_rl.mux.analysis import PhaseTimes, cycle, load, meta_iteration, saturated
+from slurm_rl.mux.group_sim import GroupSim, simulate_group_from_phases, with_member
+from slurm_rl.mux.model import JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.rotation import GroupView, JobView, decide, initial_grant
 
 
 def spec(name: str, responses: list[float], train: float, iterations: int = 4, lanes: int = 8, **kw) -> dict:
@@ -161,7 +161,7 @@ def test_a_phase_completes_when_its_last_release_comes_after_its_slots_were_free
     complete, so A's training can be granted."""
     from dataclasses import replace
 
-    from slurm_rl.scheduler.mux.rotation import Holding, PoolGrant
+    from slurm_rl.mux.rotation import Holding, PoolGrant
 
     slots = {"rollout": (0, 1), "train": (2,)}
     grant = initial_grant({"rollout": (0, 1), "train": (2,)}, ("A",))

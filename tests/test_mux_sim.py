@@ -10,8 +10,8 @@ import yaml
 
 from emulated_configs import emulated_config
 from slurm_rl.config import config_from_yaml_text
-from slurm_rl.scheduler.mux.admission import ClusterSpec
-from slurm_rl.scheduler.mux.cluster_sim import (
+from slurm_rl.mux.admission import ClusterSpec
+from slurm_rl.mux.cluster_sim import (
     POLICY_NAMES,
     efficiency_ratio,
     run_mux,
@@ -19,10 +19,10 @@ from slurm_rl.scheduler.mux.cluster_sim import (
     solo_results,
     solo_seconds,
 )
-from slurm_rl.scheduler.mux.group_sim import simulate_group, solo_time
-from slurm_rl.scheduler.mux.model import GPU_PRICE, JobProfile, Pools, SwitchCosts, slots_cost_per_hour
-from slurm_rl.scheduler.mux.predict import job_profile, predict_group
-from slurm_rl.scheduler.mux.trace import TraceSpec, generate
+from slurm_rl.mux.group_sim import simulate_group, solo_time
+from slurm_rl.mux.model import GPU_PRICE, JobProfile, Pools, SwitchCosts, slots_cost_per_hour
+from slurm_rl.mux.predict import job_profile, predict_group
+from slurm_rl.mux.trace import TraceSpec, generate
 
 SMALL = TraceSpec(jobs=16, seed=7, mean_interarrival_s=300.0, iterations=(3, 6), units=16, patterns=2)
 

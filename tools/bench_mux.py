@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Multiplexing benchmark: a generated trace of RL jobs under solo / colocated / mux, as JSON.
 
-The trace (``slurm_rl.scheduler.mux.trace``): Poisson arrivals, reasoning / agentic (rollout-heavy,
+The trace (``slurm_rl.mux.trace``): Poisson arrivals, reasoning / agentic (rollout-heavy,
 long tails), rlhf (training-heavy) and balanced jobs of 7B-70B models, SLOs ~ U(1, 2). Policies
-(``slurm_rl.scheduler.mux.cluster_sim``):
+(``slurm_rl.mux.cluster_sim``):
 
 * ``solo``: every job its own H20 rollout pool and H800 training pool;
 * ``colocated``: every job rollout and training one after the other on its H800s;
@@ -42,8 +42,8 @@ from typing import Any
 
 from dataclasses import replace
 
-from slurm_rl.scheduler.mux.admission import ClusterSpec
-from slurm_rl.scheduler.mux.cluster_sim import (
+from slurm_rl.mux.admission import ClusterSpec
+from slurm_rl.mux.cluster_sim import (
     ColocatedModel,
     PolicyResult,
     efficiency_ratio,
@@ -53,9 +53,9 @@ from slurm_rl.scheduler.mux.cluster_sim import (
     solo_results,
     solo_seconds,
 )
-from slurm_rl.scheduler.mux.group_sim import simulate_group
-from slurm_rl.scheduler.mux.model import GPU_PRICE, JobProfile, Pools
-from slurm_rl.scheduler.mux.trace import TraceSpec, generate
+from slurm_rl.mux.group_sim import simulate_group
+from slurm_rl.mux.model import GPU_PRICE, JobProfile, Pools
+from slurm_rl.mux.trace import TraceSpec, generate
 
 TARGET = {"mux/solo": 1.84, "mux/colocated": 1.38, "slo_attainment": 1.0}
 MUX_VARIANTS = {

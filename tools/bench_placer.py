@@ -5,8 +5,8 @@ The live groups are those the ``mux`` policy of ``tools/bench_mux.py`` formed on
 200 jobs): every group with every job it ever held, all live at once (200 jobs in total), and the
 same set ten times over (2,000 jobs, jobs and groups renamed). Each decision places one arriving
 job of another trace (seed 1; the first decision fills each profile's memo of its rollout
-seconds per slot count) with :func:`~slurm_rl.scheduler.mux.admission.place` and
-:func:`~slurm_rl.scheduler.mux.admission.place_hybrid` (both schedules), as the live placer
+seconds per slot count) with :func:`~slurm_rl.mux.admission.place` and
+:func:`~slurm_rl.mux.admission.place_hybrid` (both schedules), as the live placer
 (``slurm-rl mux place``) would, each group predicted under each schedule; figures are per
 decision: mean, p50, max over the arrivals.
 
@@ -23,10 +23,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from slurm_rl.scheduler.mux.admission import ClusterSpec, place, place_hybrid
-from slurm_rl.scheduler.mux.cluster_sim import run_mux, solo_results, solo_seconds
-from slurm_rl.scheduler.mux.model import ColocatedModel, GroupSpec, JobProfile, Pools
-from slurm_rl.scheduler.mux.trace import TraceSpec, generate
+from slurm_rl.mux.admission import ClusterSpec, place, place_hybrid
+from slurm_rl.mux.cluster_sim import run_mux, solo_results, solo_seconds
+from slurm_rl.mux.model import ColocatedModel, GroupSpec, JobProfile, Pools
+from slurm_rl.mux.trace import TraceSpec, generate
 
 CLUSTER = ClusterSpec(slo_check="both", cost_basis="lifetime")  # bench_mux's ``mux`` variant
 

@@ -28,9 +28,9 @@ def _solo_seconds(run_dir: Path) -> float:
 
 def live_section(group_file: Path) -> dict[str, Any]:
     """Run ``group_file`` with ``slurm-rl mux``, each job alone with ``slurm-rl run``; figures."""
-    from slurm_rl.group_config import load_group
+    from slurm_rl.mux.group_file import load_group
     from slurm_rl.inspect.group_timeline import group_report_json
-    from slurm_rl.scheduler.mux.predict import predict_group
+    from slurm_rl.mux.predict import predict_group
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-mux-"))
     group_dir = tmp / "group"

@@ -35,7 +35,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.fsio import read_jsonl
 from slurm_rl.mux.membership import active_members
-from slurm_rl.scheduler.mux.model import JobProfile, SwitchCosts
+from slurm_rl.mux.model import JobProfile, SwitchCosts
 
 PLACEMENTS_FILE = "placements.jsonl"
 GROUP_FILES_DIR = "groups"
@@ -291,7 +291,7 @@ def profile_of(cfg: Any, name: str, slo: float, park_s: float = 0.0, tail_fracti
     """The admission model's profile of a run config (its cost model; ``runtime.device`` emulated):
     its SLO, a group's warm switch (twice ``park_s``: park and resume), parked bytes per slot and,
     with ``max_response_length``, the conservative times at that length."""
-    from slurm_rl.scheduler.mux.predict import job_profile
+    from slurm_rl.mux.predict import job_profile
 
     switch = SwitchCosts(rollout_warm_s=2 * park_s, train_warm_s=2 * park_s, cold_s=0.0, migrate_s=0.0)
     prof, _ = job_profile(cfg, name, tail_fraction, switch)

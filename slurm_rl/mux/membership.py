@@ -1,12 +1,12 @@
 """Live joins and leaves of a running co-execution group.
 
 :func:`add_job` asks a running group to take a job: the same admission as a declared group
-(:func:`~slurm_rl.scheduler.mux.group_admission.admit`: SLO by simulation with the jobs' own and
+(:func:`~slurm_rl.mux.group_admission.admit`: SLO by simulation with the jobs' own and
 max-length profiles, parked state per node) against the members still in the rotation. An
 admitted job gets its RUN_DIR under ``GROUP_DIR/jobs/<name>``, a numbered membership record
 (``control/membership/NNNNNN.json``, created exclusively) and its place in ``group.json``; the
 group's launcher starts its ranks and the group scheduler puts it into the rotation at the next
-meta-iteration (:func:`~slurm_rl.scheduler.mux.group_sim.with_member`). A refused job raises
+meta-iteration (:func:`~slurm_rl.mux.group_sim.with_member`). A refused job raises
 :class:`ConfigError` with the reason; nothing is created.
 
 :func:`remove_job` records the leave and asks the job to stop at its next gate with a checkpoint
@@ -35,7 +35,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.errors import InputError
 from slurm_rl.control.status import read_coordinator_status, status_path
 from slurm_rl.fsio import atomic_write_json
-from slurm_rl.group_config import POOLS, GroupJob, GroupSpec, _place, job_json
+from slurm_rl.mux.group_file import POOLS, GroupJob, GroupSpec, _place, job_json
 
 LOCK_TIMEOUT_S = 60.0
 OUT_STATES = ("finished", "failed", "stopped")
@@ -152,7 +152,7 @@ def add_job(group_dir: Path, name: str, config: str | Path, overrides: Sequence[
     admission figures. ``ConfigError``: refused or bad request (nothing created);
     :class:`MembershipError`: the group is not running."""
     from slurm_rl.launch.prepare import prepare_run
-    from slurm_rl.scheduler.mux.group_admission import admit
+    from slurm_rl.mux.group_admission import admit
 
     group_dir = Path(group_dir).absolute()
     with membership_lock(group_dir):

@@ -42,9 +42,9 @@ from slurm_rl.mux.membership import MembershipError, add_job
 from slurm_rl.mux.live import (GROUP_FILES_DIR, PLACEMENTS_FILE, LiveGroup, QueueQuery, profile_of, read_cluster,
                                read_placements)
 from slurm_rl.mux.slurm_capacity import Capacity, SbatchError, resource_args, sbatch, slurm_capacity
-from slurm_rl.scheduler.mux import admission
-from slurm_rl.scheduler.mux.analysis import SLO_EPS, member_phases, meta_iteration, residency_problems
-from slurm_rl.scheduler.mux.model import GroupSpec, JobProfile, Pools
+from slurm_rl.mux import admission
+from slurm_rl.mux.analysis import SLO_EPS, member_phases, meta_iteration, residency_problems
+from slurm_rl.mux.model import GroupSpec, JobProfile, Pools
 
 __all__ = ["Placement", "PlacerSpec", "decide", "place", "read_cluster", "LOCK_FILE"]
 
@@ -324,7 +324,7 @@ def _range(slots: Sequence[int]) -> str:
 def write_group_file(cluster_dir: Path, group: str, name: str, config: Path, overrides: Sequence[str], slo: float,
                      cfg: Config, rollout: int, train: int, spec: PlacerSpec) -> tuple[Path, dict[str, Any]]:
     """``groups/<group>.yaml``: the job alone on its own pools (rollout slots first), validated."""
-    from slurm_rl.group_config import load_group
+    from slurm_rl.mux.group_file import load_group
 
     pools = {"rollout": list(range(rollout)), "train": list(range(rollout, rollout + train))}
     job: dict[str, Any] = {"config": str(config), "slo": slo, "overrides": list(overrides)}

@@ -25,8 +25,8 @@ from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths, create_run_dir
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.config import ConfigError
-from slurm_rl.group_config import GroupSpec, load_group
-from slurm_rl.scheduler.mux.group_admission import admit
+from slurm_rl.mux.group_file import GroupSpec, load_group
+from slurm_rl.mux.group_admission import admit
 from slurm_rl.launch.local import LaunchError, LocalJob
 from slurm_rl.launch.prepare import prepare_run
 
@@ -72,7 +72,7 @@ def prepare_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
 def start_group_scheduler(group_dir: Path) -> subprocess.Popen:
     """The group scheduler as its own process (log: ``GROUP_DIR/logs/group-scheduler.log``)."""
     log = open(group_dir / "logs" / "group-scheduler.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "slurm_rl.scheduler.group_coordinator", str(group_dir)],
+    return subprocess.Popen([sys.executable, "-m", "slurm_rl.mux.group_scheduler", str(group_dir)],
                             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
                             start_new_session=True)
 
@@ -259,12 +259,12 @@ def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m slurm_rl.launch.mux steps GROUP_DIR``: one line per job (name run_dir ranks port);
-    ``python -m slurm_rl.launch.mux srun GROUP_DIR``: run the group inside a Slurm allocation, one
+    """``python -m slurm_rl.mux.launcher steps GROUP_DIR``: one line per job (name run_dir ranks port);
+    ``python -m slurm_rl.mux.launcher srun GROUP_DIR``: run the group inside a Slurm allocation, one
     ``srun`` step per job (joins included); exit 0 when every job finished."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m slurm_rl.launch.mux")
+    parser = argparse.ArgumentParser(prog="python -m slurm_rl.mux.launcher")
     parser.add_argument("what", choices=["steps", "srun"])
     parser.add_argument("group_dir", type=Path)
     args = parser.parse_args(argv)

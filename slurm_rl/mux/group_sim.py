@@ -2,7 +2,7 @@
 
 Every change the live group scheduler would see (a job joins or waits for a pool, a slot is
 released, a rollout reaches its tail fraction, a job leaves) leads to a call of
-:func:`slurm_rl.scheduler.mux.rotation.decide` — the same pure function the live group scheduler
+:func:`slurm_rl.mux.rotation.decide` — the same pure function the live group scheduler
 calls — and the simulator applies the grant it returns, slot by slot:
 
 * an admitted job first loads its state into its nodes' host memory (``cold_s``, while the
@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from slurm_rl.scheduler.errors import SimulationError
-from slurm_rl.scheduler.mux.model import POOLS, JobProfile, Pools, solo_pools
-from slurm_rl.scheduler.mux.rotation import (
+from slurm_rl.mux.model import POOLS, JobProfile, Pools, solo_pools
+from slurm_rl.mux.rotation import (
     NONE_DONE,
     SCHEDULES,
     GroupGrant,
@@ -198,7 +198,7 @@ class GroupSim:
     """One group over time: add jobs (and rollout slots) at any time, advance with ``run_until``.
 
     ``schedule``: how the rotation hands out a free pool (``round_robin`` or ``work_conserving``,
-    see :mod:`slurm_rl.scheduler.mux.rotation`); the live group scheduler gets it from the group's
+    see :mod:`slurm_rl.mux.rotation`); the live group scheduler gets it from the group's
     ``schedule``."""
 
     def __init__(self, pools: Pools, tail_fraction: float = 0.8, tail_slots: int = 1,
@@ -709,7 +709,7 @@ def simulate_group_from_phases(rollout_slots: Sequence[int], train_slots: Sequen
     ``lanes_per_slot``, and optionally ``rollout`` / ``train`` (the slots it sits on; default all
     rollout slots and the first ``len(train_slots)`` train slots), ``slo``. ``switch``: seconds
     ``rollout`` / ``train`` (warm), ``cold``, ``migrate``. Slots are GPUs (``gpus_per_slot=1``)."""
-    from slurm_rl.scheduler.mux.model import SwitchCosts
+    from slurm_rl.mux.model import SwitchCosts
 
     sw = dict(switch or {})
     costs = SwitchCosts(rollout_warm_s=float(sw.get("rollout", 0.0)), train_warm_s=float(sw.get("train", 0.0)),

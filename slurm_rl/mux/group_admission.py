@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from slurm_rl.config import ConfigIssue, load_config
-from slurm_rl.group_config import GroupJob, GroupSpec
-from slurm_rl.scheduler.mux.predict import predict_group
+from slurm_rl.mux.group_file import GroupJob, GroupSpec
+from slurm_rl.mux.predict import predict_group
 
 BYTES_TRAIN_RANK = 16  # per parameter: fp32 params, grads, two Adam moments
 BYTES_ROLLOUT_RANK = 2  # per parameter: bf16 weights

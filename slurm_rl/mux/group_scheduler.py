@@ -2,7 +2,7 @@
 
 One process per group holds the group's lease (``GROUP_DIR/control/lease``, generations: a second
 scheduler refuses to start, a stale one is fenced). Every ``group.poll_interval_s`` it builds a
-:class:`~slurm_rl.scheduler.mux.rotation.GroupView` from files only (level-triggered): which
+:class:`~slurm_rl.mux.rotation.GroupView` from files only (level-triggered): which
 ranks wait for a grant (``control/members``), which slots were released (``control/releases``),
 each job's rollout progress and health (its own RUN_DIR: coordinator status, progress,
 heartbeats). It calls the same :func:`rotation.decide` the simulator calls and publishes each
@@ -34,8 +34,8 @@ from slurm_rl.control.status import read_coordinator_status, write_coordinator_s
 from slurm_rl.scheduler.errors import GroupTimeout
 from slurm_rl.fsio import stat_key
 from slurm_rl.mux.membership import membership_lock
-from slurm_rl.scheduler.mux.group_sim import with_member
-from slurm_rl.scheduler.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
+from slurm_rl.mux.group_sim import with_member
+from slurm_rl.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
                                              grant_to_json, initial_grant)
 
 HEARTBEAT_TIMEOUT_S = 30.0  # when a job's config does not say otherwise
@@ -245,7 +245,7 @@ def run_group_scheduler(group_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_rl.scheduler.group_coordinator")
+    parser = argparse.ArgumentParser(prog="python -m slurm_rl.mux.group_scheduler")
     parser.add_argument("group_dir", type=Path)
     return run_group_scheduler(parser.parse_args(argv).group_dir)
 

@@ -25,8 +25,8 @@ import math
 from typing import Any, Mapping, Sequence
 
 from slurm_rl.config import Config
-from slurm_rl.scheduler.mux.group_sim import simulate_group, solo_time
-from slurm_rl.scheduler.mux.model import JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.group_sim import simulate_group, solo_time
+from slurm_rl.mux.model import JobProfile, Pools, SwitchCosts
 from slurm_rl.scheduler.policies import make_policy
 from slurm_rl.scheduler.simulate import build_setup
 from slurm_rl.scheduler.simulator import Simulation, SimSetup

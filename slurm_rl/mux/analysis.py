@@ -10,7 +10,7 @@ works back to back and the meta-iteration lasts about ``load``; below that it la
 warm switch when the group has several members) until it repeats, and gives each member's
 slowdown: its iteration period over its ``T_solo`` on its own pools. Under strict round-robin every
 member's period is the meta-iteration; under ``work_conserving`` (a free pool serves the next
-*ready* member, see :mod:`slurm_rl.scheduler.mux.rotation`) a short-cycle member may run several
+*ready* member, see :mod:`slurm_rl.mux.rotation`) a short-cycle member may run several
 iterations per iteration of a long-cycle partner, and each member has its own period.
 """
 
@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from slurm_rl.scheduler.mux.model import GroupSpec
+from slurm_rl.mux.model import GroupSpec
 
 #: Slowdowns within this of the SLO pass (float noise).
 SLO_EPS = 1e-9

@@ -32,7 +32,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from slurm_rl.scheduler.mux.model import JobProfile, SwitchCosts
+from slurm_rl.mux.model import JobProfile, SwitchCosts
 
 GPUS_PER_NODE = 8
 HOST_BYTES_PER_NODE = 1.0e12

@@ -32,9 +32,9 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from slurm_rl.scheduler.mux.admission import KINDS, ClusterSpec, place, place_hybrid
-from slurm_rl.scheduler.mux.group_sim import GroupResult, GroupSim
-from slurm_rl.scheduler.mux.model import (
+from slurm_rl.mux.admission import KINDS, ClusterSpec, place, place_hybrid
+from slurm_rl.mux.group_sim import GroupResult, GroupSim
+from slurm_rl.mux.model import (
     GPU_PRICE,
     ColocatedModel,
     POOL_GPU,

@@ -20,7 +20,7 @@ handed out in the members' cyclic order under one of two schedules (``GroupView.
   a member may now wait for a partner's *extra* phase that strict round-robin would not have run
   (at most one per pool per iteration), so a long-cycle member with a tight SLO can be slowed more
   than under round-robin; admission predicts with the schedule in force
-  (:func:`slurm_rl.scheduler.mux.analysis.meta_iteration`).
+  (:func:`slurm_rl.mux.analysis.meta_iteration`).
 
 A pool's *turn* is the (job, iteration) phase that owns it: it receives every slot of the pool
 that is free and that the job's ranks sit on. A turn ends when the job has released every one of

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from slurm_rl.scheduler.mux.analysis import (SLO_EPS, meta_iteration, member_phases, parked_bytes,
+from slurm_rl.mux.analysis import (SLO_EPS, meta_iteration, member_phases, parked_bytes,
                                              residency_problems)
-from slurm_rl.scheduler.mux.model import (GPU_PRICE, POOL_GPU, ColocatedModel, GroupSpec, JobProfile, Pools,
+from slurm_rl.mux.model import (GPU_PRICE, POOL_GPU, ColocatedModel, GroupSpec, JobProfile, Pools,
                                           slots_cost_per_hour)
-from slurm_rl.scheduler.mux.rotation import SCHEDULES
+from slurm_rl.mux.rotation import SCHEDULES
 
 KINDS = ("direct", "scaled", "new", "colocated", "refused")
 SLO_CHECKS = ("conservative", "both")
