@@ -179,6 +179,25 @@ def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> No
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", BACKENDS)
+def test_work_conserving_group_keeps_slots_exclusive_and_every_sample_once(tmp_path: Path, device: str) -> None:
+    """``group.schedule: work_conserving`` (a free pool serves the next ready job): the grants follow
+    it, each pool serves every phase of every job once, in on-policy order per job."""
+    jobs = {"a": job_config(device, tmp_path / "unused-a", iterations=2, seed=31),
+            "b": job_config(device, tmp_path / "unused-b", iterations=3, seed=32)}
+    spec, result = run_group(write_group(tmp_path, device, jobs, schedule="work_conserving"))
+    assert result.ok, result
+    assert json.loads((spec.dir / "group.json").read_text())["schedule"] == "work_conserving"
+    t = turns(spec.dir)
+    for pool in ("rollout", "train"):
+        for name, cfg in jobs.items():
+            assert [k for j, k in t[pool] if j == name] == list(range(cfg["train"]["num_iterations"])), t
+    check_slots_exclusive(spec.dir)
+    for name, cfg in jobs.items():
+        check_every_sample_once(GroupPaths(spec.dir).job_dir(name), cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", BACKENDS)
 def test_long_tail_migration_moves_the_tail_and_loses_no_sample(tmp_path: Path, device: str) -> None:
     """The tail of a job's rollout ends on one slot; the next job starts on the freed ones.
 

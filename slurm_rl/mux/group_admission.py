@@ -73,8 +73,8 @@ def admit(spec: GroupSpec, host_memory_gb: float | None, gpus_per_node: int) -> 
     switch = {"rollout": 2 * spec.park_s, "train": 2 * spec.park_s}
     names = [j.name for j in spec.jobs]
     args = (spec.pools["rollout"], spec.pools["train"], spec.tail_fraction, spec.tail_slots, switch)
-    expected = predict_group([j.cfg for j in spec.jobs], names, *args)
-    maxlen = predict_group([_conservative(j) for j in spec.jobs], names, *args)
+    expected = predict_group([j.cfg for j in spec.jobs], names, *args, schedule=spec.schedule)
+    maxlen = predict_group([_conservative(j) for j in spec.jobs], names, *args, schedule=spec.schedule)
     figures["predicted_slowdown"] = {"expected_lengths": expected["slowdown"], "max_lengths": maxlen["slowdown"]}
     figures["predicted_makespan_s"] = round(expected["makespan_s"], 2)
     for job in spec.jobs:

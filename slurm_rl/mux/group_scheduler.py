@@ -168,7 +168,8 @@ class GroupLoop:
                                 released=released, rollout_fraction=finished / max(1, samples), out=job in self.out,
                                 rollout_left=samples - finished, slot_capacity=int(spec.get("slot_capacity", 0)))
         return GroupView(members=self.members, jobs=jobs, tail_fraction=float(self.group["tail_fraction"]),
-                         tail_slots=int(self.group["tail_slots"]))
+                         tail_slots=int(self.group["tail_slots"]),
+                         schedule=str(self.group.get("schedule", "round_robin")))
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self, grant: GroupGrant, events: list[str]) -> None:
