@@ -103,7 +103,7 @@ def _slowdowns(group: GroupSpec, newcomer: JobProfile, conservative: bool) -> di
     return out
 
 
-def _check(group: GroupSpec, newcomer: JobProfile, how: str) -> tuple[dict[str, float], list[str]]:
+def check_slo(group: GroupSpec, newcomer: JobProfile, how: str) -> tuple[dict[str, float], list[str]]:
     """(conservative slowdowns, problems: SLO violations) of ``group`` with ``newcomer`` in it."""
     slos = {j.name: j.slo for j in group.members}
     slow = _slowdowns(group, newcomer, conservative=True)
@@ -174,13 +174,13 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
             rejected["residency"] = rejected.get("residency", 0) + 1
             notes.append(f"group {g.gid}: residency: {problems[0]}")
             continue
-        slow, bad = _check(cand, job, cluster.slo_check)
+        slow, bad = check_slo(cand, job, cluster.slo_check)
         if not bad:
             add("direct", 0, g, cand, 0, slow)
             continue
         for k in range(1, cluster.max_added_rollout_slots + 1):
             scaled = _with_rollout_slots(cand, k)
-            slow_k, bad_k = _check(scaled, job, cluster.slo_check)
+            slow_k, bad_k = check_slo(scaled, job, cluster.slo_check)
             if not bad_k:
                 add("scaled", 1, g, scaled, k, slow_k)
                 break
@@ -192,7 +192,7 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
                       schedule=cluster.schedule)
     own = empty.with_member(job)
     problems = residency_problems(own)
-    slow, bad = _check(own, job, cluster.slo_check)
+    slow, bad = check_slo(own, job, cluster.slo_check)
     if problems:
         reason = f"residency: even alone {problems[0]}"
     elif bad:

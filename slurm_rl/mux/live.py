@@ -121,7 +121,7 @@ def read_cluster(cluster_dir: str | Path, *, now: float | None = None, stale_s: 
     for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if (sub / "group.json").is_file():
             rec = submitted.get(sub.name, {})
-            out[sub.name] = _read_group(sub, now, stale_s, rec.get("sbatch_job"), profiles)
+            out[sub.name] = read_group(sub, now, stale_s, rec.get("sbatch_job"), profiles)
     query = queued if queued is not None else squeue_states
     waiting = {n: r for n, r in submitted.items() if n not in out or out[n].state == "pending"}
     states = query([r["sbatch_job"] for r in waiting.values() if r.get("sbatch_job")]) if waiting else {}
@@ -176,7 +176,10 @@ def _colocated(root: Path, name: str, rec: Mapping[str, Any], states: Mapping[st
                      sbatch_job=job, colocated=True, gpus_held=rec.get("gpus"))
 
 
-def _read_group(gdir: Path, now: float, stale_s: float, sbatch_job: str | None, profiles: bool) -> LiveGroup:
+def read_group(gdir: Path, now: float, stale_s: float = STALE_S, sbatch_job: str | None = None,
+               profiles: bool = True) -> LiveGroup:
+    """One group from its files: state, pools, members still in the rotation and (``profiles``)
+    their admission profiles, measured phase times where the group recorded them."""
     doc = read_json(gdir / "group.json")
     paths = GroupPaths(gdir)
     status = read_coordinator_status(paths)
