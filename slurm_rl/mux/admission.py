@@ -225,18 +225,22 @@ def predict_colocated(job: JobProfile, cluster: ClusterSpec = ClusterSpec(),
                       model: ColocatedModel = ColocatedModel()) -> ColocatedPrediction:
     """Cost and slowdowns of ``job`` co-located (:class:`~.model.ColocatedModel`): each iteration's
     rollout on the training slots at the H800 decode speed and lanes, then its training, plus
-    both warm switches; slowdowns against its solo iteration (max-length and expected phase times,
-    as the SLO check of :func:`place`), the cold start counted on both sides."""
+    both warm switches; slowdowns against its solo iteration (max-length and expected phase times),
+    the cold start counted on both sides; the SLO check is on expected times (see below)."""
     cold = job.switch.cold_s
     expected = cold + job.iterations * model.expected_iteration_s(job)
     solo_expected = cold + job.iterations * job.solo_iteration_s()
     worst = cold + job.iterations * model.conservative_iteration_s(job)
     solo_worst = cold + job.iterations * job.solo_iteration_s(conservative=True)
     slow, slow_e = worst / solo_worst, expected / solo_expected
+    # Alone on its GPUs a job has no partner whose phase lengths could stretch its own: its
+    # co-located and solo times both scale with its own responses, so the check is on expected
+    # times. (Max-length profiles inflate rollout and training unevenly, and the rollout runs at
+    # another speed co-located: their ratio overstated co-located slowdowns and sent jobs that
+    # keep their SLO co-located to groups of their own: 0.976x co-located in tools/bench_mux.py
+    # against 0.997x, both at 100 % SLO attainment.) ``slowdown`` still reports the max-length figure.
     problems = []
-    if slow > job.slo + SLO_EPS:
-        problems.append(f"{job.name} {slow:.2f}x > SLO {job.slo:.2f}x co-located (max-length times)")
-    if cluster.slo_check == "both" and slow_e > job.slo + SLO_EPS:
+    if slow_e > job.slo + SLO_EPS:
         problems.append(f"{job.name} {slow_e:.2f}x > SLO {job.slo:.2f}x co-located (expected times)")
     rate = job.train_slots * cluster.gpus_per_slot * GPU_PRICE[POOL_GPU["train"]]
     return ColocatedPrediction(expected, rate, rate * expected / 3600, slow, slow_e, tuple(problems))
@@ -248,8 +252,8 @@ def place_hybrid(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterS
     would be ``new`` or ``refused``), ``colocated`` — actor and rollout one after the other on its
     own training GPUs — when the cost model predicts that cheaper over the job's life than a new
     disaggregated group of its own, or when a new group is refused, provided its co-located
-    slowdown keeps its SLO (the same check as :func:`place`: max-length times, and expected times
-    with ``slo_check="both"``). A job neither can run within its SLO stays ``refused``.
+    slowdown keeps its SLO (expected times: :func:`predict_colocated`). A job neither can run
+    within its SLO stays ``refused``.
 
     Costs are compared over the job's expected life whatever ``cluster.cost_basis`` says: the two
     options differ in duration as well as in price per hour (a co-located job holds fewer,
