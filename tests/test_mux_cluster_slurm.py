@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import yaml
 from emulated_configs import write_config
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.mux.membership import group_state
+from resume_helpers import wait_until
 from test_mux_live import job_config
 from test_scheduling_backends import check_every_sample_once
 
@@ -34,14 +34,6 @@ def small_job(run_dir: Path, iterations: int, seed: int) -> dict:
                       "component_placement": {"actor": "0", "inference": "1", "rollout": "2"}}
     cfg["runtime"]["keep_iterations"] = iterations  # every iteration's data stays for the check
     return cfg
-
-
-def _wait(what: str, done, timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout_s:.0f}s for {what}")
-        time.sleep(0.1)
 
 
 def test_place_direct_new_and_refused_on_slurm(slurm_cluster, tmp_path: Path) -> None:
@@ -61,7 +53,7 @@ def test_place_direct_new_and_refused_on_slurm(slurm_cluster, tmp_path: Path) ->
         proc = slurm_cluster.run("sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=3", "--gres=gpu:3",
                                  f"--output={tmp_path / g}.out", str(REPO / "sbatch" / "mux.sh"), str(tmp_path / f"{g}.yaml"))
         slurm_ids.append(proc.stdout.strip().split(";")[0])
-    _wait("both groups to run", lambda: all(group_state(cluster / g)[0] == "running" for g in ("g1", "g2")))
+    wait_until("both groups to run", lambda: all(group_state(cluster / g)[0] == "running" for g in ("g1", "g2")), TIMEOUT_S)
 
     def place(name: str, slo: float) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", "place", str(tmp_path / f"{name}.yaml"),
@@ -84,7 +76,7 @@ def test_place_direct_new_and_refused_on_slurm(slurm_cluster, tmp_path: Path) ->
 
     slurm_ids.append(str(d["action"]["sbatch_job"]))
     for job_id in slurm_ids:
-        _wait(f"Slurm job {job_id} to end", lambda: slurm_cluster.job_gone(job_id))
+        wait_until(f"Slurm job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), TIMEOUT_S)
     log = [json.loads(line) for line in (cluster / "placements.jsonl").read_text().splitlines()]
     assert [(r["job"], r["kind"]) for r in log] == [("c", "direct"), ("d", "new"), ("e", "refused")], log
     assert all(r.get("reason") for r in log)

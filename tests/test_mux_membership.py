@@ -10,11 +10,9 @@ its next gate, its ranks exit: their memory is gone, and it leaves the rotation)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,20 +22,12 @@ from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.mux.launcher import prepare_group, run_group_local
+from resume_helpers import wait_until
 from test_mux_live import BACKENDS, check_slots_exclusive, job_config, turns, write_group
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 
 REPO = Path(__file__).resolve().parents[1]
-WAIT_S = 120.0
-
-
-def _wait(what: str, done, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout_s:.0f}s for {what}")
-        time.sleep(0.05)
 
 
 def _granted(group_dir: Path, pool: str, job: str) -> bool:
@@ -85,10 +75,10 @@ class _Driver(threading.Thread):
 
     def run(self) -> None:
         try:
-            _wait("a's first rollout turn", lambda: (self.group_dir / "control" / "grants").is_dir()
+            wait_until("a's first rollout turn", lambda: (self.group_dir / "control" / "grants").is_dir()
                   and _granted(self.group_dir, "rollout", "a"))
             self.add = self._cli("add", str(self.group_dir), "c", str(self.c_config), "--slo", "4")
-            _wait("c's first rollout turn", lambda: _granted(self.group_dir, "rollout", "c"))
+            wait_until("c's first rollout turn", lambda: _granted(self.group_dir, "rollout", "c"))
             b_dir = GroupPaths(self.group_dir).job_dir("b")
             self.b_pids = _rank_pids(b_dir)
             self.b_rss_kb = {r: _rss_kb(p) for r, p in self.b_pids.items() if _alive(p)}

@@ -7,11 +7,9 @@ same functions ``sbatch/mux.sh`` calls, and on the local Slurm cluster with
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from identity import assert_losses_match
 from resume_helpers import outcome
@@ -21,6 +19,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.mux.launcher import prepare_group, run_group_local
 from slurm_rl.mux.group_requeue import decide, resume_group, stop_group
+from resume_helpers import wait_until
 from test_mux_live import REPO, job_config, turns, write_group
 from test_scheduling_backends import check_every_sample_once
 
@@ -31,14 +30,6 @@ ITERATIONS = 3
 def _jobs(device: str, tmp: Path) -> dict[str, dict]:
     return {"a": job_config(device, tmp / "x", iterations=ITERATIONS, seed=1),
             "b": job_config(device, tmp / "y", iterations=ITERATIONS, seed=2)}
-
-
-def _wait(what: str, done, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout_s:.0f}s for {what}")
-        time.sleep(0.02)
 
 
 def assert_same_members(group_dir: Path, reference: Path, cfgs: dict[str, dict]) -> None:
@@ -77,7 +68,7 @@ def test_stopped_group_resumes_every_member_from_its_checkpoint(tmp_path: Path, 
     asked: list[str] = []
 
     def preempt() -> None:  # what sbatch/mux.sh does on USR1, once both are inside iteration 0
-        _wait("b's first rollout turn", lambda: (spec.dir / "control" / "grants").is_dir()
+        wait_until("b's first rollout turn", lambda: (spec.dir / "control" / "grants").is_dir()
               and ("b", 0) in turns(spec.dir)["rollout"])
         asked.extend(stop_group(spec.dir, "USR1 (test)"))
 
@@ -125,10 +116,10 @@ def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path, un
                              "--open-mode=append", f"--output={log}", str(REPO / "sbatch" / "mux.sh"), str(path))
     job_id = proc.stdout.strip().split(";")[0]
     group_dir = tmp_path / "group"
-    _wait("b's first rollout turn", lambda: (group_dir / "control" / "grants").is_dir()
+    wait_until("b's first rollout turn", lambda: (group_dir / "control" / "grants").is_dir()
           and ("b", 0) in turns(group_dir)["rollout"], JOB_TIMEOUT_S)
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job_id)
-    _wait(f"job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), JOB_TIMEOUT_S)
+    wait_until(f"job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), JOB_TIMEOUT_S)
     text = log.read_text()
     assert "USR1 (preemption/time limit) received" in text, text
     assert f"requeueing job {job_id}" in text and f"resuming group {group_dir}" in text, text

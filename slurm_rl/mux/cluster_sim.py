@@ -42,7 +42,6 @@ from slurm_rl.mux.model import (
     GroupSpec,
     JobProfile,
     Pools,
-    schedule_rollout,
     solo_pools,
 )
 
