@@ -121,28 +121,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prepare-only", action="store_true",
                    help="validate and create the group dir, print it, launch nothing (sbatch/mux.sh)")
 
-    p = command("mux-add", "mux add: ask a running group to take a job (admission as for a declared group; "
-                "refused: exit 2 with the reason)", prog="slurm-rl mux add")
-    p.add_argument("group_dir", type=Path, help="GROUP_DIR of the running group")
-    p.add_argument("name", help="the job's name in the group (lower-case letters, digits, '_', '-')")
-    p.add_argument("config", help="the job's run config (YAML)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides of the job's config")
-    p.add_argument("--slo", type=float, default=None, help="tolerated slowdown versus running alone (default: 2.0)")
-    p.add_argument("--max-response-length", type=int, default=None, metavar="N",
-                   help="the conservative profile's response length (default: emulated.response_len_max)")
-    p.add_argument("--dry-run", action="store_true", help="admit or refuse, print the figures, change nothing")
-    p.add_argument("--json", action="store_true", help="print the admission figures as JSON")
-
-    p = command("mux-remove", "mux remove: a job leaves a running group (it checkpoints at its next gate and "
-                "its ranks exit, freeing what they parked)", prog="slurm-rl mux remove")
-    p.add_argument("group_dir", type=Path, help="GROUP_DIR of the running group")
-    p.add_argument("name", help="the member to remove")
-    p.add_argument("--reason", default="removed from the group", help="recorded with the leave")
-
-    from slurm_rl.mux.placer_cli import add_place_parser
-
-    add_place_parser(sub, formatter=_Formatter)
-
     p = command("submit", "submit a run (or, with --group, a co-execution group) with submitit")
     _config_args(p)
     p.add_argument("--executor", default="slurm", choices=["slurm", "local"],
@@ -408,6 +386,40 @@ def cmd_mux(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
+def _mux_verbs() -> dict[str, tuple[argparse.ArgumentParser, Any]]:
+    """``slurm-rl mux add|remove|place``: each verb's parser and command (parsed apart from the
+    ``mux GROUP.yaml`` command, whose first argument is a file)."""
+    from slurm_rl.mux.placer_cli import add_place_parser
+
+    verbs = argparse.ArgumentParser(prog="slurm-rl mux").add_subparsers(dest="command")
+
+    def command(name: str, text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, prog=f"slurm-rl mux {name}", help=text, description=text,
+                                formatter_class=_Formatter, **kwargs)
+
+    p = command("add", "ask a running group to take a job (admission as for a declared "
+                "group; refused: exit 2 with the reason)")
+    p.add_argument("group_dir", type=Path, help="GROUP_DIR of the running group")
+    p.add_argument("name", help="the job's name in the group (lower-case letters, digits, '_', '-')")
+    p.add_argument("config", help="the job's run config (YAML)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the job's config")
+    p.add_argument("--slo", type=float, default=None, help="tolerated slowdown versus running alone (default: 2.0)")
+    p.add_argument("--max-response-length", type=int, default=None, metavar="N",
+                   help="the conservative profile's response length (default: emulated.response_len_max)")
+    p.add_argument("--dry-run", action="store_true", help="admit or refuse, print the figures, change nothing")
+    p.add_argument("--json", action="store_true", help="print the admission figures as JSON")
+
+    p = command("remove", "a job leaves a running group (it checkpoints at its next "
+                "gate and its ranks exit, freeing what they parked)")
+    p.add_argument("group_dir", type=Path, help="GROUP_DIR of the running group")
+    p.add_argument("name", help="the member to remove")
+    p.add_argument("--reason", default="removed from the group", help="recorded with the leave")
+
+    add_place_parser(verbs, name="place", formatter=_Formatter)
+    return {name: (parser, {"add": cmd_mux_add, "remove": cmd_mux_remove, "place": cmd_mux_place}[name])
+            for name, parser in verbs.choices.items()}
+
+
 def cmd_mux_add(args: argparse.Namespace) -> int:
     from slurm_rl.mux.membership import add_job
 
@@ -527,9 +539,6 @@ COMMANDS = {
     "run": cmd_run,
     "stop": cmd_stop,
     "mux": cmd_mux,
-    "mux-add": cmd_mux_add,
-    "mux-remove": cmd_mux_remove,
-    "mux-place": cmd_mux_place,
     "submit": cmd_submit,
     "prepare": cmd_prepare,
     "export": cmd_export,
@@ -551,14 +560,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from slurm_rl.config import ConfigError
     from slurm_rl.errors import InputError, SlurmRLError
 
-    parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if first is not None and argv[first] == "mux" and argv[first + 1:first + 2] and argv[first + 1] in MUX_VERBS:
-        argv = [*argv[:first], f"mux-{argv[first + 1]}", *argv[first + 2:]]  # `mux add ...` -> mux-add
-    args = parser.parse_args(argv)
+    if (first is not None and set(argv[:first]) <= {"--debug"} and argv[first] == "mux"
+            and argv[first + 1:first + 2] and argv[first + 1] in MUX_VERBS):
+        verb_parser, run = _mux_verbs()[argv[first + 1]]
+        args = verb_parser.parse_args(argv[first + 2:])
+        args.debug = "--debug" in argv[:first]
+    else:
+        args = _parser().parse_args(argv)
+        run = COMMANDS[args.command]
     try:
-        return COMMANDS[args.command](args)
+        return run(args)
     except Exception as exc:
         if _debug(args):
             traceback.print_exc()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_rl.cli import COMMANDS, _Formatter, _parser, main
+from slurm_rl.cli import COMMANDS, MUX_VERBS, _Formatter, _mux_verbs, _parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 MUX = REPO / "configs" / "examples" / "mux"
@@ -49,7 +49,18 @@ def test_top_level_help_is_plain_text_and_lists_every_command() -> None:
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_option_has_help_and_shows_its_default(command: str) -> None:
-    parser = _subparsers()[command]
+    _check_options(command, _subparsers()[command])
+
+
+@pytest.mark.parametrize("verb", sorted(MUX_VERBS))
+def test_every_mux_verb_option_has_help_and_shows_its_default(verb: str) -> None:
+    """``slurm-rl mux add|remove|place`` (parsed apart from ``mux GROUP.yaml``)."""
+    parser, _ = _mux_verbs()[verb]
+    assert parser.prog == f"slurm-rl mux {verb}"
+    _check_options(f"mux {verb}", parser)
+
+
+def _check_options(command: str, parser: argparse.ArgumentParser) -> None:
     text = parser.format_help()  # raises on a stray '%' in a help string (argparse formats help with %)
     assert "%(" not in text
     formatter = _Formatter(prog=parser.prog)

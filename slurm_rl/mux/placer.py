@@ -406,7 +406,7 @@ def _act_colocated(cluster_dir: Path, p: Placement, config: Path, overrides: Seq
     return replace(p, group=run, action={**action, "submitted": True, "sbatch_job": job_id})
 
 
-class _Failed(Exception):
+class _Failed(LaunchError):
     """An action failed after the decision: the placement to log, and the error to raise."""
 
     def __init__(self, placement: Placement, error: Exception) -> None:

@@ -28,7 +28,7 @@ def add_place_parser(subparsers: Any, name: str = "mux-place",
     p.add_argument("config", help="the job's run config (YAML)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the job's config")
     p.add_argument("--cluster", type=Path, required=True, metavar="DIR",
-                   help="cluster dir: its group dirs, groups/*.yaml and placements.jsonl")
+                   help="cluster dir: its group dirs, groups/*.yaml and placements.jsonl (required)")
     p.add_argument("--name", default=None, help="the job's name (default: from the config's file name)")
     p.add_argument("--slo", type=float, default=2.0, help="tolerated slowdown versus running alone")
     p.add_argument("--max-response-length", type=int, default=None, metavar="N",
