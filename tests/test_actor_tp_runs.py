@@ -85,8 +85,12 @@ def test_tp2_under_auto_trains_as_the_static_tp2_run(backend: str, tmp_path_fact
             for policy in ("static", "auto")}
     layouts = {policy: _actor_layouts(d) for policy, d in runs.items()}
     assert layouts["static"] == [[(2, 2)] * 4] * ITERATIONS
-    for it in layouts["auto"]:  # TP 2 throughout; DP 1 and 2 inside every iteration
-        assert {tp for _, tp in it} == {2} and {n for n, _ in it} == {2, 4}, layouts["auto"]
+    # TP 2 throughout, DP 1 or 2; the actor changes DP inside an iteration (when and how often is
+    # the auto policy's call on the timings it sees: on 2 loaded cores one iteration ran at DP 2 from
+    # its first mini-batch)
+    for it in layouts["auto"]:
+        assert {tp for _, tp in it} == {2} and {n for n, _ in it} <= {2, 4}, layouts["auto"]
+    assert any({n for n, _ in it} == {2, 4} for it in layouts["auto"]), layouts["auto"]
     samples = {policy: [m["samples"] for m in read_metrics(d)] for policy, d in runs.items()}
     assert samples["auto"] == samples["static"]
     if backend == "cpu":

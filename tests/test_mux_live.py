@@ -30,6 +30,7 @@ from slurm_rl.mux.launcher import prepare_group, run_group_local
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
+from shared_runs import shared_root, shared_run
 from toy_data import TOY_DATA, TOY_REWARD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,14 +147,28 @@ def run_group(path: Path):
     return spec, run_group_local(spec.dir, log=lambda m: None)
 
 
+def round_robin_jobs(device: str, tmp: Path) -> dict[str, dict]:
+    """Two jobs of 2 iterations; the group file's order (b, a) is not the alphabetical one."""
+    return {"b": job_config(device, tmp / "unused-b", seed=22), "a": job_config(device, tmp / "unused-a", seed=11)}
+
+
+def shared_group(tmp_path_factory, device: str) -> Path:
+    """The finished group of :func:`round_robin_jobs`, run once per session (the uninterrupted
+    reference of the group requeue test too); its group dir."""
+    def make(base: Path) -> tuple[Path, str]:
+        spec, result = run_group(write_group(base, device, round_robin_jobs(device, base)))
+        assert result.ok, result
+        return spec.dir, ""
+
+    return shared_run(shared_root(tmp_path_factory), f"mux-round-robin-{device}", make)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", BACKENDS)
-def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> None:
+def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, tmp_path_factory, device: str) -> None:
     # the group file's order is the round-robin order (here not the alphabetical one)
-    jobs = {"b": job_config(device, tmp_path / "unused-b", seed=22), "a": job_config(device, tmp_path / "unused-a", seed=11)}
-    spec, result = run_group(write_group(tmp_path, device, jobs))
-    assert result.ok, result
-    group_dir = spec.dir
+    jobs = round_robin_jobs(device, tmp_path)
+    group_dir = shared_group(tmp_path_factory, device)
     t = turns(group_dir)
     assert t["rollout"] == [("b", 0), ("a", 0), ("b", 1), ("a", 1)], t
     assert t["train"] == [("b", 0), ("a", 0), ("b", 1), ("a", 1)], t
@@ -182,8 +197,8 @@ def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, device: str) -> No
 def test_work_conserving_group_keeps_slots_exclusive_and_every_sample_once(tmp_path: Path, device: str) -> None:
     """``group.schedule: work_conserving`` (a free pool serves the next ready job): the grants follow
     it, each pool serves every phase of every job once, in on-policy order per job."""
-    jobs = {"a": job_config(device, tmp_path / "unused-a", iterations=2, seed=31),
-            "b": job_config(device, tmp_path / "unused-b", iterations=3, seed=32)}
+    jobs = {"a": job_config(device, tmp_path / "unused-a", iterations=1, seed=31),
+            "b": job_config(device, tmp_path / "unused-b", iterations=2, seed=32)}
     spec, result = run_group(write_group(tmp_path, device, jobs, schedule="work_conserving"))
     assert result.ok, result
     assert json.loads((spec.dir / "group.json").read_text())["schedule"] == "work_conserving"

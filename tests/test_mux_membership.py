@@ -28,6 +28,9 @@ from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 
 REPO = Path(__file__).resolve().parents[1]
+# b runs until it is removed: far more iterations than it can run before (a removal that did not work
+# shows as b running on, not as a test that passed by luck)
+B_ITERATIONS = 200
 
 
 def _granted(group_dir: Path, pool: str, job: str) -> bool:
@@ -93,7 +96,8 @@ def joined_group(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"membership-{device}")
     iterations = 3 if device == "emulated" else 2
     jobs = {"a": job_config(device, tmp / "x", iterations=iterations, seed=1),
-            "b": job_config(device, tmp / "y", iterations=iterations + 6, seed=2)}
+            "b": job_config(device, tmp / "y", iterations=B_ITERATIONS, seed=2)}
+    jobs["b"]["runtime"]["keep_iterations"] = B_ITERATIONS  # what b trained before it left stays readable
     path = write_group(tmp, device, jobs, schedule="round_robin")
     c_cfg = job_config(device, tmp / "z", iterations=iterations, seed=3)
     write_config(tmp / "c.yaml", c_cfg)

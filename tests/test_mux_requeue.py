@@ -20,24 +20,19 @@ from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.mux.launcher import prepare_group, run_group_local
 from slurm_rl.mux.group_requeue import decide, resume_group, stop_group
 from resume_helpers import wait_until
-from test_mux_live import REPO, job_config, turns, write_group
+from test_mux_live import REPO, job_config, round_robin_jobs, shared_group, turns, write_group
 from test_scheduling_backends import check_every_sample_once
 
 BACKENDS = ["emulated", pytest.param("cpu", marks=pytest.mark.slow)]
-ITERATIONS = 3
+ITERATIONS = 2  # round_robin_jobs'
 
 
-def _jobs(device: str, tmp: Path) -> dict[str, dict]:
-    return {"a": job_config(device, tmp / "x", iterations=ITERATIONS, seed=1),
-            "b": job_config(device, tmp / "y", iterations=ITERATIONS, seed=2)}
-
-
-def assert_same_members(group_dir: Path, reference: Path, cfgs: dict[str, dict]) -> None:
+def assert_same_members(group_dir: Path, reference: Path, cfgs: dict[str, dict], iterations: int = ITERATIONS) -> None:
     """Each member: same per-iteration samples, rewards, mini-batches and per-step losses as in the
     uninterrupted group, every sample produced and trained once."""
     for name, cfg in cfgs.items():
         got, ref = outcome(GroupPaths(group_dir).job_dir(name)), outcome(GroupPaths(reference).job_dir(name))
-        assert [m["iteration"] for m in got] == list(range(ITERATIONS)), got
+        assert [m["iteration"] for m in got] == list(range(iterations)), got
         for x, y in zip(got, ref):
             assert {k: v for k, v in x.items() if k != "losses"} == {k: v for k, v in y.items() if k != "losses"}
             assert (x["losses"] is None) == (y["losses"] is None)
@@ -45,48 +40,35 @@ def assert_same_members(group_dir: Path, reference: Path, cfgs: dict[str, dict])
         check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfg)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(device: str) -> Path:
-        if device not in made:
-            tmp = tmp_path_factory.mktemp(f"mux-reference-{device}")
-            spec = prepare_group(write_group(tmp, device, _jobs(device, tmp)))
-            assert run_group_local(spec.dir, log=lambda m: None).ok
-            made[device] = spec.dir
-        return made[device]
-
-    return get
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("device", BACKENDS)
-def test_stopped_group_resumes_every_member_from_its_checkpoint(tmp_path: Path, device: str, uninterrupted) -> None:
-    jobs = _jobs(device, tmp_path)
+def test_stopped_group_resumes_every_member_from_its_checkpoint(tmp_path: Path, device: str, tmp_path_factory) -> None:
+    jobs = round_robin_jobs(device, tmp_path)
     spec = prepare_group(write_group(tmp_path, device, jobs))
     asked: list[str] = []
 
-    def preempt() -> None:  # what sbatch/mux.sh does on USR1, once both are inside iteration 0
+    def preempt() -> None:  # what sbatch/mux.sh does on USR1, here at the gate of iteration 1 for every
+        # member whatever the timing: asked once b's first rollout turn is granted (b is inside iteration 0,
+        # a has not passed gate 1: it waits for the rollout pool b holds)
         wait_until("b's first rollout turn", lambda: (spec.dir / "control" / "grants").is_dir()
-              and ("b", 0) in turns(spec.dir)["rollout"])
-        asked.extend(stop_group(spec.dir, "USR1 (test)"))
+                   and ("b", 0) in turns(spec.dir)["rollout"])
+        asked.extend(stop_group(spec.dir, "USR1 (test)", at_iteration=1))
 
     thread = threading.Thread(target=preempt, daemon=True)
     thread.start()
     first = run_group_local(spec.dir, log=lambda m: None)
     thread.join(timeout=30)
-    assert asked == ["a", "b"]
+    assert sorted(asked) == ["a", "b"]
     assert first.jobs == {"a": "stopped", "b": "stopped"}, first.jobs
     stopped_at = {}
     for name in jobs:
         status = read_coordinator_status(RunPaths(GroupPaths(spec.dir).job_dir(name)))
         assert status is not None and status.state == "stopped" and status.checkpoint, status
         stopped_at[name] = status.stopped_at_iteration
-        assert 0 < stopped_at[name] < ITERATIONS, stopped_at
+    assert stopped_at == {"a": 1, "b": 1}, stopped_at
     decision = decide(spec.dir)
     assert decision.requeue, decision
-    assert resume_group(spec.dir) == ["a", "b"]
+    assert sorted(resume_group(spec.dir)) == ["a", "b"]
     second = run_group_local(spec.dir, log=lambda m: None)
     assert second.jobs == {"a": "finished", "b": "finished"}, second.jobs
     assert decide(spec.dir).finished
@@ -97,17 +79,23 @@ def test_stopped_group_resumes_every_member_from_its_checkpoint(tmp_path: Path, 
         for name in jobs:
             iters = [k for j, k in t[pool] if j == name]
             assert sorted(set(iters)) == list(range(ITERATIONS)), (pool, name, t)
-    assert [e["members"] for e in read_events(GroupPaths(spec.dir), "group_resumed")] == [["a", "b"]]
-    assert_same_members(spec.dir, uninterrupted(device), jobs)
+    assert [sorted(e["members"]) for e in read_events(GroupPaths(spec.dir), "group_resumed")] == [["a", "b"]]
+    assert_same_members(spec.dir, shared_group(tmp_path_factory, device), jobs)
 
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path, uninterrupted) -> None:
+def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path) -> None:
     """``scancel --signal=USR1 --batch``: the group checkpoints, requeues itself and resumes each member."""
     from test_requeue_slurm import JOB_TIMEOUT_S
 
-    jobs = _jobs("emulated", tmp_path)
+    # 4 iterations: the signal reaches the members a second or so after it is sent (scancel, the batch
+    # script's trap, the stop requests), and each stops at its next gate, inside the run
+    jobs = {name: job_config("emulated", tmp_path / f"unused-{name}", iterations=4, seed=seed)
+            for name, seed in (("b", 22), ("a", 11))}
+    (tmp_path / "reference").mkdir()
+    reference = prepare_group(write_group(tmp_path / "reference", "emulated", jobs))
+    assert run_group_local(reference.dir, log=lambda m: None).ok
     for cfg in jobs.values():
         cfg["runtime"]["poll_interval_s"] = 0.25  # iterations long enough to be interrupted inside
     path = write_group(tmp_path, "emulated", jobs)
@@ -116,8 +104,8 @@ def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path, un
                              "--open-mode=append", f"--output={log}", str(REPO / "sbatch" / "mux.sh"), str(path))
     job_id = proc.stdout.strip().split(";")[0]
     group_dir = tmp_path / "group"
-    wait_until("b's first rollout turn", lambda: (group_dir / "control" / "grants").is_dir()
-          and ("b", 0) in turns(group_dir)["rollout"], JOB_TIMEOUT_S)
+    wait_until("a's first rollout turn", lambda: (group_dir / "control" / "grants").is_dir()
+               and ("a", 0) in turns(group_dir)["rollout"], JOB_TIMEOUT_S)
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job_id)
     wait_until(f"job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), JOB_TIMEOUT_S)
     text = log.read_text()
@@ -127,4 +115,4 @@ def test_sbatch_mux_requeues_a_preempted_group(slurm_cluster, tmp_path: Path, un
     for name in jobs:
         kinds = [e["kind"] for e in read_events(RunPaths(GroupPaths(group_dir).job_dir(name)))]
         assert kinds.count("stopped") == 1 and kinds.count("resumed") == 1, kinds
-    assert_same_members(group_dir, uninterrupted("emulated"), jobs)
+    assert_same_members(group_dir, reference.dir, jobs, iterations=4)

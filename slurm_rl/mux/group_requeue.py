@@ -56,8 +56,9 @@ def member_states(group_dir: Path) -> dict[str, str | None]:
     return out
 
 
-def stop_group(group_dir: Path, reason: str) -> list[str]:
-    """Ask every member still in the rotation to checkpoint at its gate and stop; the members asked."""
+def stop_group(group_dir: Path, reason: str, at_iteration: int | None = None) -> list[str]:
+    """Ask every member still in the rotation to checkpoint at its gate (``at_iteration``: the gate
+    of that iteration or a later one; default the next) and stop; the members asked."""
     group_dir = Path(group_dir)
     group = read_json(group_dir / "group.json")
     request_stop(group_dir, reason)
@@ -65,7 +66,7 @@ def stop_group(group_dir: Path, reason: str) -> list[str]:
     asked = [job for job, state in member_states(group_dir).items()
              if job not in gone and state not in ("finished", "failed", "stopped")]
     for job in asked:
-        request_stop(_run_dir(group, job), reason)
+        request_stop(_run_dir(group, job), reason, at_iteration=at_iteration)
     append_event(GroupPaths(group_dir), "group_stop", {"reason": reason, "members": asked})
     return asked
 
