@@ -216,7 +216,7 @@ def decide(job_cfg: Config, name: str, slo: float, groups: Sequence[LiveGroup], 
             adm = replace(adm, max_added_rollout_slots=0)
         elif kind == "colocated" and cluster_spec.colocated_check is not None \
                 and (why := cluster_spec.colocated_check(need)) is not None:
-            fallbacks.append(f"co-located predicted, but the run cannot share its slots: {why}")
+            fallbacks.append(f"co-located predicted, but the run cannot share its slots: {why.split('; ')[0]}")
             hybrid = False
         elif kind in ("new", "colocated") and (free is None or free < need):
             fallbacks.append(f"capacity: a {'new group' if kind == 'new' else 'co-located run'} needs {need} GPUs, "
@@ -232,13 +232,14 @@ def decide(job_cfg: Config, name: str, slo: float, groups: Sequence[LiveGroup], 
         decision = _admit(job, specs, adm, hybrid)  # the choice among what is left
     kind = decision.kind
     group = names.get(decision.group) if decision.group is not None else None
-    if kind == "refused":
-        why = [*fallbacks, *notes]
+    if kind == "refused":  # what refuses it first (capacity, each group's SLO), then what was not carried out
+        why = [f for f in fallbacks if f.startswith("capacity")]
         for part in decision.reason.split("; "):  # the job alone misses its SLO or host memory; co-located
             if ("even alone" in part and not excluded_new) or part.startswith("co-located"):
                 why.append(part)
         if problem is None:
             why += [_why_not(job, s, names[s.gid]) for s in specs] or ["no running group to join under the cluster dir"]
+        why += [*notes, *(f for f in fallbacks if not f.startswith("capacity"))]
         reason = "; ".join(why)
     else:
         reason = decision.reason + (f" (the model's first choice, {predicted}, not carried out)" if fallbacks else "")
