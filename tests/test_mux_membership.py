@@ -172,18 +172,20 @@ def test_add_refuses_with_exit_2_and_the_reason(joined_group, tmp_path: Path) ->
     assert not (group_dir / "jobs" / "d").exists()
 
 
-def test_add_refuses_a_job_that_would_break_an_slo(tmp_path: Path) -> None:
+def test_add_refuses_a_job_that_would_break_an_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Admission against the group's members: a newcomer whose SLO cannot hold is refused, exit 2
     naming its SLO; a dry run of an admissible one changes nothing."""
+    from slurm_rl.cli import main
+
     jobs = {"a": job_config("emulated", tmp_path / "x", seed=1), "b": job_config("emulated", tmp_path / "y", seed=2)}
     spec = prepare_group(write_group(tmp_path, "emulated", jobs))
     write_config(tmp_path / "c.yaml", job_config("emulated", tmp_path / "z", seed=3))
-    cmd = [sys.executable, "-m", "slurm_rl.cli", "mux", "add", str(spec.dir), "c", str(tmp_path / "c.yaml")]
-    refused = subprocess.run([*cmd, "--slo", "1.05"], capture_output=True, text=True, cwd=REPO)
-    assert refused.returncode == 2, refused.stderr
-    assert "jobs.c.slo" in refused.stderr and "slower than alone" in refused.stderr, refused.stderr
-    dry = subprocess.run([*cmd, "--slo", "4", "--dry-run", "--json"], capture_output=True, text=True, cwd=REPO)
-    assert dry.returncode == 0, dry.stderr
-    figures = json.loads(dry.stdout)
+    cmd = ["mux", "add", str(spec.dir), "c", str(tmp_path / "c.yaml")]
+    capsys.readouterr()
+    assert main([*cmd, "--slo", "1.05"]) == 2
+    refused = capsys.readouterr().err
+    assert "jobs.c.slo" in refused and "slower than alone" in refused, refused
+    assert main([*cmd, "--slo", "4", "--dry-run", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
     assert figures["members"] == ["a", "b", "c"] and figures["predicted_slowdown"]["max_lengths"]["c"] > 1.0
     assert not (spec.dir / "jobs" / "c").exists() and not (spec.dir / "control" / "membership").exists()
