@@ -16,8 +16,11 @@ fi
 # checkouts on one host get clusters of their own, and a running cluster keeps its ports.
 SLURM_TEST_PORTS_FILE="${SLURM_TEST_DIR}/state/ports"
 SLURM_TEST_PORT_BLOCK=16    # ports per cluster: ctld, dbd, mariadb, then one per slurmd
-SLURM_TEST_PORT_FIRST=20000
-SLURM_TEST_PORT_BLOCKS=2000  # blocks between SLURM_TEST_PORT_FIRST and 52000
+# 10000-20000: below the rendezvous ports of jobs (slurm_rl.launch.rank_env: 20000-40000) and the
+# kernel's ephemeral range (32768-60999), either of which could take a daemon's port between the
+# free-block check and the daemon's bind (seen: a second cluster's slurmd failed to bind mid-suite)
+SLURM_TEST_PORT_FIRST=10000
+SLURM_TEST_PORT_BLOCKS=625  # blocks between SLURM_TEST_PORT_FIRST and 20000
 SLURM_TEST_PORT_FROM_ENV=0
 if [[ -n "${SLURM_TEST_PORT_BASE:-}" ]]; then
   SLURM_TEST_PORT_FROM_ENV=1

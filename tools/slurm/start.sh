@@ -240,7 +240,8 @@ choose_ports() {
   until slurm_test_block_free "${base}"; do
     (( ++tries < 64 )) || die "no free block of ${SLURM_TEST_PORT_BLOCK} ports found from ${SLURM_TEST_PORT_BASE}"
     base=$(( base + SLURM_TEST_PORT_BLOCK ))
-    (( base + SLURM_TEST_PORT_BLOCK <= 60000 )) || base=${SLURM_TEST_PORT_FIRST}
+    (( base + SLURM_TEST_PORT_BLOCK <= SLURM_TEST_PORT_FIRST + SLURM_TEST_PORT_BLOCKS * SLURM_TEST_PORT_BLOCK )) \
+      || base=${SLURM_TEST_PORT_FIRST}
   done
   if (( base != SLURM_TEST_PORT_BASE )); then
     log "ports ${SLURM_TEST_PORT_BASE}.. are taken: using ${base}.."
