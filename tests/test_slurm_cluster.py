@@ -133,8 +133,8 @@ def test_two_clusters_side_by_side(slurm_cluster: SlurmCluster, tmp_path: Path) 
         return {int(line.split("=", 1)[1]) for line in conf.splitlines() if line.startswith(keys)}
 
     other_dir = tmp_path / "c2"
-    other = start_cluster(other_dir)
-    try:
+    try:  # stopped in `finally` even when its start fails (its daemons would outlive the test)
+        other = start_cluster(other_dir)
         assert ports(other).isdisjoint(ports(slurm_cluster)), (ports(other), ports(slurm_cluster))
         assert (other_dir / "state" / "ports").read_text().strip().isdigit()
         for cluster in (slurm_cluster, other):
