@@ -30,6 +30,7 @@ from slurm_rl.control.events import append_event
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
+from slurm_rl.mux.membership import removed
 from slurm_rl.resume.stop import clear_stop, read_stop, request_stop
 
 EXIT_REQUEUED, EXIT_NOT_REQUEUED, EXIT_FINISHED = 0, 1, 3
@@ -37,13 +38,6 @@ EXIT_REQUEUED, EXIT_NOT_REQUEUED, EXIT_FINISHED = 0, 1, 3
 
 def _run_dir(group: dict, job: str) -> Path:
     return Path(group["jobs"][job]["run_dir"])
-
-
-def removed(group_dir: Path) -> set[str]:
-    """Members that ``slurm-rl mux remove`` took out (they are not resumed)."""
-    from slurm_rl.mux.membership import read_records
-
-    return {r["leave"] for r in read_records(group_dir) if "leave" in r}
 
 
 def member_states(group_dir: Path) -> dict[str, str | None]:

@@ -248,7 +248,8 @@ def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
     from slurm_rl.control.atomic import read_json
     from slurm_rl.launch.rank_env import port_for_job
 
-    from slurm_rl.mux.group_requeue import member_states, removed
+    from slurm_rl.mux.group_requeue import member_states
+    from slurm_rl.mux.membership import removed
 
     group = read_json(group_dir / "group.json")
     base = port_for_job(os.environ.get("SLURM_JOB_ID", "local"))

@@ -78,6 +78,11 @@ def _publish_record(group_dir: Path, doc: dict[str, Any]) -> int:
     return n
 
 
+def removed(group_dir: Path) -> set[str]:
+    """Members that ``slurm-rl mux remove`` took out (their leave records)."""
+    return {r["leave"] for r in read_records(group_dir) if "leave" in r}
+
+
 def job_state(group: dict[str, Any], job: str) -> str | None:
     """``finished`` / ``failed`` / ``stopped`` once the job's coordinator says so, else None."""
     status = read_coordinator_status(RunPaths(Path(group["jobs"][job]["run_dir"])))
@@ -98,8 +103,8 @@ def group_state(group_dir: Path) -> tuple[str | None, dict[str, str]]:
 def active_members(group_dir: Path, group: dict[str, Any]) -> list[str]:
     """Members still in the rotation (in the group's order)."""
     _, out = group_state(group_dir)
-    removed = {r["leave"] for r in read_records(group_dir) if "leave" in r}
-    return [j for j in group["members"] if j not in out and j not in removed and job_state(group, j) is None]
+    gone = removed(group_dir)
+    return [j for j in group["members"] if j not in out and j not in gone and job_state(group, j) is None]
 
 
 def live_spec(group_dir: Path, group: dict[str, Any], members: Sequence[str]) -> GroupSpec:
