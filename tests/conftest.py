@@ -11,6 +11,7 @@ fixture run on one worker (xdist group ``module:NAME``), so the fixture is built
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,10 @@ from slurm_fixture import slurm_cluster  # noqa: F401
 from resume_helpers import reference  # noqa: F401
 from shared_runs import run_64, scripted_run  # noqa: F401
 
+pytest_plugins = ["suite_ledger"]
+
+# Slurm's client commands: a test that does not use the local cluster gets stand-ins that refuse (exit 1)
+SLURM_CLIENTS = ("sbatch", "srun", "salloc", "squeue", "sinfo", "scontrol", "scancel", "sacct", "sacctmgr", "sstat")
 # how long a test waits for the machine (a serial test: for every running test to end)
 MACHINE_LOCK_TIMEOUT_S = 1800.0
 
@@ -50,6 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if "scripted_run" in getattr(item, "fixturenames", ()):  # `inspect` writes its plots into the run dir
             item.add_marker(pytest.mark.xdist_group("scripted_run"))
+        elif item.get_closest_marker("vllm") is not None:  # one worker waits for the session's vLLM subprocess
+            item.add_marker(pytest.mark.xdist_group("vllm-checks"))
         elif _module_fixture_user(item):  # one worker builds the module's fixture (a vLLM engine, a model)
             item.add_marker(pytest.mark.xdist_group(f"module:{item.module.__name__}"))
     # Modules with integration or Slurm tests first, serial tests last: the workers take tests in
@@ -86,3 +93,33 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     hold = lock.write_lock() if item.get_closest_marker("serial") is not None else lock.read_lock()
     with hold:
         yield
+
+
+def _uses_the_cluster(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slurm") is not None or "slurm_cluster" in getattr(item, "fixturenames", ())
+
+
+@pytest.fixture(scope="session")
+def refusing_slurm_clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of stand-ins for Slurm's clients that say who called them and exit 1."""
+    bin_dir = tmp_path_factory.mktemp("no-slurm-bin")
+    for name in SLURM_CLIENTS:
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\necho '{name}: not reachable from a test that does not use the local Slurm "
+                        f"cluster (mark it slurm, or fake this call)' >&2\nexit 1\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
+@pytest.fixture(autouse=True)
+def _no_real_slurm_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test's outcome does not depend on the shell's Slurm environment: a test that does not use the
+    local cluster sees no SLURM_* variable and only refusing stand-ins for Slurm's commands, whether or
+    not the cluster's environment (tools/slurm/env.sh) or a job's was exported."""
+    if _uses_the_cluster(request.node):
+        return
+    for key in list(os.environ):
+        if key.startswith("SLURM_") and not key.startswith("SLURM_RL_"):
+            monkeypatch.delenv(key)
+    stubs = request.getfixturevalue("refusing_slurm_clients")
+    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -105,11 +105,14 @@ def _client_env(test_dir: Path) -> dict[str, str]:
     return {k: v for k, v in pairs if not k.startswith("BASH_FUNC_")}
 
 
-def start_cluster(test_dir: Path | None = None) -> SlurmCluster:
-    """Run tools/slurm/start.sh (idempotent) and describe the cluster; raise with its output on failure."""
+def start_cluster(test_dir: Path | None = None, nodes: int | None = None) -> SlurmCluster:
+    """Run tools/slurm/start.sh (idempotent) and describe the cluster; raise with its output on failure.
+    ``nodes``: SLURM_TEST_NODES for a cluster of another size (default: the environment's, else 4)."""
     env = dict(os.environ)
     if test_dir is not None:
         env["SLURM_TEST_DIR"] = str(test_dir)
+    if nodes is not None:
+        env["SLURM_TEST_NODES"] = str(nodes)
     test_dir = Path(env.get("SLURM_TEST_DIR", REPO_ROOT / ".slurm-test"))
     env["SLURM_TEST_DIR"] = str(test_dir)
     try:
@@ -132,7 +135,7 @@ def start_cluster(test_dir: Path | None = None) -> SlurmCluster:
         env=client_env,
         test_dir=test_dir,
         conf=Path(client_env["SLURM_CONF"]),
-        nodes=int(env.get("SLURM_TEST_NODES", "2")),
+        nodes=int(env.get("SLURM_TEST_NODES", "4")),
         gpus_per_node=int(env.get("SLURM_TEST_GPUS", "4")),
         accounting=env.get("SLURM_TEST_ACCOUNTING", "1") == "1",
     )

@@ -33,13 +33,13 @@ def _slurm_config(tmp_path: Path, run_dir: Path) -> Path:
     return write_config(tmp_path / "slurm.yaml", cfg)
 
 
-def _check_run(run_dir: Path, world: int, hosts: set[str] | None = None) -> None:
+def _check_run(run_dir: Path, world: int, nodes: int | None = None) -> None:
     records = report_json(run_dir)["epochs"]
     assert len(records) == 3, records
     assert all(r["acks"] == world for r in records)
-    if hosts is not None:
+    if nodes is not None:  # the ranks ran on that many of the cluster's nodes (whichever Slurm picked)
         seen = {json.loads(p.read_text())["host"] for p in (run_dir / "control" / "acks" / "000000").glob("rank-*.json")}
-        assert seen == hosts
+        assert len(seen) == nodes and all(h.startswith("n") and h[1:].isdigit() for h in seen), seen
 
 
 def test_rank_discovery_sources() -> None:
@@ -80,7 +80,7 @@ def test_sbatch_path_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
     first, second = text.splitlines()[:2]
     assert first.startswith("slurm_rl: EMULATING: runtime.device is emulated") and "SLURM_JOB_GPUS=" in first, text
     assert second == f"slurm_rl run dir: {run_dir}"
-    _check_run(run_dir, 8, hosts={"n1", "n2"})
+    _check_run(run_dir, 8, nodes=2)
     inspected = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(run_dir)], cwd=REPO,
                                capture_output=True, text=True, timeout=60)
     assert inspected.returncode == 0 and "placement epochs" in inspected.stdout
@@ -111,7 +111,7 @@ def test_submitit_slurm_executor(slurm_cluster, tmp_path: Path, monkeypatch: pyt
     config = write_config(tmp_path / "c.yaml", emulated_config(run_dir, nodes=2, gpus_per_node=4))
     job = submit(config, executor="slurm", slurm_params={"gres": "gpu:4"})
     assert job.results() == [0] * 8
-    _check_run(run_dir, 8, hosts={"n1", "n2"})
+    _check_run(run_dir, 8, nodes=2)
     if slurm_cluster.accounting:
         assert slurm_cluster.wait_sacct_state(str(job.job_id)) == "COMPLETED"
 

@@ -338,7 +338,7 @@ def test_sbatch_mux_runs_the_group_on_real_slurm(slurm_cluster, tmp_path: Path) 
     assert t["rollout"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)], t
     check_slots_exclusive(group_dir)
     hosts = {json.loads(p.read_text())["host"] for p in (group_dir / "jobs" / "a" / "control" / "heartbeats").glob("*.json")}
-    assert hosts == {"n1", "n2"}
+    assert len(hosts) == 2, hosts  # the ranks ran on the job's two nodes
     for name, cfg in jobs.items():
         check_every_sample_once(GroupPaths(group_dir).job_dir(name), cfg)
 
@@ -389,7 +389,7 @@ def test_example_group_files_load() -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_sbatch_mux_two_pools_as_a_heterogeneous_job(slurm_cluster, tmp_path: Path) -> None:
-    """Component 0 (node n1) holds the training pool, component 1 (node n2) the rollout pool."""
+    """Component 0 (one node) holds the training pool, component 1 (another node) the rollout pool."""
     jobs = {"a": job_config("emulated", tmp_path / "x", seed=7), "b": job_config("emulated", tmp_path / "y", seed=8)}
     path = write_group(tmp_path, "emulated", jobs)
     text = sbatch_mux(slurm_cluster, tmp_path, path, "--nodes=1", "--ntasks-per-node=4", "--gres=gpu:4", ":",
@@ -400,7 +400,8 @@ def test_sbatch_mux_two_pools_as_a_heterogeneous_job(slurm_cluster, tmp_path: Pa
         job_dir = GroupPaths(group_dir).job_dir(name)
         hosts = {r: json.loads((job_dir / "control" / "heartbeats" / f"rank-{r:04d}.json").read_text())["host"]
                  for r in range(8)}
-        assert {hosts[r] for r in range(4)} == {"n1"} and {hosts[r] for r in range(4, 8)} == {"n2"}, hosts
+        train, rollout = {hosts[r] for r in range(4)}, {hosts[r] for r in range(4, 8)}
+        assert len(train) == 1 and len(rollout) == 1 and train != rollout, hosts
         check_every_sample_once(job_dir, cfg)
     assert turns(group_dir)["train"] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
 

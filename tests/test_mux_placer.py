@@ -19,7 +19,7 @@ from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import write_coordinator_status
 from slurm_rl.mux.launcher import prepare_group
-from slurm_rl.mux import placer
+from slurm_rl.mux import live, placer
 from slurm_rl.mux.cluster_view import cluster_report, cluster_report_json
 from slurm_rl.mux.live import read_cluster
 from slurm_rl.mux.placer_cli import main as place_main
@@ -60,7 +60,7 @@ def cluster(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def fake_slurm(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """sbatch records its arguments and answers job ids 1000, 1001, ..."""
+    """sbatch records its arguments and answers job ids 1000, 1001, ...; squeue shows those jobs pending."""
     calls: list[list[str]] = []
 
     def sbatch(args, cwd, env=None, timeout_s=120.0):
@@ -68,7 +68,12 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         time.sleep(0.2)  # a slow submission: a racing placer would overtake here
         return str(1000 + len(calls) - 1)
 
+    def squeue_states(ids):
+        submitted = {str(1000 + i) for i in range(len(calls))}
+        return {i: "PENDING" for i in ids if i in submitted}
+
     monkeypatch.setattr(placer, "sbatch", sbatch)
+    monkeypatch.setattr(live, "squeue_states", squeue_states)
     return calls
 
 

@@ -5,7 +5,7 @@ _slurm_tools_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _slurm_repo_dir="$(cd "${_slurm_tools_dir}/../.." && pwd)"
 
 SLURM_TEST_DIR="${SLURM_TEST_DIR:-${_slurm_repo_dir}/.slurm-test}"
-SLURM_TEST_NODES="${SLURM_TEST_NODES:-2}"
+SLURM_TEST_NODES="${SLURM_TEST_NODES:-4}"
 SLURM_TEST_GPUS="${SLURM_TEST_GPUS:-4}"
 if [[ -z "${SLURM_TEST_CPUS:-}" ]]; then
   SLURM_TEST_CPUS=$(( SLURM_TEST_GPUS + 2 > 8 ? SLURM_TEST_GPUS + 2 : 8 ))

@@ -1,0 +1,145 @@
+"""The suite ledger: what a whole-suite run cost, written at its end (a pytest plugin).
+
+Each test's wall and CPU seconds (setup, call and teardown together; CPU is the test process's own
+plus that of the child processes it waited for, so work inside Slurm jobs counts only in the
+machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
+in the report's ``user_properties``. At the end of a run of the whole suite (no ``-m``, ``-k`` or
+test paths given) the controller writes ``.test-ledger/latest.json`` and appends the same document
+to ``.test-ledger/history.jsonl`` (both in the repository root, not committed), and prints the
+costliest tests. ``tools/test_budget.py`` shows a ledger and compares two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LEDGER_DIR = REPO / ".test-ledger"
+TOP = 20
+_CPU_KEY = "ledger_cpu_s"
+_cpu_key = pytest.StashKey[float]()
+
+
+def _cpu_now() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds spent by every process of the machine since boot (user, nice, system; /proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system = (int(x) for x in fields[:3])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    start = _cpu_now()
+    yield
+    item.stash[_cpu_key] = _cpu_now() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    start = _cpu_now()
+    yield
+    item.stash[_cpu_key] = _cpu_now() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    start = _cpu_now()
+    yield
+    item.stash[_cpu_key] = _cpu_now() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    report.user_properties.append((_CPU_KEY, item.stash.get(_cpu_key, 0.0)))
+    item.stash[_cpu_key] = 0.0
+
+
+def whole_suite(config: pytest.Config) -> bool:
+    """Whether this run is the whole suite: no selection by marker, keyword, path or last failures."""
+    opt = config.option
+    if getattr(opt, "markexpr", "") or getattr(opt, "keyword", "") or getattr(opt, "lf", False) \
+            or getattr(opt, "deselect", None) or getattr(opt, "ignore", None):
+        return False
+    testpaths = [str((config.rootpath / p).resolve()) for p in config.getini("testpaths")]
+    return all(str(Path(a).resolve()) in testpaths for a in config.args)
+
+
+class Ledger:
+    """Collects the reports on the controller and writes the ledger at the session's end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.tests: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, int] = {}
+        self.wall0 = time.monotonic()
+        self.cpu0 = machine_cpu_s()
+        self.doc: dict[str, Any] | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = self.tests.setdefault(report.nodeid, {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed"})
+        entry["wall_s"] += report.duration
+        entry["cpu_s"] += dict(report.user_properties).get(_CPU_KEY, 0.0)
+        if report.failed:
+            entry["outcome"] = "failed"
+        elif report.skipped and report.when != "teardown":
+            entry["outcome"] = "skipped"
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        wall = time.monotonic() - self.wall0
+        cpu = machine_cpu_s() - self.cpu0
+        counts: dict[str, int] = {}
+        for t in self.tests.values():
+            counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+        ranked = sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])
+        self.doc = {
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "pytest_s": round(wall, 1),
+            "machine_cpu_s": round(cpu, 1),
+            "cores_busy": round(cpu / wall, 2) if wall > 0 else 0.0,
+            "tests_cpu_s": round(sum(t["cpu_s"] for t in self.tests.values()), 1),
+            "tests_wall_s": round(sum(t["wall_s"] for t in self.tests.values()), 1),
+            "workers": getattr(self.config.option, "numprocesses", None),
+            "exit_status": int(exitstatus),
+            "counts": counts,
+            "costliest": [{"test": k, "wall_s": round(v["wall_s"], 1), "cpu_s": round(v["cpu_s"], 1)}
+                          for k, v in ranked[:TOP]],
+        }
+        if whole_suite(self.config):
+            LEDGER_DIR.mkdir(exist_ok=True)
+            (LEDGER_DIR / "latest.json").write_text(json.dumps(self.doc, indent=1) + "\n")
+            with open(LEDGER_DIR / "history.jsonl", "a") as f:
+                f.write(json.dumps(self.doc) + "\n")
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.doc is None or not whole_suite(self.config):
+            return
+        d = self.doc
+        tr = terminalreporter
+        tr.section("suite ledger (.test-ledger/latest.json)")
+        tr.write_line(f"pytest {d['pytest_s']:.0f} s, machine CPU {d['machine_cpu_s']:.0f} s "
+                      f"({d['cores_busy']:.2f} cores busy), tests' own CPU {d['tests_cpu_s']:.0f} s")
+        for t in d["costliest"]:
+            tr.write_line(f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        config.pluginmanager.register(Ledger(config), "suite_ledger_collector")
