@@ -5,8 +5,8 @@ plus that of the child processes it waited for, so work inside Slurm jobs counts
 machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
 in the report's ``user_properties``. At the end of a run of the whole suite (no ``-m``, ``-k`` or
 test paths given) the controller writes ``.test-ledger/latest.json`` and appends the same document
-to ``.test-ledger/history.jsonl`` (both in the repository root, not committed), and prints the
-costliest tests. ``tools/test_budget.py`` shows a ledger and compares two.
+to ``.test-ledger/history.jsonl`` (in the repository root, not committed; every test's figures go to
+``.test-ledger/latest-tests.json``), and prints the costliest tests. ``tools/test_budget.py`` shows a ledger and compares two.
 """
 
 from __future__ import annotations
@@ -122,8 +122,17 @@ class Ledger:
             "costliest": [{"test": k, "wall_s": round(v["wall_s"], 1), "cpu_s": round(v["cpu_s"], 1)}
                           for k, v in ranked[:TOP]],
         }
+        modules: dict[str, dict[str, float]] = {}
+        for name, t in self.tests.items():
+            m = modules.setdefault(name.split("::")[0], {"wall_s": 0.0, "cpu_s": 0.0})
+            m["wall_s"] += t["wall_s"]
+            m["cpu_s"] += t["cpu_s"]
+        self.doc["modules"] = {k: {x: round(y, 1) for x, y in v.items()}
+                               for k, v in sorted(modules.items(), key=lambda kv: -kv[1]["wall_s"])}
         if whole_suite(self.config):
             LEDGER_DIR.mkdir(exist_ok=True)
+            (LEDGER_DIR / "latest-tests.json").write_text(json.dumps(
+                {k: {x: round(y, 2) if isinstance(y, float) else y for x, y in v.items()} for k, v in ranked}, indent=0))
             (LEDGER_DIR / "latest.json").write_text(json.dumps(self.doc, indent=1) + "\n")
             with open(LEDGER_DIR / "history.jsonl", "a") as f:
                 f.write(json.dumps(self.doc) + "\n")

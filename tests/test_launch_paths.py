@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,8 +160,8 @@ def test_local_launcher_gives_a_rank_two_gpus(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_sbatch_rank_owning_two_gpus_sees_both(slurm_cluster, tmp_path: Path) -> None:
-    """RLinf's "4-7:0-1": 2 rollout processes of 2 GPUs each on node 2; 4 actor ranks on node 1
-    (6 tasks over 2 nodes, placed by srun --distribution=arbitrary)."""
+    """RLinf's "4-7:0-1": 2 rollout processes of 2 GPUs each on the job's second node; 4 actor ranks
+    on its first (6 tasks over 2 nodes, placed by srun --distribution=arbitrary)."""
     run_dir = tmp_path / "run"
     cfg = emulated_config(run_dir, nodes=2, gpus_per_node=4, iterations=2)
     del cfg["cluster"]["gpus_per_node"]
@@ -171,9 +172,12 @@ def test_sbatch_rank_owning_two_gpus_sees_both(slurm_cluster, tmp_path: Path) ->
                                       "sbatch/train.sh", str(write_config(tmp_path / "c.yaml", cfg)), cwd=REPO)
     text = log.read_text() if log.exists() else ""
     assert rc == 0, text
-    for line in ["[rank 4/6 host n2 source slurm]", "[rank 4] slots [4, 5] CUDA_VISIBLE_DEVICES=0,1",
-                 "[rank 5/6 host n2 source slurm]", "[rank 5] slots [6, 7] CUDA_VISIBLE_DEVICES=2,3",
-                 "[rank 0/6 host n1 source slurm]", "[rank 0] slots [0] CUDA_VISIBLE_DEVICES=0",
+    nodes = re.search(r"slurm_rl job \d+: 2 nodes, 8 tasks, nodes n\[(\d+)[-,](\d+)\]", text)
+    assert nodes is not None, text
+    first, second = (f"n{i}" for i in nodes.groups())  # the job's nodes, in Slurm's order
+    for line in [f"[rank 4/6 host {second} source slurm]", "[rank 4] slots [4, 5] CUDA_VISIBLE_DEVICES=0,1",
+                 f"[rank 5/6 host {second} source slurm]", "[rank 5] slots [6, 7] CUDA_VISIBLE_DEVICES=2,3",
+                 f"[rank 0/6 host {first} source slurm]", "[rank 0] slots [0] CUDA_VISIBLE_DEVICES=0",
                  "[rank 3] slots [3] CUDA_VISIBLE_DEVICES=3"]:
         assert line in text, text
     records = report_json(run_dir)["epochs"]
