@@ -437,6 +437,7 @@ def _run_result(run_dir: Path) -> dict:
     return {"epochs": epochs, "figures": figures, "trained": trained}
 
 
+@pytest.mark.slow  # two whole 8-rank runs, one with every file operation delayed (~40 s): the whole suite runs it
 def test_emulated_run_on_a_slow_file_system_computes_the_same(tmp_path: Path) -> None:
     """8 ranks, 3 iterations, two placement changes; every file operation of every process delayed
     by 20 ms. The run is slower and otherwise identical: same epochs, same mini-batches, same samples."""

@@ -20,14 +20,14 @@ megatron tensor is made of, so a loader reads only those.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from slurm_rl.engines.model_config import ModelConfig
 
-NamedTensors = Iterable[tuple[str, Tensor]]
+if TYPE_CHECKING:  # torch is imported where tensors are handled: `hf_param_shapes` (validate) needs none
+    from torch import Tensor
+
+NamedTensors = Iterable[tuple[str, "Tensor"]]
 
 _LAYER = re.compile(r"^(?:module\.)*decoder\.layers\.(\d+)\.(.+)$")
 _LAYER_MAP = {
@@ -113,6 +113,8 @@ def split_qkv(qkv: Tensor, cfg: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
 
 def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, cfg: ModelConfig) -> Tensor:
     """HF ``(q, k, v)`` weights (or biases) -> megatron fused ``linear_qkv`` weight (or bias)."""
+    import torch
+
     g, d = cfg.kv_groups, cfg.head_dim
     per_group = cfg.num_attention_heads // g
     rest = tuple(q.shape[1:])
@@ -144,6 +146,8 @@ def hf_sources(name: str, cfg: ModelConfig) -> list[str]:
 
 def fuse_sources(name: str, tensors: list[Tensor], cfg: ModelConfig) -> Tensor:
     """The megatron tensor ``name`` from its :func:`hf_sources` tensors."""
+    import torch
+
     if name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias"):
         return fuse_qkv(*tensors, cfg)
     if name.endswith("linear_fc1.weight"):
@@ -157,6 +161,8 @@ def megatron_to_hf(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str,
     ``_extra_state`` entries are skipped; a tied model's ``output_layer.weight`` is dropped;
     unknown names raise ``KeyError`` naming them.
     """
+    import torch
+
     for name, t in named:
         if name.endswith("_extra_state"):
             continue
@@ -202,6 +208,8 @@ def hf_to_megatron(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str,
     q/k/v and gate/up are buffered per layer until complete, so memory stays at one layer.
     A tied HF ``lm_head.weight`` is dropped. Incomplete fused groups raise ``KeyError``.
     """
+    import torch
+
     inverse_global = {v: k for k, v in _GLOBAL_MAP.items()}
     pending: dict[str, dict[str, Tensor]] = {}
     for name, t in named:
