@@ -43,25 +43,20 @@ def machine_cpu_s() -> float:
     return (user + nice + system) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    start = _cpu_now()
-    yield
-    item.stash[_cpu_key] = _cpu_now() - start
+def _phase_cpu_hook():
+    """A hook wrapper for one test phase (setup, call or teardown) that stashes the phase's CPU seconds."""
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item: pytest.Item) -> Iterator[None]:
+        start = _cpu_now()
+        yield
+        item.stash[_cpu_key] = _cpu_now() - start
+
+    return hook
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    start = _cpu_now()
-    yield
-    item.stash[_cpu_key] = _cpu_now() - start
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    start = _cpu_now()
-    yield
-    item.stash[_cpu_key] = _cpu_now() - start
+pytest_runtest_setup = _phase_cpu_hook()
+pytest_runtest_call = _phase_cpu_hook()
+pytest_runtest_teardown = _phase_cpu_hook()
 
 
 @pytest.hookimpl(hookwrapper=True)
