@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from slurm_rl.control.atomic import atomic_write_json, read_json, write_json_exclusive
+from slurm_rl.control.atomic import JsonCache, atomic_write_json, read_json, write_json_exclusive
 from slurm_rl.control.errors import TornFileError
 from slurm_rl.control.numbered import NumberedFiles
 from slurm_rl.control.paths import RunPaths
@@ -168,24 +168,31 @@ def write_member(paths: GroupPaths, job: str, rank: int, doc: dict[str, Any]) ->
                       fs=paths.fs)
 
 
-def read_members(paths: GroupPaths, job: str) -> dict[int, dict[str, Any]]:
+def read_members(paths: GroupPaths, job: str, cache: JsonCache | None = None) -> dict[int, dict[str, Any]]:
     """Every rank state of ``job``. Files are replaced atomically, so one that is not a complete
-    document of that job and rank is corrupt: ``TornFileError`` naming it and the field."""
+    document of that job and rank is corrupt: ``TornFileError`` naming it and the field.
+    ``cache``: a poller's :class:`~slurm_rl.control.atomic.JsonCache` (unchanged files are not
+    parsed again; the documents are then shared between reads)."""
     out: dict[int, dict[str, Any]] = {}
+    directory = os.fspath(paths.members_dir(job))
     try:
-        names = os.listdir(paths.members_dir(job))
+        names = os.listdir(directory)
     except FileNotFoundError:
         return out
+    cache = cache or JsonCache()
     for name in names:
         if name.startswith("rank-") and name.endswith(".json") and name[5:-5].isdigit():
-            path = paths.members_dir(job) / name
+            path, rank = os.path.join(directory, name), int(name[5:-5])
+
+            def check(doc: dict[str, Any], path: str = path, rank: int = rank) -> dict[str, Any]:
+                check_equal(doc, path, job=job, rank=rank)
+                check_fields(doc, path, {"time": "number"})
+                return doc
+
             try:
-                doc = read_json(path, fs=paths.fs)
+                out[rank] = cache.read(path, check, fs=paths.fs)
             except FileNotFoundError:
                 continue
-            check_equal(doc, path, job=job, rank=int(name[5:-5]))
-            check_fields(doc, path, {"time": "number"})
-            out[int(name[5:-5])] = doc
     return out
 
 

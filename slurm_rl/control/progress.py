@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from slurm_rl.control.atomic import atomic_write_json, read_json
+from slurm_rl.control.atomic import JsonCache, atomic_write_json
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.validate import check_equal, check_fields, check_known
 
@@ -181,12 +181,26 @@ def read_all_progress(paths: RunPaths, ranks: Iterable[int]) -> dict[int, RankPr
     """Progress of each rank that has written one (one ``open`` per rank; absent ranks are left out).
 
     ``TornFileError`` naming the file and field for a document that is not a progress report."""
-    out: dict[int, RankProgress] = {}
-    for rank in ranks:
-        path = paths.progress(rank)
-        try:
-            doc = read_json(path, fs=paths.fs)
-        except FileNotFoundError:
-            continue
-        out[rank] = RankProgress.from_json(doc, path, rank=rank)
-    return out
+    return ProgressReader(paths, ranks).read()
+
+
+class ProgressReader:
+    """:func:`read_all_progress` for a reader that polls (the coordinator, 100 times a second by
+    default): each rank's path is built once, and a file whose bytes equal those of the previous
+    read is not parsed and validated again (a :class:`~slurm_rl.control.atomic.JsonCache`; a
+    rank's file changes a few times a second at most)."""
+
+    def __init__(self, paths: RunPaths, ranks: Iterable[int]) -> None:
+        self.paths = paths
+        self._files = [(rank, paths.progress(rank)) for rank in ranks]
+        self._cache = JsonCache()
+
+    def read(self) -> dict[int, RankProgress]:
+        out: dict[int, RankProgress] = {}
+        for rank, path in self._files:
+            try:
+                out[rank] = self._cache.read(path, lambda doc: RankProgress.from_json(doc, path, rank=rank),
+                                             fs=self.paths.fs)
+            except FileNotFoundError:
+                continue
+        return out

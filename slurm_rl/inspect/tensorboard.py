@@ -10,6 +10,7 @@ written and :func:`write_tensorboard` returns None. Viewing needs ``tensorboard`
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,30 @@ TB_DIR = "tensorboard"
 _SKIP = {"iteration", "time", "plan", "losses"}
 
 
+def _import_tensorboardx() -> Any:
+    """``tensorboardX``, imported without torch where torch is not loaded yet.
+
+    tensorboardX imports torch when it is installed, only to accept tensors as values (1.6 s of
+    CPU at the end of every run whose launcher had no torch); the scalars written here are floats.
+    torch is hidden from that one import (``sys.modules['torch'] = None`` makes ``import torch``
+    raise ImportError, which tensorboardX handles) and visible again afterwards.
+    """
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        import tensorboardX
+
+        return tensorboardX
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import tensorboardX
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return tensorboardX
+
+
 def tensorboard_available() -> bool:
     try:
-        import tensorboardX  # noqa: F401
+        _import_tensorboardx()
     except ImportError:
         return False
     return True
@@ -71,12 +93,12 @@ def stale(run_dir: Path) -> bool:
 
 def write_tensorboard(run_dir: str | Path) -> Path | None:
     """(Re)write the run's event files under ``RUN_DIR/tensorboard`` unless they are up to date;
-    None without tensorboardX (importing it imports torch when installed: seconds)."""
+    None without tensorboardX."""
     if not stale(Path(run_dir)):
         return Path(run_dir) / TB_DIR
     if not tensorboard_available():
         return None
-    from tensorboardX import SummaryWriter
+    SummaryWriter = _import_tensorboardx().SummaryWriter
 
     root = Path(run_dir)
     target = root / TB_DIR

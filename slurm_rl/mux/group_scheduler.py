@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from slurm_rl.control.atomic import read_json
+from slurm_rl.control.atomic import JsonCache, read_json
 from slurm_rl.control.events import append_event
 from slurm_rl.control.grants import (Grant, GroupPaths, grant_numbers, publish_grant, read_grant, read_members,
                                      read_releases)
 from slurm_rl.control.heartbeats import read_heartbeat
 from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.control.progress import read_all_progress
+from slurm_rl.control.progress import ProgressReader, RankProgress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.scheduler.errors import GroupTimeout
 from slurm_rl.fsio import stat_key
@@ -39,6 +39,9 @@ from slurm_rl.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide
                                              grant_to_json, initial_grant)
 
 HEARTBEAT_TIMEOUT_S = 30.0  # when a job's config does not say otherwise
+# How often a job's heartbeats are checked (every poll would read each rank's file 50 times a
+# second to find an age measured against a timeout of tens of seconds).
+HEARTBEAT_CHECK_S = 1.0
 
 
 @dataclass
@@ -50,6 +53,9 @@ class GroupLoop:
     generation: int
     log: Callable[[str], None] = lambda msg: print(msg, flush=True)
     out: dict[str, str] = field(default_factory=dict)  # job -> why it left the rotation
+    _progress: dict[str, ProgressReader] = field(default_factory=dict, repr=False)  # by job
+    _beats_checked: dict[str, float] = field(default_factory=dict, repr=False)  # job -> monotonic time
+    _members: JsonCache = field(default_factory=JsonCache, repr=False)  # the member files as last read
 
     def __post_init__(self) -> None:
         self.members = tuple(self.group.get("members") or self.group["jobs"])
@@ -94,7 +100,7 @@ class GroupLoop:
                 self.pending.remove(job)
                 append_event(self.paths, "job_failed", {"job": job, "why": f"before joining: {why}"})
                 self.log(f"group: job {job} left before joining: {why}")
-            elif len(read_members(self.paths, job)) >= int(self.group["jobs"][job]["world_size"]):
+            elif len(read_members(self.paths, job, self._members)) >= int(self.group["jobs"][job]["world_size"]):
                 self.pending.remove(job)
                 self.grant, self.members = with_member(self.grant, self.members, job)
                 append_event(self.paths, "job_joined", {"job": job, "order": list(self.members)})
@@ -113,22 +119,30 @@ class GroupLoop:
             return f"stopped: {(status.stop or {}).get('reason', 'stop requested')}"
         if status is not None and status.failed:
             return f"failed: {status.error}"
-        world = range(int(self.group["jobs"][job]["world_size"]))
-        for rank, doc in read_all_progress(jpaths, world).items():
+        for rank, doc in self._job_progress(job).items():
             if doc.state == "failed":
                 return f"failed: rank {rank} (host {doc.host or '?'}): {doc.error}"
+        if time.monotonic() - self._beats_checked.get(job, -HEARTBEAT_CHECK_S) < HEARTBEAT_CHECK_S:
+            return None
+        self._beats_checked[job] = time.monotonic()
         timeout = float(self.group["jobs"][job].get("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S))
         now = time.time()
-        for rank in world:
+        for rank in range(int(self.group["jobs"][job]["world_size"])):
             beat = read_heartbeat(jpaths, rank)
             if beat is not None and now - float(beat.get("time", now)) > timeout:
                 return f"failed: rank {rank} (host {beat.get('host', '?')}) has no heartbeat for {now - float(beat['time']):.0f}s"
         return None
 
+    def _job_progress(self, job: str) -> dict[int, RankProgress]:
+        """Every rank's progress of ``job`` (one reader per job: unchanged files are not parsed again)."""
+        reader = self._progress.get(job)
+        if reader is None:
+            world = range(int(self.group["jobs"][job]["world_size"]))
+            reader = self._progress[job] = ProgressReader(RunPaths(self.paths.job_dir(job)), world)
+        return reader.read()
+
     def _rollout_finished(self, job: str, k: int) -> int:
-        spec = self.group["jobs"][job]
-        progress = read_all_progress(RunPaths(self.paths.job_dir(job)), range(int(spec["world_size"])))
-        counters = [d.counters for d in progress.values() if d.iteration == k]
+        counters = [d.counters for d in self._job_progress(job).values() if d.iteration == k]
         finished = sum(c.rollout_finished for c in counters)
         received = max((c.actor_received for c in counters), default=0)
         return max(finished, received)
@@ -144,7 +158,7 @@ class GroupLoop:
                     append_event(self.paths, kind, {"job": job, "why": why})
                     self.log(f"group: job {job} {why}")
             waiting: dict[str, int] = {}
-            for doc in read_members(self.paths, job).values():
+            for doc in read_members(self.paths, job, self._members).values():
                 if doc.get("state") == "waiting" and doc.get("pool") in POOLS:
                     waiting[doc["pool"]] = max(waiting.get(doc["pool"], -1), int(doc["iteration"]))
             keys = {(p, h.iteration) for p, pg in self.grant.pools.items()

@@ -43,7 +43,7 @@ from slurm_rl.control.events import append_event
 from slurm_rl.control.heartbeats import stale_ranks
 from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.control.progress import RankProgress, read_all_progress
+from slurm_rl.control.progress import ProgressReader, RankProgress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.control.errors import ControlError, DeadRankError, WaitTimeout
 from slurm_rl.metrics import read_metrics
@@ -85,6 +85,7 @@ class CoordinatorLoop:
     def __post_init__(self) -> None:
         self.store = EpochStore(self.paths)
         self.world = list(range(self.cfg.placement.world_size))
+        self.progress = ProgressReader(self.paths, self.world)
         self.runtime = self.cfg.runtime
         self.released_epoch: int | None = None  # the epoch in force when the last iteration was released
         self.rejected: set[str] = set()
@@ -126,7 +127,7 @@ class CoordinatorLoop:
 
     # -- publishing -----------------------------------------------------------------------------
     def _hosts(self) -> dict[int, str]:
-        progress = read_all_progress(self.paths, self.world)
+        progress = self.progress.read()
         return {r: doc.host or "?" for r, doc in progress.items()}
 
     def publish(self, decision: Decision, iteration: int, state_read_at: float,
@@ -289,7 +290,7 @@ class CoordinatorLoop:
         dynamic = self.cfg.scheduler.policy != "static"
         while self.released < num_iterations:
             read_at = time.time()
-            progress = read_all_progress(self.paths, self.world)
+            progress = self.progress.read()
             gate = _all_at_gate(progress, self.world)
             if gate is not None and gate > self.released:
                 if self.released >= self.first_iteration and self.measuring:
@@ -381,7 +382,7 @@ class CoordinatorLoop:
         self.status("checkpointing", checkpoint={"iteration": gate, "dir": str(staging)})
         deadline = time.monotonic() + self.runtime.wait_timeout_s
         while True:
-            progress = read_all_progress(self.paths, self.world)
+            progress = self.progress.read()
             missing = [r for r in self.world if r not in progress or progress[r].checkpointed != str(staging)]
             if not missing:
                 break
