@@ -9,6 +9,7 @@ Slurm allocation when it is not given, validates everything, and returns an immu
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -335,10 +336,19 @@ class InferenceSection:
 
 @dataclass
 class AlgorithmSection:
-    """GRPO loss."""
+    """Advantage estimator and actor loss (verl's names; ``slurm_rl.rl.advantages``, ``slurm_rl.rl.losses``)."""
 
-    clip_eps: float = 0.2  # PPO ratio clip
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy
+    # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | package.module:function (gae needs a critic)
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True  # false: r - group mean (Dr. GRPO)
+    gamma: float = 1.0  # discount of reinforce_plus_plus's returns (1.0 only: outcome rewards, per-sample advantages)
+    clip_eps: float = 0.2  # PPO ratio clip (verl: actor.clip_ratio)
+    clip_ratio_low: Optional[float] = None  # lower clip, default clip_eps
+    clip_ratio_high: Optional[float] = None  # upper clip, default clip_eps (DAPO clip-higher: above clip_ratio_low)
+    clip_ratio_c: float = 3.0  # dual clip of negative advantages (verl's default); > 1
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    kl_coef: float = 0.0  # weight of the KL loss to the reference policy (verl: use_kl_loss + kl_loss_coef)
+    kl_loss_type: str = "low_var_kl"  # k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)
     temperature: float = 1.0  # sampling temperature of the rollout
 
 
@@ -826,6 +836,7 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
             issues.append(ConfigIssue(f"rollout.stop[{i}]", text, "a non-empty string"))
     _positive(issues, "algorithm", al, "temperature")
     _positive(issues, "algorithm", al, "clip_eps", "kl_coef", allow_zero=True)
+    _validate_algorithm(al, issues)
     _positive(issues, "data", root.data, "max_prompt_length")
     _positive(issues, "reward", root.reward, "timeout_s", "workers")
     _positive(issues, "eval", root.eval, "every", "temperature", allow_zero=True)
@@ -841,6 +852,25 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
         _choice(issues, "reward.name", root.reward.name, REWARD_NAMES)
     if root.eval.every and not root.data.val_files:
         issues.append(ConfigIssue("eval.every", root.eval.every, "0, or data.val_files set (the prompts to evaluate)"))
+
+
+def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:
+    """The estimator (a user's ``module:function`` is imported), clip ratios, aggregation and KL type."""
+    from slurm_rl.rl.advantages import estimator_problems
+    from slurm_rl.rl.options import AGG_MODES, KL_TYPES
+
+    issues.extend(ConfigIssue(*p) for p in estimator_problems(al))
+    _choice(issues, "algorithm.loss_agg_mode", al.loss_agg_mode, AGG_MODES)
+    _choice(issues, "algorithm.kl_loss_type", al.kl_loss_type, KL_TYPES)
+    if not 0.0 < al.gamma <= 1.0:
+        issues.append(ConfigIssue("algorithm.gamma", al.gamma, "a number in (0, 1]"))
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = getattr(al, key)
+        if value is not None and not 0.0 <= value < (1.0 if key == "clip_ratio_low" else math.inf):
+            allowed = "null (clip_eps) or a number in [0, 1)" if key == "clip_ratio_low" else "null (clip_eps) or a number >= 0"
+            issues.append(ConfigIssue(f"algorithm.{key}", value, allowed))
+    if not al.clip_ratio_c > 1.0:
+        issues.append(ConfigIssue("algorithm.clip_ratio_c", al.clip_ratio_c, "a number > 1 (the dual clip of negative advantages)"))
 
 
 def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:

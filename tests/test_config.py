@@ -753,7 +753,8 @@ ENGINE_KEYS = {
     "model": "path, tokenizer_path, vocab_size, hidden_size",
     "actor": "lr, min_lr, lr_warmup_samples",
     "rollout": "backend, sub_batch, max_new_tokens, top_p, top_k, stop",
-    "algorithm": "clip_eps, kl_coef, temperature",
+    "algorithm": ("adv_estimator, norm_adv_by_std_in_grpo, gamma, clip_eps, clip_ratio_low, clip_ratio_high, "
+                  "clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, temperature"),
     "data": "train_files, val_files, prompt_key, answer_key",
     "reward": "name, fn, timeout_s, on_error, workers",
     "eval": "every, n, temperature, max_prompts",
@@ -859,7 +860,7 @@ def test_engine_errors_raised_by_load_config(tmp_path: Path) -> None:
     path.write_text(BASE_YAML + "algorithm: {clip_eps: 0.2, kl: 0.1}\nactor: {lr: -1}\n")
     with pytest.raises(ConfigError) as exc:
         load_config(path, env={})
-    assert_issue(exc.value, "algorithm.kl", 0.1, "one of the keys clip_eps, kl_coef, temperature")
+    assert_issue(exc.value, "algorithm.kl", 0.1, "one of the keys " + ENGINE_KEYS["algorithm"])
     assert_issue(exc.value, "actor.lr", -1.0, "a positive number")
 
 

@@ -193,10 +193,16 @@ def test_rollout_shrinks_mid_iteration_with_exact_sample_accounting(tmp_path: Pa
 def test_training_is_identical_with_and_without_scaling(tmp_path: Path) -> None:
     """RLinf's consistency claim, tested: a real run under auto (several mid-iteration epochs, the
     actor's DP changing inside iterations) gives the same per-step losses and final parameters as
-    the static run of the same config (fp32, same seeds, ``train.minibatch_order: index``)."""
+    the static run of the same config (fp32, same seeds, ``train.minibatch_order: index``).
+
+    The runs use the options whose terms span the data parallel ranks (every other real run here
+    uses GRPO with a token mean): REINFORCE++'s advantages whitened over each mini-batch, each
+    sequence's token mean averaged over the step's sequences, clip-higher and the k2 KL loss."""
     results = {}
     for policy in ("static", "auto"):
         cfg = cpu_config(tmp_path / policy, policy, iterations=3)
+        cfg["algorithm"] |= {"adv_estimator": "reinforce_plus_plus", "loss_agg_mode": "seq-mean-token-mean",
+                             "clip_ratio_high": 0.28, "kl_loss_type": "k2"}
         results[policy] = run(tmp_path, policy, cfg)
     dps = {policy: [[p["dp"] for p in m["plan"]] for m in read_metrics(d)] for policy, d in results.items()}
     assert all(len(set(it)) > 1 for it in dps["auto"]), dps  # the actor's DP changed inside every iteration

@@ -1,18 +1,24 @@
-"""The actor's batch of a mini-batch (every device): GRPO advantages from the scored rollouts."""
+"""The actor's batch of a mini-batch (every device): advantages from the scored rollouts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from slurm_rl.data.schemas import ACTOR_BATCH
-from slurm_rl.rl.formulas import group_advantages
+from slurm_rl.rl.advantages import compute_advantages
 
 
-def make_actor_batch(inference: pa.Table, *, eps: float = 1e-6) -> pa.Table:
-    """GRPO-style batch: advantage = (reward - group mean) / (group std + eps): ACTOR_BATCH."""
-    adv = group_advantages(inference.column("reward").to_numpy(), inference.column("group_id").to_numpy(),
-                           eps=eps).astype(np.float32)
+def make_actor_batch(inference: pa.Table, algorithm: Any = None) -> pa.Table:
+    """ACTOR_BATCH of one cut mini-batch (whole groups): ``advantage`` by ``algorithm.adv_estimator``
+    (:mod:`slurm_rl.rl.advantages`; GRPO with verl's defaults when ``algorithm`` is None)."""
+    name = getattr(algorithm, "adv_estimator", "grpo")
+    lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
+    adv = compute_advantages(name, inference.column("reward").to_numpy(), inference.column("group_id").to_numpy(),
+                             lengths, algorithm).astype(np.float32)
     return pa.table(
         {
             "sample_id": inference.column("sample_id"),

@@ -86,7 +86,7 @@ WORKER_MODULES = (
 REAL_MODULES = (
     "torch", "torch.distributed", "safetensors.torch", "numpy.ctypeslib", "multiprocessing.popen_spawn_posix",
     "slurm_rl.worker.real_compute", "slurm_rl.engines.actor.trainer", "slurm_rl.engines.actor.checkpoint",
-    "slurm_rl.engines.weight_sync", "slurm_rl.rl.grpo",
+    "slurm_rl.engines.weight_sync", "slurm_rl.rl.losses",
     "slurm_rl.engines.inference", "slurm_rl.engines.rollout", "slurm_rl.engines.rollout.hf",
     "slurm_rl.rl.tokenizer", "slurm_rl.rl.dataset", "slurm_rl.rewards.runner", "pebble",
 )

@@ -583,7 +583,7 @@ class _Cutter:
         if cut is None:
             return None  # index order: the groups of the next mini-batch are not complete yet
         self.boundary_at = None
-        batch = make_actor_batch(cut)
+        batch = make_actor_batch(cut, self.it.p.cfg.algorithm)
         tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
         seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
         self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,

@@ -179,8 +179,8 @@ class RealCompute:
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
                                 micro_batch_size=cfg.train.micro_batch_size,
                                 max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch)
-        self.clip_eps = cfg.algorithm.clip_eps
-        self.kl_coef = cfg.algorithm.kl_coef
+        self.algorithm = cfg.algorithm
+        self.horizon = cfg.rollout.max_new_tokens
         self.temperature = cfg.algorithm.temperature
         self.backend = cfg.rollout.backend
         self.sub_batch = cfg.rollout.sub_batch or cfg.scheduler.max_running_requests
@@ -413,7 +413,7 @@ class RealCompute:
         rows = batch.to_pylist()
         mine = shard_for_rank(rows, self.trainer.dp_rank, self.trainer.dp_size)  # TP peers share one
         t0 = time.perf_counter()
-        stats = self.trainer.train_step([self._sample(r) for r in mine], self._loss_fn())
+        stats = self.trainer.train_step([self._sample(r) for r in mine], *self._loss())
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
 
     @staticmethod
@@ -432,16 +432,24 @@ class RealCompute:
         return {"input_ids": prompt + response, "loss_mask": mask, "old_logprobs": place(row["old_logprobs"]),
                 "ref_logprobs": place(row["ref_logprobs"]), "advantages": [row["advantage"] * m for m in mask]}
 
-    def _loss_fn(self) -> Any:
-        from slurm_rl.rl.grpo import grpo_token_loss
+    def _loss(self) -> tuple[Any, Any]:
+        """The per-token loss of ``algorithm`` (verl's vanilla policy loss plus ``kl_coef`` times
+        the ``kl_loss_type`` KL) and its aggregation over the step (``loss_agg_mode``)."""
+        from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_loss
 
-        clip, kl = self.clip_eps, self.kl_coef
+        al = self.algorithm
+        clip = PolicyLossConfig(clip_ratio_low=al.clip_eps if al.clip_ratio_low is None else al.clip_ratio_low,
+                                clip_ratio_high=al.clip_eps if al.clip_ratio_high is None else al.clip_ratio_high,
+                                clip_ratio_c=al.clip_ratio_c)
+        policy, kl_coef, kl_type = policy_loss("vanilla"), al.kl_coef, al.kl_loss_type
 
         def loss(logprobs: Any, batch: dict[str, Any]) -> Any:
-            return grpo_token_loss(logprobs, batch["old_logprobs"], batch["advantages"],
-                                   clip_eps=clip, ref_logprobs=batch["ref_logprobs"], kl_coef=kl)
+            per_token, _ = policy(logprobs, batch["old_logprobs"], batch["advantages"], clip)
+            if kl_coef:
+                per_token = per_token + kl_coef * kl_penalty(logprobs, batch["ref_logprobs"].detach(), kl_type)
+            return per_token
 
-        return loss
+        return loss, LossAggregation(al.loss_agg_mode, horizon=self.horizon)
 
     # -- warm switch (co-execution groups) ------------------------------------------------------
     def park(self) -> dict[str, Any]:

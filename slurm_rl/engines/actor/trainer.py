@@ -25,6 +25,7 @@ from slurm_rl.engines.errors import ReshardError
 from slurm_rl.engines.model_config import ModelConfig
 from slurm_rl.engines.parking import HostParking, ParkedError  # noqa: F401 (re-exported)
 from slurm_rl.errors import EngineError, WaitTimeout
+from slurm_rl.rl.losses import LossAggregation
 
 from .groups import GroupCache
 from .lr_schedule import SampleLRScheduler
@@ -262,13 +263,14 @@ class ActorTrainer:
 
     # ----------------------------------------------------------------- training
     def train_step(self, samples: Sequence[Mapping[str, Any]],
-                   loss_fn: LossFn = nll_loss) -> dict[str, float]:
+                   loss_fn: LossFn = nll_loss, aggregation: LossAggregation | None = None) -> dict[str, float]:
         """One optimizer step on this DP rank's share of the mini-batch.
 
         ``samples`` is this rank's contiguous ``global_batch_size / dp`` share (see
-        ``microbatch.shard_for_rank``). Collective over the DP group. Returns ``loss`` (token
-        mean over the global mini-batch), ``grad_norm``, ``lr``, ``consumed_samples``,
-        ``step``, ``tokens`` and ``micro_batches`` (this rank's).
+        ``microbatch.shard_for_rank``). Collective over the DP group. ``aggregation``: how the
+        per-token losses become the step's loss (default token mean), over the global mini-batch
+        whatever its split into micro-batches and DP ranks. Returns ``loss``, ``grad_norm``, ``lr``,
+        ``consumed_samples``, ``step``, ``tokens`` and ``micro_batches`` (this rank's).
         """
         self._require_live("train_step")
         share = self.batch_cfg.global_batch_size // self.dp_size
@@ -277,15 +279,18 @@ class ActorTrainer:
                              f"{share} (global_batch_size {self.batch_cfg.global_batch_size} / "
                              f"DP {self.dp_size})")
         assert self.model is not None and self.flat is not None and self.optimizer is not None
+        agg = aggregation or LossAggregation()
         batches = [collate(mb) for mb in split_microbatches(samples, self.batch_cfg)]
-        counts = torch.tensor([sum(float(b["loss_mask"].sum()) for b in batches)],
+        counts = torch.tensor([sum(float(b["loss_mask"].sum()) for b in batches),
+                               sum(float((b["loss_mask"].sum(-1) > 0).sum()) for b in batches)],
                               dtype=torch.float64, device=self.device)
         if self.dp_size > 1:
             dist.all_reduce(counts, group=self.dp_group)
-        global_tokens = float(counts.item())
+        global_tokens, global_sequences = float(counts[0].item()), float(counts[1].item())
         if global_tokens <= 0:
             raise ValueError(f"rank {self.me}: mini-batch at step {self.step + 1} has no "
                              "loss tokens")
+        denominator = agg.denominator(global_tokens, global_sequences)
         self.model.train()
         self.flat.zero_grad()
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
@@ -293,8 +298,8 @@ class ActorTrainer:
             logprobs = token_logprobs(self.model, batch["input_ids"].to(self.device),
                                       batch["attention_mask"].to(self.device))
             token_loss = loss_fn(logprobs, batch)
-            total = (token_loss * batch["loss_mask"].to(token_loss.device)).sum()
-            (total / global_tokens).backward()
+            total = (token_loss * agg.weights(batch["loss_mask"]).to(token_loss.device)).sum()
+            (total / denominator).backward()
             loss_sum += float(total.detach())
         if self.dp_size > 1:
             dist.all_reduce(loss_sum, group=self.dp_group)
@@ -302,7 +307,7 @@ class ActorTrainer:
         lr = self.scheduler.lr_for_step(step_samples)
         grad_norm = self.optimizer.step(lr)
         self.scheduler.advance(step_samples)
-        return {"loss": float(loss_sum.item()) / global_tokens, "grad_norm": grad_norm,
+        return {"loss": float(loss_sum.item()) / denominator, "grad_norm": grad_norm,
                 "lr": lr, "consumed_samples": float(self.consumed_samples),
                 "step": float(self.step), "tokens": global_tokens,
                 "micro_batches": float(len(batches))}

@@ -1,0 +1,160 @@
+"""Advantage estimators by name (``algorithm.adv_estimator``), computed as verl's ``core_algos`` computes them.
+
+Each estimator maps one cut mini-batch of scored samples to one advantage per sample (numpy,
+float64). Our rewards are outcome rewards (one per response, on its last token), so with
+``gamma = 1`` every estimator here gives each response token the same advantage and one number per
+sample is the whole result:
+
+- ``grpo``: ``(r - mean_g) / (std_g + 1e-6)`` per group (``std`` unbiased, as ``torch.std``; a
+  group of one sample has mean 0 and std 1); ``norm_adv_by_std_in_grpo: false`` keeps ``r - mean_g``
+  (Dr. GRPO).
+- ``rloo``: ``n / (n - 1) * (r - mean_g)``, the reward minus the mean of the other samples of its
+  group (a group of one keeps its reward).
+- ``reinforce_plus_plus``: the discounted return per token (``gamma``; only ``1.0`` here, see
+  :func:`estimator_problems`), whitened over every response token of the batch.
+- ``reinforce_plus_plus_baseline``: ``r - mean_g``, then whitened over every response token of the
+  batch.
+
+Whitening (verl's ``masked_whiten``): ``(x - mean) / sqrt(var + 1e-8)`` with the token-weighted
+mean and the unbiased token-weighted variance. verl whitens over the whole iteration batch; here
+the batch is the mini-batch the cutter hands to the actor (whole groups, ``train.global_batch_size``
+samples), the unit in which advantages can be computed while rollouts stream in.
+
+A user estimator is ``package.module:function`` (as ``reward.fn``), called as
+``function(rewards, groups, response_lengths, config)`` with numpy arrays and the ``algorithm``
+section, returning one advantage per sample. Estimators register with :func:`register_adv_est`
+(verl's name).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ADV_ESTIMATORS", "AdvantageFn", "adv_estimator", "compute_advantages", "estimator_problems",
+           "register_adv_est", "whiten"]
+
+AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], np.ndarray]
+"""``(rewards, groups, response_lengths, algorithm config) -> advantages``, one per sample."""
+
+GRPO_EPS = 1e-6
+WHITEN_EPS = 1e-8
+NEEDS_CRITIC = ("gae",)
+_FN_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+FN_FORM = "'package.module:function' (rewards, groups, response_lengths, config) -> advantages"
+
+ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_adv_est(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register an estimator under ``name`` (the value of ``algorithm.adv_estimator``)."""
+
+    def add(fn: AdvantageFn) -> AdvantageFn:
+        ADV_ESTIMATORS[name] = fn
+        return fn
+
+    return add
+
+
+def _group_stats(rewards: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample: its group's mean (0 for a group of one), unbiased std (1 for a group of one), size."""
+    _, inv, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    mean = np.bincount(inv, rewards) / counts
+    sq = np.bincount(inv, (rewards - mean[inv]) ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        std = np.sqrt(np.where(counts > 1, sq / np.maximum(counts - 1, 1), 1.0))
+    mean = np.where(counts > 1, mean, 0.0)
+    std = np.where(counts > 1, std, 1.0)
+    return mean[inv], std[inv], counts[inv]
+
+
+def whiten(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """verl's ``masked_whiten`` of a value per sample repeated over its ``lengths`` response tokens."""
+    weights = lengths.astype(np.float64)
+    n = weights.sum()
+    if n < 2:
+        raise ValueError(f"whitening needs at least 2 response tokens in the batch, got {n:.0f}")
+    mean = (values * weights).sum() / n
+    var = ((values - mean) ** 2 * weights).sum() / n * (n / (n - 1))
+    return (values - mean) / np.sqrt(var + WHITEN_EPS)
+
+
+@register_adv_est("grpo")
+def grpo(rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray, config: Any) -> np.ndarray:
+    mean, std, _ = _group_stats(rewards, groups)
+    if getattr(config, "norm_adv_by_std_in_grpo", True):
+        return (rewards - mean) / (std + GRPO_EPS)
+    return rewards - mean
+
+
+@register_adv_est("rloo")
+def rloo(rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray, config: Any) -> np.ndarray:
+    mean, _, n = _group_stats(rewards, groups)
+    scale = n / np.maximum(n - 1, 1)
+    return np.where(n > 1, rewards * scale - mean * scale, rewards)
+
+
+@register_adv_est("reinforce_plus_plus")
+def reinforce_plus_plus(rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray, config: Any) -> np.ndarray:
+    gamma = float(getattr(config, "gamma", 1.0))
+    if gamma != 1.0:
+        raise ValueError(f"reinforce_plus_plus: gamma {gamma} needs per-token advantages; only 1.0 is supported")
+    return whiten(rewards.astype(np.float64), lengths)
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray,
+                                 config: Any) -> np.ndarray:
+    mean, _, _ = _group_stats(rewards, groups)
+    return whiten(rewards - mean, lengths)
+
+
+def adv_estimator(name: str) -> AdvantageFn:
+    """The estimator named ``name``: a registered one or ``package.module:function``."""
+    if name in ADV_ESTIMATORS:
+        return ADV_ESTIMATORS[name]
+    from slurm_rl.rewards.loader import import_reward
+
+    return import_reward(name)
+
+
+def estimator_problems(algorithm: Any, critic_placed: bool = False) -> list[tuple[str, Any, str]]:
+    """What is wrong with ``algorithm.adv_estimator`` and its options, as (key, value, allowed)."""
+    name = getattr(algorithm, "adv_estimator", "grpo")
+    allowed = f"one of {', '.join([*ADV_ESTIMATORS, *NEEDS_CRITIC])}, or {FN_FORM}"
+    if not isinstance(name, str):
+        return [("algorithm.adv_estimator", name, allowed)]
+    if name in NEEDS_CRITIC and not critic_placed:
+        return [("algorithm.adv_estimator", name,
+                 f"{allowed}; {name!r} needs a critic component, and this version has none (use grpo, rloo "
+                 "or reinforce_plus_plus)")]
+    if name not in ADV_ESTIMATORS and name not in NEEDS_CRITIC:
+        if not _FN_RE.match(name):
+            return [("algorithm.adv_estimator", name, allowed)]
+        from slurm_rl.rewards.loader import _cwd_on_sys_path
+
+        _cwd_on_sys_path()
+        try:
+            adv_estimator(name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+            return [("algorithm.adv_estimator", name, f"{FN_FORM}; it does not import: {type(exc).__name__}: {exc}")]
+    gamma = getattr(algorithm, "gamma", 1.0)
+    if name == "reinforce_plus_plus" and gamma != 1.0:
+        return [("algorithm.gamma", gamma, "1.0 with reinforce_plus_plus (a discount needs per-token advantages, "
+                                           "which the actor batch does not carry yet)")]
+    return []
+
+
+def compute_advantages(name: str, rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray,
+                       config: Any) -> np.ndarray:
+    """Advantages of one mini-batch by the estimator ``name``, checked: one finite number per sample."""
+    out = np.asarray(adv_estimator(name)(np.asarray(rewards, np.float64), np.asarray(groups),
+                                         np.asarray(lengths), config), dtype=np.float64)
+    if out.shape != (len(rewards),) or not np.all(np.isfinite(out)):
+        raise ValueError(f"algorithm.adv_estimator {name!r} returned {out.shape} values "
+                         f"({'finite' if np.all(np.isfinite(out)) else 'not all finite'}); expected "
+                         f"{len(rewards)} finite advantages, one per sample")
+    return out

@@ -1,0 +1,296 @@
+"""Advantage estimators, policy loss, KL estimators and loss aggregation against verl's formulas.
+
+The references below are verl's ``core_algos`` functions written out in torch on token-level
+rewards (an outcome reward on the last response token), as verl runs them; ours work on one
+reward per sample and must give the same advantage on every response token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from slurm_rl.rl.advantages import ADV_ESTIMATORS, compute_advantages, estimator_problems
+from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_loss
+
+
+class Algo:
+    def __init__(self, **kw: object) -> None:
+        self.adv_estimator = "grpo"
+        self.norm_adv_by_std_in_grpo = True
+        self.gamma = 1.0
+        self.__dict__.update(kw)
+
+
+# --- verl's formulas (verl/trainer/ppo/core_algos.py, verl/utils/torch_functional.py) ----------
+def masked_mean(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (v * m).sum() / m.sum()
+
+
+def masked_whiten(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    mean = masked_mean(v, m)
+    var = masked_mean((v - mean) ** 2, m)
+    var = var * (m.sum() / (m.sum() - 1))
+    return (v - mean) * torch.rsqrt(var + 1e-8)
+
+
+def verl_grpo(tlr: torch.Tensor, mask: torch.Tensor, index: list[int], norm: bool) -> torch.Tensor:
+    scores = tlr.sum(-1)
+    by = defaultdict(list)
+    for i, k in enumerate(index):
+        by[k].append(scores[i])
+    mean, std = {}, {}
+    for k, xs in by.items():
+        if len(xs) == 1:
+            mean[k], std[k] = torch.tensor(0.0, dtype=tlr.dtype), torch.tensor(1.0, dtype=tlr.dtype)
+        else:
+            mean[k], std[k] = torch.mean(torch.stack(xs)), torch.std(torch.stack(xs))
+    out = scores.clone()
+    for i, k in enumerate(index):
+        out[i] = (scores[i] - mean[k]) / (std[k] + 1e-6) if norm else scores[i] - mean[k]
+    return out.unsqueeze(-1) * mask
+
+
+def verl_rloo(tlr: torch.Tensor, mask: torch.Tensor, index: list[int]) -> torch.Tensor:
+    scores = tlr.sum(-1)
+    by = defaultdict(list)
+    for i, k in enumerate(index):
+        by[k].append(scores[i])
+    mean = {k: torch.tensor(0.0, dtype=tlr.dtype) if len(xs) == 1 else torch.mean(torch.stack(xs))
+            for k, xs in by.items()}
+    out = scores.clone()
+    for i, k in enumerate(index):
+        n = len(by[k])
+        if n > 1:
+            out[i] = scores[i] * n / (n - 1) - mean[k] * n / (n - 1)
+    return out.unsqueeze(-1) * mask
+
+
+def verl_rpp(tlr: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    returns = torch.zeros_like(tlr)
+    running = torch.zeros(tlr.shape[0], dtype=tlr.dtype)
+    for t in reversed(range(tlr.shape[1])):
+        running = tlr[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return masked_whiten(returns, mask) * mask
+
+
+def verl_rpp_baseline(tlr: torch.Tensor, mask: torch.Tensor, index: list[int]) -> torch.Tensor:
+    scores = tlr.sum(-1)
+    by = defaultdict(list)
+    for i, k in enumerate(index):
+        by[k].append(scores[i])
+    mean = {k: torch.tensor(0.0, dtype=tlr.dtype) if len(xs) == 1 else torch.mean(torch.stack(xs))
+            for k, xs in by.items()}
+    out = torch.stack([scores[i] - mean[k] for i, k in enumerate(index)])
+    out = out.unsqueeze(-1).tile([1, tlr.shape[1]]) * mask
+    return masked_whiten(out, mask) * mask
+
+
+def outcome_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]:
+    """Groups of 4, 4 (all equal), 3 and 1 samples; response lengths 1..9; rewards on the last token."""
+    rng = np.random.default_rng(seed)
+    groups = np.array([7] * 4 + [3] * 4 + [11] * 3 + [5])
+    rewards = rng.integers(0, 3, len(groups)).astype(np.float64) / 2
+    rewards[4:8] = 0.5
+    lengths = rng.integers(1, 10, len(groups))
+    width = int(lengths.max())
+    mask = torch.zeros(len(groups), width, dtype=torch.float64)
+    tlr = torch.zeros(len(groups), width, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        tlr[i, n - 1] = rewards[i]
+    return rewards, groups, lengths, tlr, mask
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", ["grpo", "grpo-no-std", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_estimators_equal_verls_formulas(name: str, seed: int) -> None:
+    rewards, groups, lengths, tlr, mask = outcome_batch(seed)
+    index = groups.tolist()
+    if name == "grpo":
+        ref, algo = verl_grpo(tlr, mask, index, True), Algo()
+    elif name == "grpo-no-std":
+        ref, algo = verl_grpo(tlr, mask, index, False), Algo(norm_adv_by_std_in_grpo=False)
+        name = "grpo"
+    elif name == "rloo":
+        ref, algo = verl_rloo(tlr, mask, index), Algo()
+    elif name == "reinforce_plus_plus":
+        ref, algo = verl_rpp(tlr, mask, 1.0), Algo()
+    else:
+        ref, algo = verl_rpp_baseline(tlr, mask, index), Algo()
+    ours = compute_advantages(name, rewards, groups, lengths, algo)
+    per_token = torch.from_numpy(ours).unsqueeze(-1) * mask
+    # advantages are O(1): compare on that scale
+    assert torch.allclose(per_token, ref, atol=1e-9), (per_token - ref).abs().max()
+
+
+def test_grpo_uses_the_unbiased_std_and_leaves_equal_groups_at_zero() -> None:
+    adv = compute_advantages("grpo", np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5]), np.array([0, 0, 0, 0, 1, 1]),
+                             np.ones(6), Algo())
+    s = math.sqrt(1 / 3)  # torch.std of [1, 0, 0, 1]
+    assert np.allclose(adv[:4], np.array([0.5, -0.5, -0.5, 0.5]) / (s + 1e-6))
+    assert np.array_equal(adv[4:], np.zeros(2))
+
+
+def test_user_estimator_is_called_with_the_batch(tmp_path, monkeypatch) -> None:
+    (tmp_path / "my_adv.py").write_text(
+        "import numpy as np\n"
+        "def centred(rewards, groups, lengths, config):\n"
+        "    return rewards - rewards.mean() + 0 * lengths\n"
+        "def wrong(rewards, groups, lengths, config):\n"
+        "    return rewards[:1]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert estimator_problems(Algo(adv_estimator="my_adv:centred")) == []
+    out = compute_advantages("my_adv:centred", np.array([1.0, 3.0]), np.array([0, 0]), np.array([2, 2]), Algo())
+    assert out.tolist() == [-1.0, 1.0]
+    with pytest.raises(ValueError, match="returned .1,. values.*expected 2"):
+        compute_advantages("my_adv:wrong", np.array([1.0, 3.0]), np.array([0, 0]), np.array([2, 2]), Algo())
+
+
+def test_estimator_problems_name_the_key_and_what_is_allowed() -> None:
+    [(key, value, allowed)] = estimator_problems(Algo(adv_estimator="ppo"))
+    assert key == "algorithm.adv_estimator" and value == "ppo"
+    assert all(n in allowed for n in ADV_ESTIMATORS)
+    [(key, value, allowed)] = estimator_problems(Algo(adv_estimator="gae"))
+    assert value == "gae" and "critic" in allowed
+    [(key, value, allowed)] = estimator_problems(Algo(adv_estimator="nosuchmodule_x:f"))
+    assert "does not import" in allowed
+    [(key, value, _)] = estimator_problems(Algo(adv_estimator="reinforce_plus_plus", gamma=0.99))
+    assert (key, value) == ("algorithm.gamma", 0.99)
+
+
+def verl_vanilla(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, low: float, high: float,
+                 c: float) -> torch.Tensor:
+    ratio = torch.exp(torch.clamp(lp - old, -20.0, 20.0))
+    l1 = -adv * ratio
+    l2 = -adv * torch.clamp(ratio, 1 - low, 1 + high)
+    c1 = torch.maximum(l1, l2)
+    l3 = -adv * c
+    c2 = torch.min(l3, c1)
+    return torch.where(adv < 0, c2, c1)
+
+
+def test_vanilla_policy_loss_clips_like_verl_with_clip_higher_and_dual_clip() -> None:
+    old = torch.zeros(1, 6)
+    ratios = torch.tensor([[1.5, 0.5, 1.5, 0.5, 5.0, 1.1]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -2.0, 1.0]])
+    lp = torch.log(ratios).requires_grad_()
+    cfg = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    loss, clipped = policy_loss("vanilla")(lp, old, adv, cfg)
+    # token 0: min(1.5, 1.28) -> clipped high at 1.28; token 1: 0.5 (not clipped); token 2: -1.5;
+    # token 3: clipped low at -0.8; token 4: ratio 5 with A < 0 -> dual clip at -A * 3 = 6; token 5: 1.1
+    assert loss.detach().tolist()[0] == pytest.approx([-1.28, -0.5, 1.5, 0.8, 6.0, -1.1])
+    assert clipped.tolist() == [[True, False, False, True, True, False]]
+    ref = verl_vanilla(lp.detach(), old, adv, 0.2, 0.28, 3.0)
+    assert torch.allclose(loss.detach(), ref)
+    loss.sum().backward()
+    g = lp.grad[0]
+    assert g[0] == 0 and g[3] == 0 and g[4] == 0  # clipped tokens give no gradient
+    assert g[1] == pytest.approx(-0.5) and g[2] == pytest.approx(1.5) and g[5] == pytest.approx(-1.1)
+
+
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "low_var_kl"])
+def test_kl_types_against_their_formulas(kind: str) -> None:
+    lp = torch.log(torch.tensor([[0.5, 0.2, 0.9]])).requires_grad_()
+    ref = torch.log(torch.tensor([[0.25, 0.2, 0.3]]))
+    d = (lp - ref).detach()
+    expected = {"k1": d, "abs": d.abs(), "k2": 0.5 * d ** 2,
+                "low_var_kl": torch.exp(-d) + d - 1}[kind]
+    kl = kl_penalty(lp, ref, kind)
+    assert torch.allclose(kl.detach(), expected)
+    assert kl[0, 1].item() == 0.0
+    kl.sum().backward()
+    grad = {"k1": torch.ones(3), "abs": torch.sign(d[0]), "k2": d[0], "low_var_kl": 1 - torch.exp(-d[0])}[kind]
+    assert torch.allclose(lp.grad[0], grad, atol=1e-6)
+    with pytest.raises(ValueError, match="kl_loss_type 'k9'"):
+        kl_penalty(lp, ref, "k9")
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_aggregation_is_split_invariant_and_means_what_it_says(mode: str) -> None:
+    torch.manual_seed(0)
+    loss = torch.randn(6, 5)
+    lengths = torch.tensor([5, 3, 1, 4, 2, 5])
+    mask = (torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    agg = LossAggregation(mode, horizon=8)
+    denom = agg.denominator(float(mask.sum()), 6.0)
+
+    def total(chunks: list[slice]) -> float:
+        return sum(float((loss[s] * agg.weights(mask[s])).sum()) for s in chunks) / denom
+
+    whole = total([slice(0, 6)])
+    assert whole == pytest.approx(total([slice(0, 2), slice(2, 3), slice(3, 6)]), abs=1e-6)
+    per_seq_sum = (loss * mask).sum(-1)
+    expected = {"token-mean": per_seq_sum.sum() / mask.sum(), "seq-mean-token-sum": per_seq_sum.mean(),
+                "seq-mean-token-mean": (per_seq_sum / lengths).mean(),
+                "seq-mean-token-sum-norm": per_seq_sum.sum() / (6 * 8)}[mode]
+    assert whole == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_aggregation_refuses_unknown_modes() -> None:
+    with pytest.raises(ValueError, match="loss_agg_mode 'mean'"):
+        LossAggregation("mean")
+    with pytest.raises(ValueError, match="horizon"):
+        LossAggregation("seq-mean-token-sum-norm")
+
+
+def _step_loss(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, agg: LossAggregation,
+               ref: torch.Tensor | None = None, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
+               cfg: PolicyLossConfig = PolicyLossConfig()) -> torch.Tensor:
+    """The step loss as the trainer forms it: weighted per-token losses over the step's denominator."""
+    per_token, _ = policy_loss("vanilla")(lp, old, adv, cfg)
+    if kl_coef:
+        per_token = per_token + kl_coef * kl_penalty(lp, ref, kl_type)
+    denom = agg.denominator(float(mask.sum()), float((mask.sum(-1) > 0).sum()))
+    return (per_token * agg.weights(mask)).sum() / denom
+
+
+def test_on_policy_loss_is_minus_the_mean_advantage_and_its_gradient_the_score() -> None:
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]])).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([2.0, -1.0])
+    loss = _step_loss(lp, lp.detach(), adv, mask, LossAggregation())
+    assert loss.item() == pytest.approx(-(2 + 2 - 1) / 3)  # ratio 1 everywhere
+    loss.backward()
+    # d/dlp of -ratio * A / N at ratio 1 is -A / N on masked tokens
+    assert torch.allclose(lp.grad, torch.tensor([[-2 / 3, -2 / 3, 0.0], [1 / 3, 0.0, 0.0]]))
+
+
+def test_kl_loss_enters_with_its_weight() -> None:
+    lp = torch.log(torch.tensor([[0.5, 0.2]]))
+    ref = torch.log(torch.tensor([[0.25, 0.2]]))
+    kl = kl_penalty(lp, ref, "low_var_kl")
+    assert kl[0, 0].item() == pytest.approx(0.5 - math.log(0.5) - 1)
+    loss = _step_loss(lp, lp, torch.zeros(1), torch.ones(1, 2), LossAggregation(), ref=ref, kl_coef=0.1)
+    assert loss.item() == pytest.approx(0.1 * kl.sum().item() / 2)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_step_gradient_does_not_depend_on_the_micro_batch_split(mode: str) -> None:
+    torch.manual_seed(0)
+    lp = torch.randn(6, 5)
+    old = lp + 0.1 * torch.randn(6, 5)
+    ref = lp + 0.1 * torch.randn(6, 5)
+    lengths = torch.tensor([5, 3, 1, 4, 2, 5])
+    mask = (torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    adv = torch.from_numpy(compute_advantages("grpo", np.array([1.0, 0.0, 0.2, 0.9, 0.4, 0.3]),
+                                              np.array([0, 0, 0, 1, 1, 1]), lengths.numpy(), Algo())).float()
+    agg = LossAggregation(mode)
+    denom = agg.denominator(float(mask.sum()), 6.0)
+
+    def grad(chunks: list[slice]) -> torch.Tensor:
+        p = lp.clone().requires_grad_()
+        for s in chunks:
+            per_token, _ = policy_loss("vanilla")(p[s], old[s], adv[s], PolicyLossConfig())
+            per_token = per_token + 0.05 * kl_penalty(p[s], ref[s], "low_var_kl")
+            ((per_token * agg.weights(mask[s])).sum() / denom).backward()
+        return p.grad
+
+    assert torch.allclose(grad([slice(0, 6)]), grad([slice(0, 2), slice(2, 3), slice(3, 6)]), atol=1e-6)
