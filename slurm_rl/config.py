@@ -56,7 +56,7 @@ RolloutBackend = Literal["hf", "vllm"]
 LrDecayStyle = Literal["cosine", "linear", "constant"]  # the LR schedule's decay (engines.actor.lr_schedule)
 Overlong = Literal["drop", "error"]  # what data.max_prompt_length does to a longer prompt
 RewardOnError = Literal["raise", "zero"]
-RewardName = Literal["gsm8k", "math", "exact"]  # built-in rewards (rewards.builtin)
+RewardName = Literal["gsm8k", "math", "exact", "auto"]  # built-in rewards (rewards.builtin; auto: by data_source)
 Precision = Literal["auto", "fp32", "bf16"]  # the actor's compute precision (auto: bf16 on cuda, else fp32)
 Recompute = Literal["none", "selective", "full"]  # the actor's activation recomputation (megatron-core)
 

@@ -42,12 +42,38 @@ def input_problems(cfg: Config) -> list[ConfigIssue]:
     issues += data_issues
     if not any(i.key in ("model.path", "model.tokenizer_path") for i in issues):
         issues += tp_model_problems(cfg, tok)
+    dataset = None
     if tok is not None and not data_issues:
-        issues += _prompt_problems(cfg, spec, tok)
+        prompt_issues, dataset = _prompt_problems(cfg, spec, tok)
+        issues += prompt_issues
     from slurm_rl.rewards import reward_problems
 
-    issues += [ConfigIssue(*p) for p in reward_problems(cfg.reward.name, cfg.reward.fn)]
+    reward_issues = [ConfigIssue(*p) for p in reward_problems(cfg.reward.name, cfg.reward.fn)]
+    issues += reward_issues
+    if dataset is not None and not reward_issues:
+        issues += ground_truth_problems(cfg, dataset)
     return issues
+
+
+GROUND_TRUTH_ROWS = 3
+"""How many rows ``validate`` scores with their own ground truth before a launch."""
+
+
+def ground_truth_problems(cfg: Config, dataset: Any) -> list[ConfigIssue]:
+    """Score the first rows' ground truth as a response with the configured reward: an answer the
+    reward cannot read (a ``ValueError``, e.g. ``data.answer_key`` naming a mapping instead of the
+    text inside it) is refused before launch instead of failing every sample of the run."""
+    from slurm_rl.rewards import resolve_reward
+
+    reward = resolve_reward(cfg.reward.name, cfg.reward.fn)
+    for row in dataset.rows[:GROUND_TRUTH_ROWS]:
+        try:
+            reward(row.raw_prompt, str(row.answer), row.answer, dict(row.extra))
+        except ValueError as err:
+            return [ConfigIssue("data.answer_key", cfg.data.answer_key, (
+                f"a column whose values the reward {cfg.reward.name or cfg.reward.fn} can score; "
+                f"{row.source}: {err}"))]
+    return []
 
 
 def tp_model_problems(cfg: Config, tok: Any) -> list[ConfigIssue]:
@@ -100,25 +126,28 @@ def _tokenizer(cfg: Config, issues: list[ConfigIssue]) -> Any:
         return None
 
 
-def _prompt_problems(cfg: Config, spec: Any, tok: Any) -> list[ConfigIssue]:
+def _prompt_problems(cfg: Config, spec: Any, tok: Any) -> tuple[list[ConfigIssue], Any]:
     """Tokenise the prompts as the run will: no prompt left, an overlong prompt with
-    ``data.overlong: error``, a chat prompt without a template."""
+    ``data.overlong: error``, a chat prompt without a template. Also returns the training
+    dataset (None when it did not load)."""
     from slurm_rl.errors import InputError
     from slurm_rl.rl.dataset import PromptDataset
 
     out = []
+    train = None
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         if not files:
             continue
         try:
-            PromptDataset.load(files, spec, tok, key=key)
+            loaded = PromptDataset.load(files, spec, tok, key=key)
+            train = loaded if key == "data.train_files" else train
         except InputError as err:  # the dataset names its own key: "KEY: got V; allowed: A" per line
             for line in str(err).splitlines():
                 head, sep, allowed = line.partition("; allowed: ")
                 name, _, value = head.partition(": got ")
                 out.append(ConfigIssue(name, _literal(value), allowed) if sep and value
                            else ConfigIssue(key, list(files), line))
-    return out
+    return out, train
 
 
 def _literal(text: str) -> Any:

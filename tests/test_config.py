@@ -808,7 +808,7 @@ def test_model_path_refuses_size_keys_and_real_devices_need_data_and_reward() ->
     with pytest.raises(ConfigError) as exc:
         config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "eval.every=5"])
     assert_issue(exc.value, "data.train_files", [], "a list of .jsonl or .parquet prompt files")
-    assert_issue(exc.value, "reward.name", None, "one of gsm8k, math, exact, or reward.fn")
+    assert_issue(exc.value, "reward.name", None, "one of gsm8k, math, exact, auto, or reward.fn")
     assert_issue(exc.value, "eval.every", 5, "data.val_files set")
     with pytest.raises(ConfigError) as exc:
         config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "data.train_files=[a.jsonl]", "reward.name=exact",

@@ -33,6 +33,18 @@ def reward(prompt, response, answer, extra):
 '''
 
 
+def write_verl_gsm8k(path: Path, split: str, rows: list[dict[str, Any]]) -> Path:
+    """Rows laid out exactly as verl's GSM8K preprocessing (examples/data_preprocess/gsm8k.py) writes
+    them: chat-message ``prompt``, ``data_source``, ``ability``, the answer nested at
+    ``reward_model.ground_truth`` (the number after "####") and ``extra_info``."""
+    out = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": r["prompt"]}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": r["answer"].split("####")[-1].strip()},
+            "extra_info": {"split": split, "index": i, "answer": r["answer"], "question": r["prompt"]}}
+           for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(out), path)
+    return path
+
+
 def _inputs(root: Path) -> dict[str, Path]:
     """Checkpoints (with a chat template), prompt files in JSONL and Parquet, a user reward module."""
     from slurm_rl.toy.checkpoint import make_checkpoint
@@ -50,6 +62,10 @@ def _inputs(root: Path) -> dict[str, Path]:
     out["add.parquet"] = write_task_dataset(root / "add.parquet", "add", rows=40, max_operand=4, first_id=40,
                                             chat=True)
     out["val.jsonl"] = write_task_dataset(root / "val.jsonl", "add", rows=6, max_operand=4, first_id=80)
+    out["verl-train.parquet"] = write_verl_gsm8k(root / "verl-train.parquet", "train",
+                                                 list(task_rows("add", rows=40, max_operand=4, first_id=40)))
+    out["verl-test.parquet"] = write_verl_gsm8k(root / "verl-test.parquet", "test",
+                                                list(task_rows("add", rows=6, max_operand=4, first_id=80)))
     rows = [{"question": r["prompt"], "answer": r["answer"].removeprefix("#### ")}
             for r in task_rows("add", rows=40, max_operand=4)]
     pq.write_table(pa.Table.from_pylist(rows), root / "math.parquet")  # answers "7": math-verify parses them
@@ -82,11 +98,12 @@ def _config(run_dir: Path, **sections: Any) -> dict:
     return cfg
 
 
-RUNS: dict[str, Any] = {
+VERL_DATA = {"answer_key": "reward_model.ground_truth"}  # what a verl user's GSM8K files need, nothing else
+RUNS: dict[str, Any] = {  # gsm8k: verl's files as they are, scored through reward.name auto (data_source)
     "gsm8k": lambda f: {"model": {"path": str(f["llama"])},
-                        "data": {"train_files": [str(f["add.jsonl"]), str(f["add.parquet"])],
-                                 "val_files": [str(f["val.jsonl"])]},
-                        "reward": {"name": "gsm8k"}, "eval": {"every": 1, "n": 2}},
+                        "data": {"train_files": [str(f["verl-train.parquet"])],
+                                 "val_files": [str(f["verl-test.parquet"])], **VERL_DATA},
+                        "reward": {"name": "auto"}, "eval": {"every": 1, "n": 2}},
     "math": lambda f: {"model": {"path": str(f["qwen2"])},
                        "data": {"train_files": [str(f["math.parquet"])], "prompt_key": "question",
                                 "apply_chat_template": False},
@@ -253,3 +270,29 @@ def test_a_corrupt_data_file_read_mid_run_names_file_and_row(inputs: dict[str, P
     with pytest.raises(Exception) as exc:
         PromptDataset.load(cfg.data.train_files, data_spec(cfg), load_tokenizer(None, None))
     assert str(data) in str(exc.value) and "2" in str(exc.value)
+
+
+def test_verl_rows_load_as_they_are_and_a_wrong_answer_key_is_refused(inputs: dict[str, Path], tmp_path: Path) -> None:
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.inputs import input_problems
+    from slurm_rl.rl.dataset import DataSpec, PromptDataset
+    from slurm_rl.rl.tokenizer import load_tokenizer
+
+    def problems(answer_key: str, reward: str = "auto") -> list[str]:
+        cfg = config_from_mapping(_config(tmp_path / "run", model={"path": str(inputs["llama"])}, reward={"name": reward},
+                                          data={"train_files": [str(inputs["verl-train.parquet"])],
+                                                "answer_key": answer_key}))
+        return [str(issue) for issue in input_problems(cfg)]
+
+    assert problems("reward_model.ground_truth") == []
+    # the whole mapping is not an answer gsm8k can read: refused before launch, not on every sample
+    (whole,) = problems("reward_model", reward="gsm8k")
+    assert whole.startswith("data.answer_key: got 'reward_model'") and "is not a GSM8K solution" in whole, whole
+    (nested,) = problems("reward_model.truth")
+    assert "column 'reward_model' has keys ['style', 'ground_truth']" in nested, nested
+    (top,) = problems("labels.ground_truth")
+    assert "it has columns ['data_source', 'prompt', 'ability', 'reward_model', 'extra_info']" in top, top
+    spec = DataSpec(train_files=(str(inputs["verl-train.parquet"]),), answer_key="reward_model.ground_truth")
+    rows = PromptDataset.load(spec.train_files, spec, load_tokenizer(str(inputs["llama"]), None)).rows
+    assert rows[0].answer == rows[0].extra["extra_info"]["answer"].split("#### ")[-1]
+    assert rows[0].extra["data_source"] == "openai/gsm8k" and rows[0].raw_prompt == rows[0].extra["extra_info"]["question"]

@@ -149,7 +149,7 @@ def test_exact(response: str, answer: object, expected: float) -> None:
 
 
 def test_builtin_table_is_read_only() -> None:
-    assert set(BUILTIN) == {"gsm8k", "math", "exact"} and BUILTIN["gsm8k"] is gsm8k
+    assert set(BUILTIN) == {"gsm8k", "math", "exact", "auto"} and BUILTIN["gsm8k"] is gsm8k
     with pytest.raises(TypeError):
         BUILTIN["mine"] = exact  # type: ignore[index]
 
@@ -159,7 +159,7 @@ def test_builtin_table_is_read_only() -> None:
 @pytest.mark.parametrize(("name", "fn", "key", "allowed"), [
     (None, None, "reward.name", "exactly one of reward.name"),
     ("gsm8k", "{pkg}.rewards:score", "reward.name", "exactly one of reward.name"),
-    ("gsm9k", None, "reward.name", "one of exact, gsm8k, math"),
+    ("gsm9k", None, "reward.name", "one of auto, exact, gsm8k, math"),
     (None, "{pkg}.rewards.score", "reward.fn", "'package.module:function'"),
     (None, "{pkg}/rewards:score", "reward.fn", "'package.module:function'"),
     (None, "{pkg}.rewards:score:x", "reward.fn", "'package.module:function'"),
@@ -317,3 +317,16 @@ def test_stop_signals_to_every_process_leave_the_workers_scoring(tmp_path: Path)
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["40000.0", "0", "['usr1']"], proc.stdout + proc.stderr[-2000:]
+
+
+def test_auto_routes_by_data_source_as_verl_does() -> None:
+    from slurm_rl.rewards.builtin import BUILTIN
+
+    auto = BUILTIN["auto"]
+    assert auto("q", "so #### 72", "72", {"data_source": "openai/gsm8k"}) == 1.0
+    assert auto("q", "so #### 71", "72", {"data_source": "openai/gsm8k"}) == 0.0
+    assert auto("q", r"\boxed{\frac{1}{2}}", "0.5", {"data_source": "HuggingFaceH4/MATH-500"}) == 1.0
+    with pytest.raises(ValueError, match="no reward for data_source 'my/set'.*openai/gsm8k"):
+        auto("q", "72", "72", {"data_source": "my/set"})
+    with pytest.raises(ValueError, match="data_source None"):
+        auto("q", "72", "72", {})

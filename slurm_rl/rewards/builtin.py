@@ -1,4 +1,4 @@
-"""The built-in reward functions: ``gsm8k``, ``math`` and ``exact``.
+"""The built-in reward functions: ``gsm8k``, ``math``, ``exact`` and ``auto`` (by the row's ``data_source``).
 
 Each is ``(prompt, response, answer, extra) -> float`` and returns 1.0 for a correct response,
 0.0 otherwise; a ground truth that cannot be read raises ``ValueError`` (a data problem, not a
@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["BUILTIN", "MATH_TIMEOUT_S", "RewardFn", "exact", "gsm8k", "math"]
+__all__ = ["BUILTIN", "DATA_SOURCES", "MATH_TIMEOUT_S", "RewardFn", "auto", "exact", "gsm8k", "math"]
 
 RewardFn = Callable[[str, str, Any, dict], float]
 """A reward function: ``(prompt, response, answer, extra) -> float``."""
@@ -95,5 +95,22 @@ def exact(prompt: str, response: str, answer: Any, extra: dict) -> float:
     return 1.0 if response.strip() == str(answer).strip() else 0.0
 
 
-BUILTIN: Mapping[str, RewardFn] = MappingProxyType({"gsm8k": gsm8k, "math": math, "exact": exact})
+# verl's default_compute_score: which reward scores a row, by its data_source column
+DATA_SOURCES: Mapping[str, str] = MappingProxyType({
+    "openai/gsm8k": "gsm8k",
+    "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math",
+})
+
+
+def auto(prompt: str, response: str, answer: Any, extra: dict) -> float:
+    """The reward of the row's ``data_source`` column, as verl's ``default_compute_score`` routes it
+    (:data:`DATA_SOURCES`); an unknown or missing source raises ``ValueError`` naming it."""
+    source = extra.get("data_source")
+    if source not in DATA_SOURCES:
+        raise ValueError(f"auto: no reward for data_source {source!r}; known sources: {', '.join(DATA_SOURCES)} "
+                         "(or name the reward: reward.name / reward.fn)")
+    return BUILTIN[DATA_SOURCES[source]](prompt, response, answer, extra)
+
+
+BUILTIN: Mapping[str, RewardFn] = MappingProxyType({"gsm8k": gsm8k, "math": math, "exact": exact, "auto": auto})
 """The built-in rewards by ``reward.name`` (read-only)."""

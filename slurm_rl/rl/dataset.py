@@ -241,14 +241,48 @@ def _prompt_problem(prompt: Any) -> str | None:
 _PROMPT_ALLOWED = "a string or a list of {'role': str, 'content': str} messages with a 'user' message"
 
 
+_MISSING = object()
+
+
+def column_value(record: dict[str, Any], key: str) -> Any:
+    """``record[key]``, or for a dotted key that is not a column itself (``reward_model.ground_truth``,
+    as verl's preprocessing nests the answer) the nested value; ``_MISSING`` when absent."""
+    if key in record:
+        return record[key]
+    value: Any = record
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _missing_key(record: dict[str, Any], key: str) -> str:
+    """What a row has where ``key`` names nothing: its columns, or the keys of the deepest dict reached."""
+    value: Any = record
+    reached = []
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            break
+        value, reached = value[part], [*reached, part]
+    if reached and isinstance(value, dict):
+        return f"column {'.'.join(reached)!r} has keys {list(value)}"
+    if reached:
+        return f"column {'.'.join(reached)!r} is a {type(value).__name__}, not a mapping"
+    return f"it has columns {list(record)}"
+
+
 def _row_problem(record: dict[str, Any], path: str, row: int, file_key: str,
                  spec: DataSpec) -> tuple[str, Any, str] | None:
     """The first problem of one row as ``(key, value, allowed)``, or None."""
     where = f"{path}:{row}"
-    if spec.prompt_key not in record:
+    prompt = column_value(record, spec.prompt_key)
+    if prompt is _MISSING:
         return (file_key, where, f"rows with a {spec.prompt_key!r} column (data.prompt_key); "
-                f"{_where(path, row)} has keys {list(record)}")
-    prompt = record[spec.prompt_key]
+                f"{_where(path, row)}: {_missing_key(record, spec.prompt_key)}")
+    if "." in spec.answer_key and column_value(record, spec.answer_key) is _MISSING:
+        return ("data.answer_key", spec.answer_key, f"a column or a dotted path to a nested value; "
+                f"{_where(path, row)}: {_missing_key(record, spec.answer_key)}")
     problem = _prompt_problem(prompt)
     if problem is not None:
         return (file_key, where, f"{_PROMPT_ALLOWED} in column {spec.prompt_key!r}; "
@@ -367,7 +401,7 @@ class PromptDataset:
                 problem = _row_problem(record, path, row, file_key, spec)
                 if problem is not None:
                     raise InputError(_issue(*problem))
-                prompt = record[spec.prompt_key]
+                prompt = column_value(record, spec.prompt_key)
                 if isinstance(prompt, list):
                     if not templated:  # apply_chat_template false is a row problem above
                         raise InputError(
@@ -390,7 +424,8 @@ class PromptDataset:
                                          f"prompt: {type(exc).__name__}: {exc}") from exc
                 sources.append(f"{path}:{row}")
                 texts.append(text)
-                answers.append(record.get(spec.answer_key))
+                answer = column_value(record, spec.answer_key)
+                answers.append(None if answer is _MISSING else answer)
                 extras.append({k: v for k, v in record.items() if k not in skip})
                 raws.append(raw)
             if count == 0:
