@@ -349,6 +349,7 @@ class AlgorithmSection:
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     kl_coef: float = 0.0  # weight of the KL loss to the reference policy (verl: use_kl_loss + kl_loss_coef)
     kl_loss_type: str = "low_var_kl"  # k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)
+    entropy_coeff: float = 0.0  # weight of the entropy bonus (the loss minus entropy_coeff x the policy's entropy)
     temperature: float = 1.0  # sampling temperature of the rollout
 
 
@@ -835,7 +836,7 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
         if not isinstance(text, str) or not text:
             issues.append(ConfigIssue(f"rollout.stop[{i}]", text, "a non-empty string"))
     _positive(issues, "algorithm", al, "temperature")
-    _positive(issues, "algorithm", al, "clip_eps", "kl_coef", allow_zero=True)
+    _positive(issues, "algorithm", al, "clip_eps", "kl_coef", "entropy_coeff", allow_zero=True)
     _validate_algorithm(al, issues)
     _positive(issues, "data", root.data, "max_prompt_length")
     _positive(issues, "reward", root.reward, "timeout_s", "workers")

@@ -16,7 +16,7 @@ from slurm_rl.engines.model_config import ModelConfig
 
 def model_worker(rank: int, world: int) -> dict[str, Any]:
     from slurm_rl.engines.actor.cpu_shim import apply_cpu_shim
-    from slurm_rl.engines.actor.model import build_gpt_model, token_logprobs
+    from slurm_rl.engines.actor.model import build_gpt_model, forward_logits, token_logprobs, token_logprobs_and_entropy
 
     cfg = ModelConfig(num_query_groups=2)
     a, b = build_gpt_model(cfg, seed=3), build_gpt_model(cfg, seed=3)
@@ -29,7 +29,12 @@ def model_worker(rank: int, world: int) -> dict[str, Any]:
     changed = ids.clone()
     changed[:, 6] = (changed[:, 6] + 1) % 64
     tied = build_gpt_model(ModelConfig(tie_word_embeddings=True), seed=1)
+    with torch.no_grad():
+        lp2, ent = token_logprobs_and_entropy(a, ids, mask)
+        reference = torch.distributions.Categorical(logits=forward_logits(a, ids, mask)[:, :-1].float()).entropy()
     return {
+        "entropy": torch.allclose(ent, reference, atol=1e-5) and torch.equal(lp2, lp.detach())
+        and float(ent.min()) > 0,
         "shim_idempotent": apply_cpu_shim() and apply_cpu_shim(),
         "same_init": all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())),
         "seed_matters": not torch.equal(a.output_layer.weight, c.output_layer.weight),
@@ -54,6 +59,7 @@ def test_gpt_model_on_cpu() -> None:
     assert out["shape"] == (2, 9) and out["all_grads"]
     assert out["causal"] and out["padding"]
     assert out["tied_names"] == []
+    assert out["entropy"]  # the entropy bonus's term: Categorical's entropy of the same logits
 
 
 def test_model_config_validation() -> None:

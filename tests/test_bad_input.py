@@ -370,7 +370,7 @@ def test_unknown_engine_key_is_refused_at_launch_with_exit_2(tmp_path: Path) -> 
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert ("algorithm.kl_coeff: got 0.1; allowed: one of the keys adv_estimator, norm_adv_by_std_in_grpo, gamma, clip_eps, "
-            "clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, temperature" in proc.stderr)
+            "clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, entropy_coeff, temperature" in proc.stderr)
     assert "actor.lr: got -1" in proc.stderr, proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written
 

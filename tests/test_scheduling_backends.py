@@ -8,6 +8,7 @@ produced once by rollout and trained once by the actor.
 
 from __future__ import annotations
 
+import math
 import json
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,7 @@ from slurm_rl.control.progress import read_all_progress
 from slurm_rl.data.migration import pending_dir
 from slurm_rl.data.reader import StageReader
 from slurm_rl.inspect.report import read_metrics
+from slurm_rl.rl.tokenizer import CharTokenizer
 from identity import assert_losses_match, assert_params_match
 from test_live_scheduling import _run as run, live_config
 from toy_data import TOY_DATA, TOY_REWARD
@@ -197,12 +199,13 @@ def test_training_is_identical_with_and_without_scaling(tmp_path: Path) -> None:
 
     The runs use the options whose terms span the data parallel ranks (every other real run here
     uses GRPO with a token mean): REINFORCE++'s advantages whitened over each mini-batch, each
-    sequence's token mean averaged over the step's sequences, clip-higher and the k2 KL loss."""
+    sequence's token mean averaged over the step's sequences, clip-higher, the k2 KL loss and the
+    entropy bonus (its mean entropy recorded per iteration)."""
     results = {}
     for policy in ("static", "auto"):
         cfg = cpu_config(tmp_path / policy, policy, iterations=3)
         cfg["algorithm"] |= {"adv_estimator": "reinforce_plus_plus", "loss_agg_mode": "seq-mean-token-mean",
-                             "clip_ratio_high": 0.28, "kl_loss_type": "k2"}
+                             "clip_ratio_high": 0.28, "kl_loss_type": "k2", "entropy_coeff": 0.01}
         results[policy] = run(tmp_path, policy, cfg)
     dps = {policy: [[p["dp"] for p in m["plan"]] for m in read_metrics(d)] for policy, d in results.items()}
     assert all(len(set(it)) > 1 for it in dps["auto"]), dps  # the actor's DP changed inside every iteration
@@ -211,3 +214,7 @@ def test_training_is_identical_with_and_without_scaling(tmp_path: Path) -> None:
     assert len(losses["static"]) == 12
     assert_losses_match(losses["auto"], losses["static"])
     assert_params_match(results["auto"], results["static"], rtol=1e-5)
+    entropy = {policy: [m["entropy"] for m in read_metrics(d)] for policy, d in results.items()}
+    vocab = CharTokenizer().vocab_size  # the random model's vocabulary
+    assert all(0 < e < math.log(vocab) for e in entropy["static"]), entropy  # nats, below a uniform distribution's
+    assert entropy["auto"] == pytest.approx(entropy["static"], abs=1e-4), entropy

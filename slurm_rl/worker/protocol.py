@@ -870,6 +870,7 @@ class _Iteration:
         c = self.cutter
         steps = self._markers()
         losses = [m["loss"] for m in steps if m.get("loss") is not None]
+        entropies = [m["entropy"] for m in steps if m.get("entropy") is not None]
         row: dict[str, Any] = {
             "iteration": self.k,
             "reward_mean": float(np.mean(c.rewards)) if c.rewards else None,
@@ -889,6 +890,8 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "tp", "seconds", "resharded")} for e in c.plan],
         }
+        if entropies:  # algorithm.entropy_coeff set: the policy's mean token entropy over the iteration's steps
+            row["entropy"] = float(np.mean(entropies))
         if self.p.cfg.runtime.device != "emulated":  # every rollout rank's generate ended before training did
             row.update(reward_faults(self.p.run_dir, self.k))
         if self.p.cfg.runtime.device != "emulated" and eval_due(self.p.cfg.eval.every, self.k):

@@ -413,7 +413,8 @@ class RealCompute:
         rows = batch.to_pylist()
         mine = shard_for_rank(rows, self.trainer.dp_rank, self.trainer.dp_size)  # TP peers share one
         t0 = time.perf_counter()
-        stats = self.trainer.train_step([self._sample(r) for r in mine], *self._loss())
+        stats = self.trainer.train_step([self._sample(r) for r in mine], *self._loss(),
+                                        entropy=bool(self.algorithm.entropy_coeff))
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
 
     @staticmethod
@@ -434,19 +435,22 @@ class RealCompute:
 
     def _loss(self) -> tuple[Any, Any]:
         """The per-token loss of ``algorithm`` (verl's vanilla policy loss plus ``kl_coef`` times
-        the ``kl_loss_type`` KL) and its aggregation over the step (``loss_agg_mode``)."""
+        the ``kl_loss_type`` KL, minus ``entropy_coeff`` times the policy's entropy) and its
+        aggregation over the step (``loss_agg_mode``)."""
         from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_loss
 
         al = self.algorithm
         clip = PolicyLossConfig(clip_ratio_low=al.clip_eps if al.clip_ratio_low is None else al.clip_ratio_low,
                                 clip_ratio_high=al.clip_eps if al.clip_ratio_high is None else al.clip_ratio_high,
                                 clip_ratio_c=al.clip_ratio_c)
-        policy, kl_coef, kl_type = policy_loss("vanilla"), al.kl_coef, al.kl_loss_type
+        policy, kl_coef, kl_type, entropy_coeff = policy_loss("vanilla"), al.kl_coef, al.kl_loss_type, al.entropy_coeff
 
         def loss(logprobs: Any, batch: dict[str, Any]) -> Any:
             per_token, _ = policy(logprobs, batch["old_logprobs"], batch["advantages"], clip)
             if kl_coef:
                 per_token = per_token + kl_coef * kl_penalty(logprobs, batch["ref_logprobs"].detach(), kl_type)
+            if entropy_coeff:
+                per_token = per_token - entropy_coeff * batch["entropy"]
             return per_token
 
         return loss, LossAggregation(al.loss_agg_mode, horizon=self.horizon)

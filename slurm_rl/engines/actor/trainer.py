@@ -32,7 +32,7 @@ from .lr_schedule import SampleLRScheduler
 from .microbatch import BatchConfig, check_dp_size, collate, split_microbatches
 from .layout import Layout, ParamSpec, local_offsets, param_specs
 from .layout_reshard import execute_layout_change, keeps_arrays, pieces_bytes, plan_layout_change
-from .model import build_gpt_model, preload_megatron, token_logprobs
+from .model import build_gpt_model, preload_megatron, token_logprobs_and_entropy
 from .optimizer import DPAdamW, FlatParams, OptimConfig, shard_range
 from .reshard import (broadcast_json, broadcast_ranks, broadcast_source, copy_local,
                       decode_tensor, encode_tensor, execute_plan, holding, plan_bytes,
@@ -263,13 +263,16 @@ class ActorTrainer:
 
     # ----------------------------------------------------------------- training
     def train_step(self, samples: Sequence[Mapping[str, Any]],
-                   loss_fn: LossFn = nll_loss, aggregation: LossAggregation | None = None) -> dict[str, float]:
+                   loss_fn: LossFn = nll_loss, aggregation: LossAggregation | None = None,
+                   entropy: bool = False) -> dict[str, float]:
         """One optimizer step on this DP rank's share of the mini-batch.
 
         ``samples`` is this rank's contiguous ``global_batch_size / dp`` share (see
         ``microbatch.shard_for_rank``). Collective over the DP group. ``aggregation``: how the
         per-token losses become the step's loss (default token mean), over the global mini-batch
-        whatever its split into micro-batches and DP ranks. Returns ``loss``, ``grad_norm``, ``lr``,
+        whatever its split into micro-batches and DP ranks. ``entropy``: each micro-batch's
+        per-token entropy goes to ``loss_fn`` as ``batch["entropy"]`` (differentiable) and its
+        token mean over the step is returned as ``entropy``. Returns ``loss``, ``grad_norm``, ``lr``,
         ``consumed_samples``, ``step``, ``tokens`` and ``micro_batches`` (this rank's).
         """
         self._require_live("train_step")
@@ -293,21 +296,25 @@ class ActorTrainer:
         denominator = agg.denominator(global_tokens, global_sequences)
         self.model.train()
         self.flat.zero_grad()
-        loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, entropy (token sum)
         for batch in batches:
-            logprobs = token_logprobs(self.model, batch["input_ids"].to(self.device),
-                                      batch["attention_mask"].to(self.device))
+            logprobs, ent = token_logprobs_and_entropy(self.model, batch["input_ids"].to(self.device),
+                                                       batch["attention_mask"].to(self.device), entropy=entropy)
+            if ent is not None:
+                batch = {**batch, "entropy": ent}
+                loss_sum[1] += float((ent.detach() * batch["loss_mask"].to(ent.device)).sum())
             token_loss = loss_fn(logprobs, batch)
             total = (token_loss * agg.weights(batch["loss_mask"]).to(token_loss.device)).sum()
             (total / denominator).backward()
-            loss_sum += float(total.detach())
+            loss_sum[0] += float(total.detach())
         if self.dp_size > 1:
             dist.all_reduce(loss_sum, group=self.dp_group)
         step_samples = self.batch_cfg.global_batch_size
         lr = self.scheduler.lr_for_step(step_samples)
         grad_norm = self.optimizer.step(lr)
         self.scheduler.advance(step_samples)
-        return {"loss": float(loss_sum.item()) / denominator, "grad_norm": grad_norm,
+        stats = {"entropy": float(loss_sum[1].item()) / global_tokens} if entropy else {}
+        return {**stats, "loss": float(loss_sum[0].item()) / denominator, "grad_norm": grad_norm,
                 "lr": lr, "consumed_samples": float(self.consumed_samples),
                 "step": float(self.step), "tokens": global_tokens,
                 "micro_batches": float(len(batches))}
