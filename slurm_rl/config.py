@@ -335,6 +335,14 @@ class InferenceSection:
 
 
 @dataclass
+class KlCtrlSection:
+    """The coefficient of the KL in the reward (verl's ``algorithm.kl_ctrl``)."""
+
+    type: str = "fixed"  # fixed (verl's adaptive controller is not available)
+    kl_coef: float = 0.001  # beta: score - beta * sum over the response of the kl_penalty estimate
+
+
+@dataclass
 class AlgorithmSection:
     """Advantage estimator and actor loss (verl's names; ``slurm_rl.rl.advantages``, ``slurm_rl.rl.losses``)."""
 
@@ -350,6 +358,9 @@ class AlgorithmSection:
     kl_coef: float = 0.0  # weight of the KL loss to the reference policy (verl: use_kl_loss + kl_loss_coef)
     kl_loss_type: str = "low_var_kl"  # k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)
     entropy_coeff: float = 0.0  # weight of the entropy bonus (the loss minus entropy_coeff x the policy's entropy)
+    use_kl_in_reward: bool = False  # the reward minus kl_ctrl.kl_coef x the response's KL to the reference
+    kl_penalty: str = "kl"  # the KL estimate in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)
+    kl_ctrl: KlCtrlSection = field(default_factory=KlCtrlSection)
     temperature: float = 1.0  # sampling temperature of the rollout
 
 
@@ -863,6 +874,13 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
     issues.extend(ConfigIssue(*p) for p in estimator_problems(al))
     _choice(issues, "algorithm.loss_agg_mode", al.loss_agg_mode, AGG_MODES)
     _choice(issues, "algorithm.kl_loss_type", al.kl_loss_type, KL_TYPES)
+    _choice(issues, "algorithm.kl_penalty", al.kl_penalty, KL_TYPES)
+    _choice(issues, "algorithm.kl_ctrl.type", al.kl_ctrl.type, ("fixed",))
+    _positive(issues, "algorithm.kl_ctrl", al.kl_ctrl, "kl_coef", allow_zero=True)
+    if al.use_kl_in_reward and al.adv_estimator == "reinforce_plus_plus":
+        issues.append(ConfigIssue("algorithm.use_kl_in_reward", True, (
+            "false with reinforce_plus_plus (a KL per token makes its returns differ per token, and the actor "
+            "batch carries one advantage per sample); reinforce_plus_plus_baseline, grpo and rloo sum it per response")))
     if not 0.0 < al.gamma <= 1.0:
         issues.append(ConfigIssue("algorithm.gamma", al.gamma, "a number in (0, 1]"))
     for key in ("clip_ratio_low", "clip_ratio_high"):

@@ -369,8 +369,9 @@ def test_unknown_engine_key_is_refused_at_launch_with_exit_2(tmp_path: Path) -> 
     doc = emulated_config(run_dir) | {"algorithm": {"kl_coeff": 0.1}, "actor": {"lr": -1}}
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert ("algorithm.kl_coeff: got 0.1; allowed: one of the keys adv_estimator, norm_adv_by_std_in_grpo, gamma, clip_eps, "
-            "clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, entropy_coeff, temperature" in proc.stderr)
+    assert ("algorithm.kl_coeff: got 0.1; allowed: one of the keys adv_estimator, norm_adv_by_std_in_grpo, gamma, "
+            "clip_eps, clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, entropy_coeff, "
+            "use_kl_in_reward, kl_penalty, kl_ctrl, temperature" in proc.stderr)
     assert "actor.lr: got -1" in proc.stderr, proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written
 
@@ -396,11 +397,13 @@ def test_a_placement_the_policy_cannot_start_from_is_refused_before_a_launch(tmp
 def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     doc = emulated_config(run_dir) | {"algorithm": {"adv_estimator": "gae", "clip_ratio_low": 1.5,
-                                                    "loss_agg_mode": "mean", "kl_loss_type": "k4"}}
+                                                    "loss_agg_mode": "mean", "kl_loss_type": "k4",
+                                                    "use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive"}}}
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "algorithm.adv_estimator: got 'gae'" in proc.stderr and "needs a critic component" in proc.stderr
     assert "algorithm.clip_ratio_low: got 1.5; allowed: null (clip_eps) or a number in [0, 1)" in proc.stderr
     assert "algorithm.loss_agg_mode: got 'mean'; allowed: one of token-mean, seq-mean-token-sum" in proc.stderr
     assert "algorithm.kl_loss_type: got 'k4'" in proc.stderr
+    assert "algorithm.kl_ctrl.type: got 'adaptive'; allowed: one of fixed" in proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written

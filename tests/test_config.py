@@ -754,7 +754,8 @@ ENGINE_KEYS = {
     "actor": "lr, min_lr, lr_warmup_samples",
     "rollout": "backend, sub_batch, max_new_tokens, top_p, top_k, stop",
     "algorithm": ("adv_estimator, norm_adv_by_std_in_grpo, gamma, clip_eps, clip_ratio_low, clip_ratio_high, "
-                  "clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, entropy_coeff, temperature"),
+                  "clip_ratio_c, loss_agg_mode, kl_coef, kl_loss_type, entropy_coeff, use_kl_in_reward, kl_penalty, "
+                  "kl_ctrl, temperature"),
     "data": "train_files, val_files, prompt_key, answer_key",
     "reward": "name, fn, timeout_s, on_error, workers",
     "eval": "every, n, temperature, max_prompts",

@@ -107,7 +107,7 @@ RUNS: dict[str, Any] = {  # gsm8k: verl's files as they are, scored through rewa
     "math": lambda f: {"model": {"path": str(f["qwen2"])},
                        "data": {"train_files": [str(f["math.parquet"])], "prompt_key": "question",
                                 "apply_chat_template": False},
-                       "reward": {"name": "math"}},
+                       "reward": {"name": "math"}, "algorithm": {"use_kl_in_reward": True, "kl_penalty": "low_var_kl"}},
     "exact": lambda f: {"model": {"path": str(f["qwen3"])},
                         "data": {"train_files": [str(f["copy.jsonl"])], "max_prompt_length": 30},
                         "reward": {"name": "exact"}, "rollout": {"stop": ["d"]}},

@@ -294,3 +294,27 @@ def test_step_gradient_does_not_depend_on_the_micro_batch_split(mode: str) -> No
         return p.grad
 
     assert torch.allclose(grad([slice(0, 6)]), grad([slice(0, 2), slice(2, 3), slice(3, 6)]), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["kl", "low_var_kl"])
+def test_kl_in_reward_is_verls_penalty_summed_per_response(kind: str) -> None:
+    import pyarrow as pa
+
+    from slurm_rl.data.actor_batch import scores
+
+    rewards, groups, lengths, tlr, mask = outcome_batch(4)
+    rng = np.random.default_rng(5)
+    old = [(-rng.random(n)).tolist() for n in lengths]
+    ref = [(-rng.random(n)).tolist() for n in lengths]
+    table = pa.table({"reward": rewards, "sampled_logprobs": old, "ref_logprobs": ref})
+    algo = Algo(use_kl_in_reward=True, kl_penalty=kind)
+    algo.kl_ctrl = Algo(type="fixed", kl_coef=0.1)
+    # verl's apply_kl_penalty: token_level_rewards = token_level_scores - beta * kl_penalty(old, ref) * mask
+    old_t, ref_t = torch.zeros_like(mask), torch.zeros_like(mask)
+    for i, n in enumerate(lengths):
+        old_t[i, :n], ref_t[i, :n] = torch.tensor(old[i], dtype=torch.float64), torch.tensor(ref[i], dtype=torch.float64)
+    penalised = tlr - 0.1 * kl_penalty(old_t, ref_t, kind) * mask
+    ours = compute_advantages("grpo", scores(table, algo), groups, lengths, algo)
+    assert torch.allclose(torch.from_numpy(ours).unsqueeze(-1) * mask, verl_grpo(penalised, mask, groups.tolist(), True),
+                          atol=1e-9)
+    assert np.array_equal(scores(table, Algo()), rewards)  # off by default: the reward as it is

@@ -28,13 +28,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from slurm_rl.rl.formulas import LOG_RATIO_CLAMP, kl_estimate
 from slurm_rl.rl.options import AGG_MODES, KL_TYPES
 
 __all__ = ["AGG_MODES", "KL_TYPES", "POLICY_LOSSES", "LossAggregation", "PolicyLossConfig", "kl_penalty",
            "place_responses", "policy_loss", "register_policy_loss", "response_mask"]
 
-LOG_RATIO_CLAMP = 20.0
-LOW_VAR_KL_CLAMP = 10.0
 
 
 @dataclass(frozen=True)
@@ -91,16 +90,9 @@ def policy_loss(name: str) -> PolicyLossFn:
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
     """Per-token KL(pi || ref) estimate of ``kind`` (one of :data:`KL_TYPES`)."""
-    if kind in ("k1", "kl"):
-        return logprobs - ref_logprobs
-    if kind == "abs":
-        return (logprobs - ref_logprobs).abs()
-    if kind in ("k2", "mse"):
-        return 0.5 * (logprobs - ref_logprobs).square()
-    if kind in ("k3", "low_var_kl"):
-        d = torch.clamp(ref_logprobs - logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return torch.clamp(torch.exp(d) - d - 1.0, -LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
-    raise ValueError(f"kl_loss_type {kind!r}: expected one of {', '.join(KL_TYPES)}")
+    if kind not in KL_TYPES:
+        raise ValueError(f"kl_loss_type {kind!r}: expected one of {', '.join(KL_TYPES)}")
+    return kl_estimate(logprobs, ref_logprobs, kind, torch)
 
 
 @dataclass(frozen=True)
