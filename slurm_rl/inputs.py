@@ -60,19 +60,23 @@ GROUND_TRUTH_ROWS = 3
 
 
 def ground_truth_problems(cfg: Config, dataset: Any) -> list[ConfigIssue]:
-    """Score the first rows' ground truth as a response with the configured reward: an answer the
-    reward cannot read (a ``ValueError``, e.g. ``data.answer_key`` naming a mapping instead of the
-    text inside it) is refused before launch instead of failing every sample of the run."""
+    """Score the first rows' ground truth as a response with the configured reward: when it raises
+    ``ValueError`` on every one of them (an answer the reward cannot read, e.g. ``data.answer_key``
+    naming a mapping instead of the text inside it), the run is refused before launch instead of
+    failing on its first sample. A reward that refuses only some rows (on purpose) passes."""
     from slurm_rl.rewards import resolve_reward
 
     reward = resolve_reward(cfg.reward.name, cfg.reward.fn)
-    for row in dataset.rows[:GROUND_TRUTH_ROWS]:
+    errors = []
+    rows = dataset.rows[:GROUND_TRUTH_ROWS]
+    for row in rows:
         try:
             reward(row.raw_prompt, str(row.answer), row.answer, dict(row.extra))
         except ValueError as err:
-            return [ConfigIssue("data.answer_key", cfg.data.answer_key, (
-                f"a column whose values the reward {cfg.reward.name or cfg.reward.fn} can score; "
-                f"{row.source}: {err}"))]
+            errors.append(f"{row.source}: {err}")
+    if rows and len(errors) == len(rows):
+        return [ConfigIssue("data.answer_key", cfg.data.answer_key, (
+            f"a column whose values the reward {cfg.reward.name or cfg.reward.fn} can score; {errors[0]}"))]
     return []
 
 

@@ -291,7 +291,7 @@ def test_verl_rows_load_as_they_are_and_a_wrong_answer_key_is_refused(inputs: di
     (nested,) = problems("reward_model.truth")
     assert "column 'reward_model' has keys ['style', 'ground_truth']" in nested, nested
     (top,) = problems("labels.ground_truth")
-    assert "it has columns ['data_source', 'prompt', 'ability', 'reward_model', 'extra_info']" in top, top
+    assert "has keys ['data_source', 'prompt', 'ability', 'reward_model', 'extra_info']" in top, top
     spec = DataSpec(train_files=(str(inputs["verl-train.parquet"]),), answer_key="reward_model.ground_truth")
     rows = PromptDataset.load(spec.train_files, spec, load_tokenizer(str(inputs["llama"]), None)).rows
     assert rows[0].answer == rows[0].extra["extra_info"]["answer"].split("#### ")[-1]

@@ -258,7 +258,8 @@ def column_value(record: dict[str, Any], key: str) -> Any:
 
 
 def _missing_key(record: dict[str, Any], key: str) -> str:
-    """What a row has where ``key`` names nothing: its columns, or the keys of the deepest dict reached."""
+    """What a row has where ``key`` names nothing (to follow "line N of FILE"): its keys, or those of
+    the deepest nested mapping reached."""
     value: Any = record
     reached = []
     for part in key.split("."):
@@ -266,10 +267,10 @@ def _missing_key(record: dict[str, Any], key: str) -> str:
             break
         value, reached = value[part], [*reached, part]
     if reached and isinstance(value, dict):
-        return f"column {'.'.join(reached)!r} has keys {list(value)}"
+        return f": column {'.'.join(reached)!r} has keys {list(value)}"
     if reached:
-        return f"column {'.'.join(reached)!r} is a {type(value).__name__}, not a mapping"
-    return f"it has columns {list(record)}"
+        return f": column {'.'.join(reached)!r} is a {type(value).__name__}, not a mapping"
+    return f" has keys {list(record)}"
 
 
 def _row_problem(record: dict[str, Any], path: str, row: int, file_key: str,
@@ -279,10 +280,10 @@ def _row_problem(record: dict[str, Any], path: str, row: int, file_key: str,
     prompt = column_value(record, spec.prompt_key)
     if prompt is _MISSING:
         return (file_key, where, f"rows with a {spec.prompt_key!r} column (data.prompt_key); "
-                f"{_where(path, row)}: {_missing_key(record, spec.prompt_key)}")
+                f"{_where(path, row)}{_missing_key(record, spec.prompt_key)}")
     if "." in spec.answer_key and column_value(record, spec.answer_key) is _MISSING:
         return ("data.answer_key", spec.answer_key, f"a column or a dotted path to a nested value; "
-                f"{_where(path, row)}: {_missing_key(record, spec.answer_key)}")
+                f"{_where(path, row)}{_missing_key(record, spec.answer_key)}")
     problem = _prompt_problem(prompt)
     if problem is not None:
         return (file_key, where, f"{_PROMPT_ALLOWED} in column {spec.prompt_key!r}; "
