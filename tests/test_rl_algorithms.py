@@ -55,13 +55,19 @@ def verl_grpo(tlr: torch.Tensor, mask: torch.Tensor, index: list[int], norm: boo
     return out.unsqueeze(-1) * mask
 
 
-def verl_rloo(tlr: torch.Tensor, mask: torch.Tensor, index: list[int]) -> torch.Tensor:
-    scores = tlr.sum(-1)
+def verl_group_means(scores: torch.Tensor, index: list[int]) -> tuple[dict, dict]:
+    """verl's id2score and id2mean (0 for a group of one), shared by RLOO and REINFORCE++-baseline."""
     by = defaultdict(list)
     for i, k in enumerate(index):
         by[k].append(scores[i])
-    mean = {k: torch.tensor(0.0, dtype=tlr.dtype) if len(xs) == 1 else torch.mean(torch.stack(xs))
+    mean = {k: torch.tensor(0.0, dtype=scores.dtype) if len(xs) == 1 else torch.mean(torch.stack(xs))
             for k, xs in by.items()}
+    return by, mean
+
+
+def verl_rloo(tlr: torch.Tensor, mask: torch.Tensor, index: list[int]) -> torch.Tensor:
+    scores = tlr.sum(-1)
+    by, mean = verl_group_means(scores, index)
     out = scores.clone()
     for i, k in enumerate(index):
         n = len(by[k])
@@ -82,11 +88,7 @@ def verl_rpp(tlr: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tenso
 
 def verl_rpp_baseline(tlr: torch.Tensor, mask: torch.Tensor, index: list[int]) -> torch.Tensor:
     scores = tlr.sum(-1)
-    by = defaultdict(list)
-    for i, k in enumerate(index):
-        by[k].append(scores[i])
-    mean = {k: torch.tensor(0.0, dtype=tlr.dtype) if len(xs) == 1 else torch.mean(torch.stack(xs))
-            for k, xs in by.items()}
+    _, mean = verl_group_means(scores, index)
     out = torch.stack([scores[i] - mean[k] for i, k in enumerate(index)])
     out = out.unsqueeze(-1).tile([1, tlr.shape[1]]) * mask
     return masked_whiten(out, mask) * mask

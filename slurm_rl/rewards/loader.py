@@ -18,12 +18,12 @@ from typing import Any
 from slurm_rl.placement import ConfigError, ConfigIssue
 from slurm_rl.rewards.builtin import BUILTIN, RewardFn
 
-__all__ = ["FN_FORM", "import_reward", "resolve_reward", "reward_label", "reward_problems"]
+__all__ = ["FN_FORM", "FN_RE", "cwd_on_sys_path", "import_reward", "resolve_reward", "reward_label", "reward_problems"]
 
 FN_FORM = "'package.module:function', importable from the working directory or sys.path"
 """What ``reward.fn`` must look like."""
 
-_FN_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+FN_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 def _builtin_names() -> str:
@@ -35,7 +35,7 @@ def reward_label(name: str | None, fn: str | None) -> str:
     return name if name is not None else str(fn)
 
 
-def _cwd_on_sys_path() -> None:
+def cwd_on_sys_path() -> None:
     """Put the working directory first on ``sys.path`` unless it is there (``python -m`` does)."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -63,10 +63,10 @@ def _resolve(name: str | None, fn: str | None) -> tuple[RewardFn | None, list[tu
         if not isinstance(name, str) or name not in BUILTIN:
             return None, [("reward.name", name, f"one of {_builtin_names()}")]
         return BUILTIN[name], []
-    if not isinstance(fn, str) or not _FN_RE.match(fn):
+    if not isinstance(fn, str) or not FN_RE.match(fn):
         return None, [("reward.fn", fn, FN_FORM)]
     module_name, _, attr = fn.partition(":")
-    _cwd_on_sys_path()
+    cwd_on_sys_path()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -28,7 +28,6 @@ section, returning one advantage per sample. Estimators register with :func:`reg
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +42,6 @@ AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], np.ndarray]
 GRPO_EPS = 1e-6
 WHITEN_EPS = 1e-8
 NEEDS_CRITIC = ("gae",)
-_FN_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 FN_FORM = "'package.module:function' (rewards, groups, response_lengths, config) -> advantages"
 
 ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
@@ -63,12 +61,9 @@ def _group_stats(rewards: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, n
     """Per sample: its group's mean (0 for a group of one), unbiased std (1 for a group of one), size."""
     _, inv, counts = np.unique(groups, return_inverse=True, return_counts=True)
     mean = np.bincount(inv, rewards) / counts
-    sq = np.bincount(inv, (rewards - mean[inv]) ** 2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        std = np.sqrt(np.where(counts > 1, sq / np.maximum(counts - 1, 1), 1.0))
-    mean = np.where(counts > 1, mean, 0.0)
-    std = np.where(counts > 1, std, 1.0)
-    return mean[inv], std[inv], counts[inv]
+    std = np.sqrt(np.bincount(inv, (rewards - mean[inv]) ** 2) / np.maximum(counts - 1, 1))
+    alone = counts == 1
+    return np.where(alone, 0.0, mean)[inv], np.where(alone, 1.0, std)[inv], counts[inv]
 
 
 def whiten(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -121,22 +116,22 @@ def adv_estimator(name: str) -> AdvantageFn:
     return import_reward(name)
 
 
-def estimator_problems(algorithm: Any, critic_placed: bool = False) -> list[tuple[str, Any, str]]:
+def estimator_problems(algorithm: Any) -> list[tuple[str, Any, str]]:
     """What is wrong with ``algorithm.adv_estimator`` and its options, as (key, value, allowed)."""
     name = getattr(algorithm, "adv_estimator", "grpo")
     allowed = f"one of {', '.join([*ADV_ESTIMATORS, *NEEDS_CRITIC])}, or {FN_FORM}"
     if not isinstance(name, str):
         return [("algorithm.adv_estimator", name, allowed)]
-    if name in NEEDS_CRITIC and not critic_placed:
+    if name in NEEDS_CRITIC:
         return [("algorithm.adv_estimator", name,
                  f"{allowed}; {name!r} needs a critic component, and this version has none (use grpo, rloo "
                  "or reinforce_plus_plus)")]
-    if name not in ADV_ESTIMATORS and name not in NEEDS_CRITIC:
-        if not _FN_RE.match(name):
-            return [("algorithm.adv_estimator", name, allowed)]
-        from slurm_rl.rewards.loader import _cwd_on_sys_path
+    if name not in ADV_ESTIMATORS:
+        from slurm_rl.rewards.loader import FN_RE, cwd_on_sys_path
 
-        _cwd_on_sys_path()
+        if not FN_RE.match(name):
+            return [("algorithm.adv_estimator", name, allowed)]
+        cwd_on_sys_path()
         try:
             adv_estimator(name)
         except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
