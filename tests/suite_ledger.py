@@ -1,8 +1,9 @@
 """The suite ledger: what a whole-suite run cost, written at its end (a pytest plugin).
 
-Each test's wall and CPU seconds (setup, call and teardown together; CPU is the test process's own
-plus that of the child processes it waited for, so work inside Slurm jobs counts only in the
-machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
+Each test's wall and CPU seconds (setup, call and teardown together; CPU is the test process's own,
+that of the child processes it waited for, and what its live descendants spent meanwhile: a fork
+server that outlives the test counts with the ranks it reaped; work inside Slurm jobs counts only
+in the machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
 in the report's ``user_properties``. At the end of a run of the whole suite (no ``-m``, ``-k`` or
 test paths given) the controller writes ``.test-ledger/latest.json`` and appends the same document
 to ``.test-ledger/history.jsonl`` (in the repository root, not committed; every test's figures go to
@@ -28,19 +29,52 @@ _CPU_KEY = "ledger_cpu_s"
 _cpu_key = pytest.StashKey[float]()
 
 
+def _descendants_cpu() -> float:
+    """CPU seconds of this process's live descendants, with the children each of them reaped."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            t = proc.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def _cpu_now() -> float:
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + _descendants_cpu()
 
 
-def machine_cpu_s() -> float:
-    """CPU seconds spent by every process of the machine since boot (user, nice, system; /proc/stat)."""
+def machine_cpu_s() -> tuple[float, float]:
+    """CPU seconds spent by every process of the machine since boot (user, nice, system), and the
+    seconds the hypervisor gave the machine's CPUs to others (steal), from /proc/stat."""
     try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     except OSError:
-        return 0.0
-    user, nice, system = (int(x) for x in fields[:3])
-    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(fields[:3]) / tick, (fields[7] if len(fields) > 7 else 0) / tick
+
+
+def kernel_threads_cpu_s() -> float:
+    """CPU seconds spent so far by the kernel's threads (processes without a command line: reclaim
+    and memory monitors such as kdamond, RCU, kworkers); they run for the machine, not for a test."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cmdline").read_bytes():
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def _phase_cpu_hook():
@@ -85,7 +119,8 @@ class Ledger:
         self.tests: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, int] = {}
         self.wall0 = time.monotonic()
-        self.cpu0 = machine_cpu_s()
+        self.cpu0, self.steal0 = machine_cpu_s()
+        self.kernel0 = kernel_threads_cpu_s()
         self.doc: dict[str, Any] | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -99,7 +134,8 @@ class Ledger:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         wall = time.monotonic() - self.wall0
-        cpu = machine_cpu_s() - self.cpu0
+        cpu, steal = machine_cpu_s()
+        cpu, steal = cpu - self.cpu0, steal - self.steal0
         counts: dict[str, int] = {}
         for t in self.tests.values():
             counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
@@ -109,6 +145,8 @@ class Ledger:
             "pytest_s": round(wall, 1),
             "machine_cpu_s": round(cpu, 1),
             "cores_busy": round(cpu / wall, 2) if wall > 0 else 0.0,
+            "steal_s": round(steal, 1),
+            "kernel_threads_cpu_s": round(kernel_threads_cpu_s() - self.kernel0, 1),
             "tests_cpu_s": round(sum(t["cpu_s"] for t in self.tests.values()), 1),
             "tests_wall_s": round(sum(t["wall_s"] for t in self.tests.values()), 1),
             "workers": getattr(self.config.option, "numprocesses", None),
@@ -139,7 +177,8 @@ class Ledger:
         tr = terminalreporter
         tr.section("suite ledger (.test-ledger/latest.json)")
         tr.write_line(f"pytest {d['pytest_s']:.0f} s, machine CPU {d['machine_cpu_s']:.0f} s "
-                      f"({d['cores_busy']:.2f} cores busy), tests' own CPU {d['tests_cpu_s']:.0f} s")
+                      f"({d['cores_busy']:.2f} cores busy; kernel threads {d['kernel_threads_cpu_s']:.0f} s, "
+                      f"steal {d['steal_s']:.0f} s), tests' own CPU {d['tests_cpu_s']:.0f} s")
         for t in d["costliest"]:
             tr.write_line(f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}")
 

@@ -29,10 +29,18 @@ def load(ref: str) -> dict:
     return json.loads(Path(ref).read_text())
 
 
+def _machine_share(doc: dict) -> str:
+    """What the machine spent for itself meanwhile (ledgers from before these fields: nothing)."""
+    if "kernel_threads_cpu_s" not in doc:
+        return ""
+    return f"; of it kernel threads {doc['kernel_threads_cpu_s']:.0f} s; steal {doc['steal_s']:.0f} s"
+
+
 def show(doc: dict, budget: float) -> str:
     lines = [f"pytest {doc['pytest_s']:.0f} s of a {budget:.0f} s budget "
              f"({'within' if doc['pytest_s'] <= budget else 'OVER'}), machine CPU {doc['machine_cpu_s']:.0f} s "
-             f"({doc['cores_busy']:.2f} cores busy), outcomes {doc['counts']}, finished {doc['finished_at']}"]
+             f"({doc['cores_busy']:.2f} cores busy{_machine_share(doc)}), outcomes {doc['counts']}, "
+             f"finished {doc['finished_at']}"]
     lines += [f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}" for t in doc["costliest"]]
     return "\n".join(lines)
 
