@@ -59,6 +59,8 @@ RewardOnError = Literal["raise", "zero"]
 RewardName = Literal["gsm8k", "math", "exact", "auto"]  # built-in rewards (rewards.builtin; auto: by data_source)
 Precision = Literal["auto", "fp32", "bf16"]  # the actor's compute precision (auto: bf16 on cuda, else fp32)
 Recompute = Literal["none", "selective", "full"]  # the actor's activation recomputation (megatron-core)
+OldLogprobs = Literal["actor", "rollout"]  # where the policy's pre-update log-probs come from
+RolloutIs = Literal["none", "truncated"]  # the rollout/actor mismatch correction
 
 DEVICES = typing.get_args(Device)
 ON_RANK_FAILURE = typing.get_args(OnRankFailure)
@@ -73,6 +75,8 @@ REWARD_ON_ERROR = typing.get_args(RewardOnError)
 REWARD_NAMES = typing.get_args(RewardName)
 PRECISIONS = typing.get_args(Precision)
 RECOMPUTE = typing.get_args(Recompute)
+OLD_LOGPROBS = typing.get_args(OldLogprobs)
+ROLLOUT_IS = typing.get_args(RolloutIs)
 
 # Scheduler defaults (documented in slurm_rl.scheduler.defaults, which re-exports them)
 POLICY = "static"
@@ -362,6 +366,11 @@ class AlgorithmSection:
     kl_penalty: str = "kl"  # the KL estimate in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)
     kl_ctrl: KlCtrlSection = field(default_factory=KlCtrlSection)
     temperature: float = 1.0  # sampling temperature of the rollout
+    # the policy's log-probs before the update: actor (the iteration's actor weights, scored on the
+    # inference ranks) | rollout (the engine's sampled ones); null: actor where an inference component is placed
+    old_logprobs: Optional[str] = None
+    rollout_is: str = "none"  # none | truncated: weight each token by min(pi_actor / pi_rollout, rollout_is_cap)
+    rollout_is_cap: float = 2.0  # the truncation of rollout_is (verl's rollout_is_threshold)
 
 
 @dataclass
@@ -890,6 +899,29 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
             issues.append(ConfigIssue(f"algorithm.{key}", value, allowed))
     if not al.clip_ratio_c > 1.0:
         issues.append(ConfigIssue("algorithm.clip_ratio_c", al.clip_ratio_c, "a number > 1 (the dual clip of negative advantages)"))
+    if al.old_logprobs is not None:
+        _choice(issues, "algorithm.old_logprobs", al.old_logprobs, OLD_LOGPROBS)
+    _choice(issues, "algorithm.rollout_is", al.rollout_is, ROLLOUT_IS)
+    if not al.rollout_is_cap > 0.0:
+        issues.append(ConfigIssue("algorithm.rollout_is_cap", al.rollout_is_cap, "a number > 0"))
+
+
+def _old_logprobs_problems(al: AlgorithmSection, placement: Placement) -> list[ConfigIssue]:
+    """Resolve ``algorithm.old_logprobs`` (null: ``actor`` where an inference component is placed, else
+    ``rollout``) and refuse what the placement cannot compute."""
+    placed = "inference" in placement.components
+    if al.old_logprobs is None:
+        al.old_logprobs = "actor" if placed else "rollout"
+    issues = []
+    if al.old_logprobs == "actor" and not placed:
+        issues.append(ConfigIssue("algorithm.old_logprobs", "actor", (
+            "rollout, or an inference component in cluster.component_placement (its ranks score the "
+            "iteration's actor weights)")))
+    if al.rollout_is != "none" and al.old_logprobs == "rollout":
+        issues.append(ConfigIssue("algorithm.rollout_is", al.rollout_is, (
+            "none while algorithm.old_logprobs is rollout (the correction weighs the actor's log-probs "
+            "against the rollout's)")))
+    return issues
 
 
 def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:
@@ -1163,6 +1195,8 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     placement, scripted = _placements(typed, gpus, issues)
     if placement is not None and parallel_ok:
         issues.extend(_tp_placement_problems(typed, placement, scripted))
+    if placement is not None:
+        issues.extend(_old_logprobs_problems(typed.algorithm, placement))
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
     assert placement is not None

@@ -398,7 +398,9 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     doc = emulated_config(run_dir) | {"algorithm": {"adv_estimator": "gae", "clip_ratio_low": 1.5,
                                                     "loss_agg_mode": "mean", "kl_loss_type": "k4",
-                                                    "use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive"}}}
+                                                    "use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive"},
+                                                    "old_logprobs": "rollout", "rollout_is": "truncated",
+                                                    "rollout_is_cap": 0}}
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "algorithm.adv_estimator: got 'gae'" in proc.stderr and "needs a critic component" in proc.stderr
@@ -406,4 +408,6 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     assert "algorithm.loss_agg_mode: got 'mean'; allowed: one of token-mean, seq-mean-token-sum" in proc.stderr
     assert "algorithm.kl_loss_type: got 'k4'" in proc.stderr
     assert "algorithm.kl_ctrl.type: got 'adaptive'; allowed: one of fixed" in proc.stderr
+    assert "algorithm.rollout_is: got 'truncated'; allowed: none while algorithm.old_logprobs is rollout" in proc.stderr
+    assert "algorithm.rollout_is_cap: got 0; allowed: a number > 0" in proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written

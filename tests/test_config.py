@@ -328,7 +328,8 @@ def test_emulated_example_sections() -> None:
     assert cfg.scheduler.policy == "scripted" and 2 <= len(cfg.scheduler.script) <= 3
     assert len(cfg.script_placements) == len(cfg.scheduler.script)
     assert ranks(cfg.placement) == {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (6, 7)}
-    assert cfg.model == ModelSection() and cfg.algorithm == AlgorithmSection()  # defaults
+    # defaults; old log-probs resolved: the actor's, scored on the inference ranks
+    assert cfg.model == ModelSection() and cfg.algorithm == AlgorithmSection(old_logprobs="actor")
 
 
 def test_engine_sections_typed() -> None:
@@ -902,3 +903,18 @@ def test_the_config_owns_its_vocabularies() -> None:
     imports = [line for line in (REPO / "slurm_rl" / "config.py").read_text().splitlines()
                if line.startswith(("from slurm_rl", "import slurm_rl"))]
     assert all(line.startswith(("from slurm_rl.placement", "from slurm_rl.errors")) for line in imports), imports
+
+
+def test_old_logprobs_follow_the_inference_component() -> None:
+    """Default: the actor's where inference ranks can score them, else the rollout's; ``actor``
+    without an inference component is refused naming the key."""
+    no_inference = BASE_YAML.replace("rollout: 2-5\n    inference: 6-7", "rollout: 2-7")
+    assert config_from_yaml_text(BASE_YAML).algorithm.old_logprobs == "actor"
+    assert config_from_yaml_text(no_inference).algorithm.old_logprobs == "rollout"
+    assert config_from_yaml_text(BASE_YAML + "algorithm: {old_logprobs: rollout}\n").algorithm.old_logprobs == "rollout"
+    with pytest.raises(ConfigError) as err:
+        config_from_yaml_text(no_inference + "algorithm: {old_logprobs: actor}\n")
+    assert_issue(err.value, "algorithm.old_logprobs", "actor", "an inference component in cluster.component_placement")
+    with pytest.raises(ConfigError) as err:
+        config_from_yaml_text(BASE_YAML + "algorithm: {old_logprobs: critic}\n")
+    assert_issue(err.value, "algorithm.old_logprobs", "critic", "one of actor, rollout")

@@ -308,7 +308,9 @@ def test_kl_in_reward_is_verls_penalty_summed_per_response(kind: str) -> None:
     rng = np.random.default_rng(5)
     old = [(-rng.random(n)).tolist() for n in lengths]
     ref = [(-rng.random(n)).tolist() for n in lengths]
-    table = pa.table({"reward": rewards, "sampled_logprobs": old, "ref_logprobs": ref})
+    # verl penalises the recomputed old log-probs: the actor's column, not the rollout's
+    sampled = [(np.asarray(o) - 0.5).tolist() for o in old]
+    table = pa.table({"reward": rewards, "sampled_logprobs": sampled, "old_logprobs": old, "ref_logprobs": ref})
     algo = Algo(use_kl_in_reward=True, kl_penalty=kind)
     algo.kl_ctrl = Algo(type="fixed", kl_coef=0.1)
     # verl's apply_kl_penalty: token_level_rewards = token_level_scores - beta * kl_penalty(old, ref) * mask
@@ -320,3 +322,63 @@ def test_kl_in_reward_is_verls_penalty_summed_per_response(kind: str) -> None:
     assert torch.allclose(torch.from_numpy(ours).unsqueeze(-1) * mask, verl_grpo(penalised, mask, groups.tolist(), True),
                           atol=1e-9)
     assert np.array_equal(scores(table, Algo()), rewards)  # off by default: the reward as it is
+
+
+def test_old_logprobs_are_the_actors_where_scored_else_the_rollouts() -> None:
+    import pyarrow as pa
+
+    from slurm_rl.data.actor_batch import old_logprobs
+
+    sampled, actor = [[-1.0, -2.0], [-3.0]], [[-1.1, -2.1], None]
+    t = pa.table({"sampled_logprobs": sampled, "old_logprobs": pa.array(actor, pa.list_(pa.float32()))})
+    assert old_logprobs(t).to_pylist() == [pytest.approx([-1.1, -2.1]), [-3.0]]
+    none = pa.table({"sampled_logprobs": sampled, "old_logprobs": pa.nulls(2, pa.list_(pa.float32()))})
+    assert old_logprobs(none).to_pylist() == sampled
+
+
+def test_rollout_is_weights_and_mismatch_are_verls_token_level_truncation() -> None:
+    from slurm_rl.data.actor_batch import mismatch, rollout_is_weights
+
+    rng = np.random.default_rng(9)
+    lengths = [5, 1, 8]
+    rollout = [(-rng.random(n) * 3).tolist() for n in lengths]
+    actor = [(np.asarray(r) + rng.normal(0, 0.8, len(r))).tolist() for r in rollout]
+    got = rollout_is_weights(actor, rollout, cap=2.0)
+    for a, r, w in zip(actor, rollout, got):
+        # verl: exp(clamp(old_log_prob - rollout_log_prob, -20, 20)).clamp(max=rollout_is_threshold)
+        want = torch.exp(torch.clamp(torch.tensor(a) - torch.tensor(r), -20, 20)).clamp(max=2.0)
+        assert torch.allclose(torch.tensor(w), want, atol=1e-6)
+    assert max(max(w) for w in got) == pytest.approx(2.0)  # some tokens were truncated
+    kls, worst = mismatch(actor, rollout)
+    d = [np.asarray(a) - np.asarray(r) for a, r in zip(actor, rollout)]
+    assert worst == pytest.approx(max(float(np.max(np.abs(x))) for x in d))
+    # k3 of KL(rollout || actor) with samples from the rollout: ratio = pi_actor / pi_rollout
+    assert kls == pytest.approx([float(np.mean(np.exp(x) - 1 - x)) for x in d])
+    assert mismatch(rollout, rollout) == ([0.0, 0.0, 0.0], 0.0)
+
+
+def test_rollout_is_weights_scale_the_policy_term_of_each_token_only() -> None:
+    """The actor's loss (worker.real_compute): the per-token policy loss times the token's weight,
+    the KL term unweighted (verl weighs pg_losses only); the weights placed on the response tokens."""
+    from types import SimpleNamespace
+
+    from slurm_rl.config import AlgorithmSection
+    from slurm_rl.worker.real_compute import RealCompute
+
+    row = {"prompt_ids": [1, 2], "response_ids": [3, 4, 5], "old_logprobs": [-1.0, -2.0, -0.5],
+           "ref_logprobs": [-1.2, -1.8, -0.4], "advantage": 0.7, "rollout_is_weights": [0.5, 1.0, 2.0]}
+    sample = RealCompute._sample(row)
+    assert sample["rollout_is_weights"] == [0.0, 0.5, 1.0, 2.0]  # next-token layout: the prompt's last target first
+    plain = RealCompute._sample({**row, "rollout_is_weights": None})
+    assert "rollout_is_weights" not in plain
+    algo = AlgorithmSection(kl_coef=0.1)
+    loss, _ = RealCompute._loss(SimpleNamespace(algorithm=algo, horizon=8))
+    batch = {key: torch.tensor([value]) for key, value in sample.items() if key != "input_ids"}
+    logprobs = torch.tensor([[0.0, -0.9, -2.2, -0.45]])
+    weighted = loss(logprobs, batch)
+    unweighted = loss(logprobs, {k: v for k, v in batch.items() if k != "rollout_is_weights"})
+    pg, _ = policy_loss("vanilla")(logprobs, batch["old_logprobs"], batch["advantages"],
+                                   PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0))
+    kl = 0.1 * kl_penalty(logprobs, batch["ref_logprobs"], "low_var_kl")
+    assert torch.allclose(unweighted, pg + kl, atol=1e-7)
+    assert torch.allclose(weighted, pg * batch["rollout_is_weights"] + kl, atol=1e-7)

@@ -1,4 +1,5 @@
-"""The actor's batch of a mini-batch (every device): advantages from the scored rollouts."""
+"""The actor's batch of a mini-batch (every device): advantages from the scored rollouts, the old
+log-probs the loss's ratio divides by, and the rollout-mismatch weights."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pyarrow.compute as pc
 
 from slurm_rl.data.schemas import ACTOR_BATCH
 from slurm_rl.rl.advantages import compute_advantages
-from slurm_rl.rl.formulas import kl_estimate
+from slurm_rl.rl.formulas import LOG_RATIO_CLAMP, kl_estimate
 
 
 def kl_in_reward(old_logprobs: list[list[float]], ref_logprobs: list[list[float]], kind: str) -> np.ndarray:
@@ -23,13 +24,48 @@ def kl_in_reward(old_logprobs: list[list[float]], ref_logprobs: list[list[float]
     return out
 
 
+def old_logprobs(inference: pa.Table) -> pa.ChunkedArray:
+    """The policy's pre-update log-probs of each sampled token: the actor's where the inference
+    ranks computed them (``algorithm.old_logprobs: actor``), else the rollout's."""
+    actor = inference.column("old_logprobs")
+    if actor.null_count == 0:
+        return actor
+    if actor.null_count == len(actor):
+        return inference.column("sampled_logprobs")
+    sampled = inference.column("sampled_logprobs").cast(actor.type)
+    return pa.chunked_array([pc.if_else(pc.is_null(actor), sampled, actor)])
+
+
+def rollout_is_weights(old: list[list[float]], sampled: list[list[float]], cap: float) -> list[list[float]]:
+    """Per token, the truncated importance weight min(pi_actor / pi_rollout, cap) (verl's token-level
+    ``rollout_is`` with ``rollout_is_threshold`` = cap): corrects for the rollout engine sampling from
+    a policy numerically different from the one the actor trains."""
+    out = []
+    for a, r in zip(old, sampled):
+        d = np.clip(np.asarray(a, np.float64) - np.asarray(r, np.float64), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        out.append(np.minimum(np.exp(d), cap).astype(np.float32).tolist())
+    return out
+
+
+def mismatch(old: list[list[float]], sampled: list[list[float]]) -> tuple[list[float], float]:
+    """The rollout/actor mismatch of some responses: per response, the mean k3 estimate of
+    KL(rollout || actor) over its tokens; and the largest |log pi_actor - log pi_rollout| of a token."""
+    kls, worst = [], 0.0
+    for a, r in zip(old, sampled):
+        if a and r:
+            d = np.asarray(a, np.float64) - np.asarray(r, np.float64)
+            kls.append(float(np.mean(kl_estimate(np.asarray(r, np.float64), np.asarray(a, np.float64), "low_var_kl"))))
+            worst = max(worst, float(np.max(np.abs(d))))
+    return kls, worst
+
+
 def scores(inference: pa.Table, algorithm: Any = None) -> np.ndarray:
     """What the estimator sees per sample: the reward, less ``kl_ctrl.kl_coef`` times the response's KL
-    to the reference under ``algorithm.use_kl_in_reward``."""
+    (old log-probs against the reference's) under ``algorithm.use_kl_in_reward``."""
     reward = inference.column("reward").to_numpy().astype(np.float64)
     if not getattr(algorithm, "use_kl_in_reward", False):
         return reward
-    kl = kl_in_reward(inference.column("sampled_logprobs").to_pylist(), inference.column("ref_logprobs").to_pylist(),
+    kl = kl_in_reward(old_logprobs(inference).to_pylist(), inference.column("ref_logprobs").to_pylist(),
                       algorithm.kl_penalty)
     return reward - float(algorithm.kl_ctrl.kl_coef) * kl
 
@@ -42,15 +78,21 @@ def make_actor_batch(inference: pa.Table, algorithm: Any = None) -> pa.Table:
     lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
     adv = compute_advantages(name, scores(inference, algorithm), inference.column("group_id").to_numpy(),
                              lengths, algorithm).astype(np.float32)
+    old = old_logprobs(inference)
+    weights = pa.nulls(inference.num_rows, pa.list_(pa.float32()))
+    if getattr(algorithm, "rollout_is", "none") == "truncated":
+        weights = pa.array(rollout_is_weights(old.to_pylist(), inference.column("sampled_logprobs").to_pylist(),
+                                              float(algorithm.rollout_is_cap)), pa.list_(pa.float32()))
     return pa.table(
         {
             "sample_id": inference.column("sample_id"),
             "group_id": inference.column("group_id"),
             "prompt_ids": inference.column("prompt_ids"),
             "response_ids": inference.column("response_ids"),
-            "old_logprobs": inference.column("sampled_logprobs"),
+            "old_logprobs": old,
             "ref_logprobs": inference.column("ref_logprobs"),
             "values": inference.column("values"),
+            "rollout_is_weights": weights,
             "advantage": pa.array(adv),
             "reward": inference.column("reward"),
             "weight_version": inference.column("weight_version"),

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from slurm_rl.data.errors import DataPlaneError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ID_STRIDE = 10**9
 
 META_NAME = b"slurm_rl.schema"
@@ -51,11 +51,14 @@ def count_tokens(table: pa.Table, column: str = "response_ids") -> int:
 
 
 def inference_table(rollouts: pa.Table, ref_logprobs: pa.Array | list, inference_rank: int,
-                    values: pa.Array | None = None) -> pa.Table:
-    """ROLLOUTS rows plus their reference logprobs (and values, else nulls): INFERENCE schema."""
+                    values: pa.Array | None = None, old_logprobs: list | None = None) -> pa.Table:
+    """ROLLOUTS rows plus their reference logprobs, the actor's log-probs of the sampled tokens
+    (``algorithm.old_logprobs: actor``; else nulls) and values (else nulls): INFERENCE schema."""
     cols = {name: rollouts.column(name) for name in ROLLOUTS.names}
+    nulls = pa.nulls(rollouts.num_rows, pa.list_(pa.float32()))
     cols.update(ref_logprobs=pa.array(ref_logprobs, pa.list_(pa.float32())) if isinstance(ref_logprobs, list) else ref_logprobs,
-                values=values if values is not None else pa.nulls(rollouts.num_rows, pa.list_(pa.float32())),
+                old_logprobs=pa.array(old_logprobs, pa.list_(pa.float32())) if old_logprobs is not None else nulls,
+                values=values if values is not None else nulls,
                 inference_rank=pa.array([inference_rank] * rollouts.num_rows, pa.int32()))
     return pa.table(cols, schema=INFERENCE)
 
@@ -111,6 +114,7 @@ INFERENCE = _schema(
     _ROLLOUT_FIELDS
     + [
         pa.field("ref_logprobs", LOGPROBS, nullable=False),
+        pa.field("old_logprobs", LOGPROBS, nullable=True),  # null: the rollout's sampled_logprobs
         pa.field("values", LOGPROBS, nullable=True),
         pa.field("inference_rank", pa.int32(), nullable=False),
     ],
@@ -127,6 +131,7 @@ ACTOR_BATCH = _schema(
         pa.field("old_logprobs", LOGPROBS, nullable=False),
         pa.field("ref_logprobs", LOGPROBS, nullable=False),
         pa.field("values", LOGPROBS, nullable=True),
+        pa.field("rollout_is_weights", LOGPROBS, nullable=True),  # per token; null: algorithm.rollout_is none
         pa.field("advantage", pa.float32(), nullable=False),
         pa.field("reward", pa.float32(), nullable=False),
         pa.field("weight_version", pa.int64(), nullable=False),

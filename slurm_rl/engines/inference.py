@@ -32,33 +32,38 @@ def to_hf_names(named: Iterable[tuple[str, Tensor]], cfg: ModelConfig
 
 
 class ReferenceScorer:
-    """Frozen copy of the initial policy that scores sequences: the run's HF checkpoint, or the
-    given initial state (a random model's init)."""
+    """A copy of a policy that scores sequences: the frozen initial policy (the run's HF checkpoint,
+    or the given initial state: a random model's init), or the actor's weights of an iteration,
+    given by :meth:`load_weights` (the old log-probs of ``algorithm.old_logprobs: actor``)."""
 
     def __init__(self, model_cfg: ModelConfig, initial_state: Iterable[tuple[str, Tensor]] | None,
                  device: str = "cpu", max_tokens_per_batch: int = 16384,
-                 checkpoint: str | Path | None = None) -> None:
+                 checkpoint: str | Path | None = None, dtype: torch.dtype = torch.float32) -> None:
         self.model_cfg = model_cfg
         self.device = torch.device(device)
         self.max_tokens_per_batch = max_tokens_per_batch
-        self.model = build_hf_model(model_cfg, seed=0, device=self.device, checkpoint=checkpoint)
+        self.model = build_hf_model(model_cfg, seed=0, device=self.device, checkpoint=checkpoint, dtype=dtype)
         self.model.requires_grad_(False)
         self._parking = HostParking("ReferenceScorer")
         if checkpoint is not None:
             return  # the checkpoint's weights, as loaded
         if initial_state is None:
             raise ValueError("ReferenceScorer: give initial_state or checkpoint")
+        self.load_weights(initial_state)
+
+    def load_weights(self, named: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy every parameter in (HF or megatron names); raises KeyError on an unknown or a missing one."""
         params = dict(self.model.named_parameters())
         loaded = set()
         with torch.no_grad():
-            for name, t in to_hf_names(initial_state, model_cfg):
+            for name, t in to_hf_names(named, self.model_cfg):
                 if name not in params:
                     raise KeyError(f"ReferenceScorer: unknown parameter {name!r}")
                 params[name].copy_(t)
                 loaded.add(name)
         missing = sorted(set(params) - loaded)
         if missing:
-            raise KeyError(f"ReferenceScorer: initial_state lacks {missing[:5]}")
+            raise KeyError(f"ReferenceScorer: the weights lack {missing[:5]}")
 
     @property
     def parked(self) -> bool:

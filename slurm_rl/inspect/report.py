@@ -30,7 +30,7 @@ def print_report(run_dir: Path) -> None:
     if not rows:
         return
     keys = [k for k in ("iteration", "reward_mean", "kl", "loss", "lr", "samples", "seconds", "train_s", "sync_s",
-                        "tokens_per_s", "actor_dp") if k in rows[0]]
+                        "tokens_per_s", "actor_dp", "mismatch/max_abs") if k in rows[0]]
     table = Table(title="metrics per iteration")
     for key in keys:
         table.add_column(key, justify="right")

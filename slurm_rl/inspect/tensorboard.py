@@ -62,7 +62,7 @@ def scalars(run_dir: Path) -> list[tuple[str, float, int, float | None]]:
         for key, value in row.items():
             if key in _SKIP or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            out.append((key if key.startswith("val/") else f"train/{key}", float(value), k, wall))
+            out.append((key if key.startswith(("val/", "mismatch/")) else f"train/{key}", float(value), k, wall))
     try:
         records = epoch_records(run_dir)
     except (OSError, ValueError):

@@ -48,7 +48,7 @@ from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.epochs import Epoch, read_epoch_file
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
-from slurm_rl.data.actor_batch import make_actor_batch
+from slurm_rl.data.actor_batch import make_actor_batch, mismatch
 from slurm_rl.data.follow import StageFollower
 from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
@@ -212,7 +212,9 @@ class IterationProtocol:
         before = list(self.actor_ranks)
         self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt, tp=start.tp_of("actor"))
         rollout = sorted(start.ranks_of("rollout"))
-        ranks = sorted({self.actor_ranks[0], *rollout}) if rollout else []
+        # the inference ranks score the iteration's actor weights too (algorithm.old_logprobs: actor)
+        scorers = sorted(start.ranks_of("inference")) if self.cfg.algorithm.old_logprobs == "actor" else []
+        ranks = sorted({self.actor_ranks[0], *rollout, *scorers}) if rollout else []
         gather = self.actor_ranks[:self.actor_tp] if rollout else []  # the source's TP group
         if self.info.rank in ranks:
             fault_point("weight_sync", rank=self.info.rank, iteration=iteration)
@@ -479,6 +481,8 @@ class _Cutter:
         self.rewards: list[float] = []
         self.prompts: dict[int, list[int]] = {}  # group id -> prompt ids: which prompts the iteration trained on
         self.kl: list[float] = []
+        self.mismatch_kl: list[float] = []  # per response: KL(rollout || actor) (algorithm.old_logprobs: actor)
+        self.mismatch_max = 0.0
         self.started = time.monotonic()
         self.writer = StageWriter(it.p.run_dir, it.k, ACTOR_STAGE, it.rank, ACTOR_BATCH)
         self.group_size = it.p.cfg.train.group_size
@@ -598,6 +602,10 @@ class _Cutter:
         kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
         if kl is not None:
             self.kl.append(kl)
+        if cut.column("old_logprobs").null_count == 0:  # the actor's log-probs: how far the rollout's are
+            kls, worst = mismatch(batch.column("old_logprobs").to_pylist(), cut.column("sampled_logprobs").to_pylist())
+            self.mismatch_kl.extend(kls)
+            self.mismatch_max = max(self.mismatch_max, worst)
         self.last_actor = actor
         self.cut += 1
         self.prev_end = None if seconds is None else now + seconds
@@ -890,6 +898,8 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "tp", "seconds", "resharded")} for e in c.plan],
         }
+        if c.mismatch_kl:  # the rollout engine's log-probs against the actor's of the same weights
+            row["mismatch/kl"], row["mismatch/max_abs"] = float(np.mean(c.mismatch_kl)), c.mismatch_max
         if entropies:  # algorithm.entropy_coeff set: the policy's mean token entropy over the iteration's steps
             row["entropy"] = float(np.mean(entropies))
         if self.p.cfg.runtime.device != "emulated":  # every rollout rank's generate ended before training did

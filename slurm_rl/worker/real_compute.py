@@ -195,6 +195,7 @@ class RealCompute:
             self.warm_s = self.trainer.warm()
         self.engine: Any = None
         self.ref: Any = None
+        self.policy: Any = None  # inference ranks: the iteration's actor weights (algorithm.old_logprobs: actor)
         self._parked: list[Any] = []  # what the last park() parked (a warm switch out)
 
     @functools.cached_property
@@ -237,20 +238,26 @@ class RealCompute:
         if "inference" in roles and self.ref is None:
             self.ref = self._reference_scorer()
             figures["reference"] = "built"
+        if "inference" in roles and self.policy is None and self.algorithm.old_logprobs == "actor":
+            self.policy = self._reference_scorer(dtype=actor_precision(self.cfg))  # weights: each iteration's sync
+            figures["policy_scorer"] = "built"
         if figures:
             figures["engine_seconds"] = time.perf_counter() - t0
         return figures
 
-    def _reference_scorer(self) -> Any:
-        """The frozen initial policy: the checkpoint, or the random init every rank rebuilds from the seed."""
+    def _reference_scorer(self, dtype: str = "fp32") -> Any:
+        """The initial policy: the checkpoint, or the random init every rank rebuilds from the seed."""
+        import torch
+
         from slurm_rl.engines.inference import ReferenceScorer
 
+        kind = torch.bfloat16 if dtype == "bf16" else torch.float32
         if self.checkpoint is not None:
-            return ReferenceScorer(self.model_cfg, None, device=self.device, checkpoint=self.checkpoint)
+            return ReferenceScorer(self.model_cfg, None, device=self.device, checkpoint=self.checkpoint, dtype=kind)
         from slurm_rl.engines.actor.model import build_gpt_model
 
         initial = build_gpt_model(self.model_cfg, self.seed, "cpu")
-        return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device)
+        return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device, dtype=kind)
 
     # -- rollout --------------------------------------------------------------------------------
     def dataset(self) -> Any:
@@ -385,6 +392,8 @@ class RealCompute:
                                                 timeout=self.cfg.runtime.wait_timeout_s, what=f"weight sync v{k}")
         if self.engine is not None:  # the source may serve rollout too (pre-process): its own weights
             self.engine.update_weights(named if self.rank == src else received, version=k)
+        if self.policy is not None:  # an inference rank's copy of the actor (algorithm.old_logprobs: actor)
+            self.policy.load_weights(named if self.rank == src else received)
         return {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
 
     # -- inference ------------------------------------------------------------------------------
@@ -393,9 +402,12 @@ class RealCompute:
             raise ProtocolError(f"rank {self.rank}: inference in iteration {k} without a reference scorer")
         prompts = rollouts.column("prompt_ids").to_pylist()
         responses = rollouts.column("response_ids").to_pylist()
-        scores = self.ref.score([p + r for p, r in zip(prompts, responses)])
-        ref = [s[len(p) - 1:].tolist() for s, p in zip(scores, prompts)]
-        return inference_table(rollouts, ref, self.rank), time.time()
+        sequences = [p + r for p, r in zip(prompts, responses)]
+        ref = [s[len(p) - 1:].tolist() for s, p in zip(self.ref.score(sequences), prompts)]
+        old = None
+        if self.policy is not None:  # the weights these responses were sampled with, as the actor holds them
+            old = [s[len(p) - 1:].tolist() for s, p in zip(self.policy.score(sequences), prompts)]
+        return inference_table(rollouts, ref, self.rank, old_logprobs=old), time.time()
 
     # -- actor ----------------------------------------------------------------------------------
     def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
@@ -430,8 +442,11 @@ class RealCompute:
             return out
 
         mask = place([1.0] * len(response))
-        return {"input_ids": prompt + response, "loss_mask": mask, "old_logprobs": place(row["old_logprobs"]),
-                "ref_logprobs": place(row["ref_logprobs"]), "advantages": [row["advantage"] * m for m in mask]}
+        sample = {"input_ids": prompt + response, "loss_mask": mask, "old_logprobs": place(row["old_logprobs"]),
+                  "ref_logprobs": place(row["ref_logprobs"]), "advantages": [row["advantage"] * m for m in mask]}
+        if row.get("rollout_is_weights") is not None:
+            sample["rollout_is_weights"] = place(row["rollout_is_weights"])
+        return sample
 
     def _loss(self) -> tuple[Any, Any]:
         """The per-token loss of ``algorithm`` (verl's vanilla policy loss plus ``kl_coef`` times
@@ -447,6 +462,8 @@ class RealCompute:
 
         def loss(logprobs: Any, batch: dict[str, Any]) -> Any:
             per_token, _ = policy(logprobs, batch["old_logprobs"], batch["advantages"], clip)
+            if "rollout_is_weights" in batch:  # algorithm.rollout_is: the policy term, weighted per token
+                per_token = per_token * batch["rollout_is_weights"]
             if kl_coef:
                 per_token = per_token + kl_coef * kl_penalty(logprobs, batch["ref_logprobs"].detach(), kl_type)
             if entropy_coeff:
@@ -457,7 +474,7 @@ class RealCompute:
 
     # -- warm switch (co-execution groups) ------------------------------------------------------
     def park(self) -> dict[str, Any]:
-        """Actor state, rollout and reference weights to host memory, engines and groups kept.
+        """Actor state, rollout, reference and policy-scorer weights to host memory, engines and groups kept.
         Only what this call parks is resumed by :meth:`unpark` (an engine parked by a role change
         stays parked)."""
         t0, nbytes = time.perf_counter(), 0
@@ -468,9 +485,10 @@ class RealCompute:
         if self.engine is not None and not self.engine.released:
             nbytes += int((self.engine.release() or {}).get("bytes", 0))
             self._parked.append(self.engine)
-        if self.ref is not None and not self.ref.parked:
-            nbytes += int(self.ref.park().get("bytes", 0))
-            self._parked.append(self.ref)
+        for scorer in (self.ref, self.policy):
+            if scorer is not None and not scorer.parked:
+                nbytes += int(scorer.park().get("bytes", 0))
+                self._parked.append(scorer)
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
 
     def unpark(self) -> dict[str, Any]:
