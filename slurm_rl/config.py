@@ -388,6 +388,16 @@ class DataSection:
 
 
 @dataclass
+class OverlongBufferSection:
+    """DAPO's overlong reward shaping (verl's ``reward_model.overlong_buffer``): a response longer than
+    ``rollout.max_new_tokens - len`` tokens loses ``penalty_factor`` x its excess / ``len``."""
+
+    enable: bool = False
+    len: int = 0  # tokens of the buffer before rollout.max_new_tokens
+    penalty_factor: float = 1.0  # the penalty of a response of rollout.max_new_tokens tokens
+
+
+@dataclass
 class RewardSection:
     """Reward of a response (``rewards``): a built-in one or a user function."""
 
@@ -396,6 +406,7 @@ class RewardSection:
     timeout_s: float = 30.0  # per sample; a reward that runs longer fails the run (or scores 0, see on_error)
     on_error: str = "raise"  # raise | zero (a reward that raises or times out scores 0 and is counted)
     workers: int = 2  # reward worker processes per rollout rank
+    overlong_buffer: OverlongBufferSection = field(default_factory=OverlongBufferSection)
 
 
 @dataclass
@@ -860,6 +871,11 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _validate_algorithm(al, issues)
     _positive(issues, "data", root.data, "max_prompt_length")
     _positive(issues, "reward", root.reward, "timeout_s", "workers")
+    ob = root.reward.overlong_buffer
+    if ob.enable and not 0 < ob.len <= ro.max_new_tokens:
+        issues.append(ConfigIssue("reward.overlong_buffer.len", ob.len,
+                                  f"an int in [1, rollout.max_new_tokens = {ro.max_new_tokens}] while enable is true"))
+    _positive(issues, "reward.overlong_buffer", ob, "penalty_factor", allow_zero=True)
     _positive(issues, "eval", root.eval, "every", "temperature", allow_zero=True)
     _positive(issues, "eval", root.eval, "n", "max_prompts")
     if real and not root.data.train_files:

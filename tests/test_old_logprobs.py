@@ -41,11 +41,13 @@ def test_inference_ranks_score_each_iterations_actor_weights(reference) -> None:
 @pytest.mark.slow
 def test_bf16_actor_mismatch_is_reported_and_truncated_is_weights_reach_the_actor(tmp_path: Path) -> None:
     """A bf16 actor against the fp32 hf rollout engine: a real mismatch, measured each iteration; each
-    actor batch carries min(pi_actor / pi_rollout, cap) per token."""
+    actor batch carries min(pi_actor / pi_rollout, cap) per token. The same run shapes overlong rewards."""
     run_dir = tmp_path / "run"
     cfg = run_config("cpu", run_dir, keep_iterations=10)
     cfg["actor"]["precision"] = "bf16"
     cfg["algorithm"].update(rollout_is="truncated", rollout_is_cap=1.0005)
+    # DAPO's overlong shaping on the same run: responses past 1 of the 3 new tokens lose 0.5 per token
+    cfg["reward"] = {**cfg["reward"], "overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 1.0}}
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
@@ -54,9 +56,13 @@ def test_bf16_actor_mismatch_is_reported_and_truncated_is_weights_reach_the_acto
     metrics = read_metrics(run_dir)
     for m in metrics:  # bf16 rounding of ~1e-3 in log-probs of O(1), far from fp32's ~1e-7
         assert 1e-5 < m["mismatch/max_abs"] < 0.1 and m["mismatch/kl"] > 0.0, m
-    truncated = 0
+    truncated, shaped = 0, []
     for k in range(len(metrics)):
         scored = StageReader(run_dir, k, "inference", None, timeout_s=5).read_all()
+        for ids, reward in zip(scored.column("response_ids").to_pylist(), scored.column("reward").to_pylist()):
+            penalty = min(-(len(ids) - 1) / 2, 0.0)
+            assert -1e-6 <= reward - penalty <= 1 + 1e-6  # the toy reward is in [0, 1]
+            shaped.append(reward)
         sampled = dict(zip(scored.column("sample_id").to_pylist(), scored.column("sampled_logprobs").to_pylist()))
         batch = StageReader(run_dir, k, "actor_batch", [0], timeout_s=5).read_all()  # cut by the leader, rank 0
         assert batch.num_rows == len(sampled)
@@ -67,3 +73,4 @@ def test_bf16_actor_mismatch_is_reported_and_truncated_is_weights_reach_the_acto
             assert np.allclose(w, want, atol=1e-6)
             truncated += int(np.sum(np.isclose(w, 1.0005)))
     assert truncated > 0  # the cap bit on some tokens
+    assert min(shaped) < 0  # only the shaping makes a reward negative

@@ -382,3 +382,33 @@ def test_rollout_is_weights_scale_the_policy_term_of_each_token_only() -> None:
     kl = 0.1 * kl_penalty(logprobs, batch["ref_logprobs"], "low_var_kl")
     assert torch.allclose(unweighted, pg + kl, atol=1e-7)
     assert torch.allclose(weighted, pg * batch["rollout_is_weights"] + kl, atol=1e-7)
+
+
+def test_overlong_penalties_are_verls_dapo_shaping() -> None:
+    from slurm_rl.rewards.overlong import overlong_penalties
+
+    def verl(valid_response_length: int, max_resp_len: int, overlong_buffer_len: int, penalty_factor: float) -> float:
+        # verl DAPORewardManager: expected_len = max_resp_len - overlong_buffer_len; exceed_len = ...
+        expected_len = max_resp_len - overlong_buffer_len
+        exceed_len = valid_response_length - expected_len
+        return min(-exceed_len / overlong_buffer_len * penalty_factor, 0)
+
+    lengths = [0, 5, 12, 13, 16, 20]
+    assert overlong_penalties(lengths, 20, 8, 1.5) == [verl(n, 20, 8, 1.5) for n in lengths]
+    assert overlong_penalties([12, 20], 20, 8, 1.0) == [0.0, -1.0]  # none up to 12 tokens, -factor at the limit
+
+
+def test_overlong_buffer_keys_are_checked() -> None:
+    from slurm_rl.config import ConfigError, config_from_mapping
+
+    base = {"runtime": {"device": "emulated"},
+            "cluster": {"num_nodes": 1, "gpus_per_node": 4,
+                        "component_placement": {"actor": "0", "rollout": "1-2", "inference": "3"}}}
+    ok = config_from_mapping({**base, "reward": {"overlong_buffer": {"enable": True, "len": 64}}})
+    assert ok.reward.overlong_buffer.len == 64 and ok.reward.overlong_buffer.penalty_factor == 1.0
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({**base, "rollout": {"max_new_tokens": 32},
+                             "reward": {"overlong_buffer": {"enable": True, "len": 64, "penalty_factor": -1}}})
+    text = str(err.value)
+    assert "reward.overlong_buffer.len: got 64; allowed: an int in [1, rollout.max_new_tokens = 32]" in text
+    assert "reward.overlong_buffer.penalty_factor: got -1" in text

@@ -150,8 +150,8 @@ def test_free_while_parked_keeps_a_warm_skeleton_resident() -> None:
 
 
 # ----------------------------------------------------------------- rollout and reference
-def _new_weights() -> list[tuple[str, torch.Tensor]]:
-    return [(n, t.detach().clone()) for n, t in build_hf_model(CFG, seed=5).named_parameters()]
+def _new_weights(seed: int = 5) -> list[tuple[str, torch.Tensor]]:
+    return [(n, t.detach().clone()) for n, t in build_hf_model(CFG, seed=seed).named_parameters()]
 
 
 SEEDED = SamplingParams(max_new_tokens=6, seeds=(11, 12, 13), temperature=0.9)
@@ -199,6 +199,13 @@ def test_reference_scorer_park_round_trip() -> None:
         ref.score(seqs)
     assert ref.unpark()["bytes"] == fig["bytes"] and not ref.parked
     assert all(torch.equal(a, b) for a, b in zip(ref.score(seqs), before))
+    # the inference ranks' copy of the actor takes an iteration's weights while parked (a group's parked job)
+    fresh = ReferenceScorer(CFG, _new_weights(seed=7))
+    ref.park()
+    ref.load_weights(fresh.model.named_parameters())
+    assert all(p.untyped_storage().nbytes() == 0 for p in ref.model.parameters())
+    ref.unpark()
+    assert all(torch.equal(a, b) for a, b in zip(ref.score(seqs), fresh.score(seqs)))
 
 
 # ----------------------------------------------------------------- the mechanics

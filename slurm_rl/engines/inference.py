@@ -52,14 +52,16 @@ class ReferenceScorer:
         self.load_weights(initial_state)
 
     def load_weights(self, named: Iterable[tuple[str, Tensor]]) -> None:
-        """Copy every parameter in (HF or megatron names); raises KeyError on an unknown or a missing one."""
+        """Copy every parameter in (HF or megatron names); raises KeyError on an unknown or a missing one.
+        While parked the tensors go into the host copies, which :meth:`unpark` puts back."""
         params = dict(self.model.named_parameters())
         loaded = set()
         with torch.no_grad():
             for name, t in to_hf_names(named, self.model_cfg):
                 if name not in params:
                     raise KeyError(f"ReferenceScorer: unknown parameter {name!r}")
-                params[name].copy_(t)
+                target = self._parking.host_view(params[name]) if self.parked else params[name]
+                target.copy_(t.to(device=target.device, dtype=target.dtype))
                 loaded.add(name)
         missing = sorted(set(params) - loaded)
         if missing:

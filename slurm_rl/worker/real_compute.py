@@ -309,6 +309,12 @@ class RealCompute:
             logprobs.append(g.logprobs[:n])
             reasons.append("stop" if n < len(g.token_ids) else g.finish_reason)
         rewards = self.score_responses(rows, ids, k)
+        ob = self.cfg.reward.overlong_buffer
+        if ob.enable:  # DAPO's overlong shaping: the reward column holds the shaped reward
+            from slurm_rl.rewards.overlong import overlong_penalties
+
+            penalties = overlong_penalties([len(x) for x in ids], ro.max_new_tokens, ob.len, ob.penalty_factor)
+            rewards = [r + p for r, p in zip(rewards, penalties)]
         t1 = time.time()
         return pa.Table.from_pydict({
             "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
