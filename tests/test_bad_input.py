@@ -409,5 +409,5 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     assert "algorithm.kl_loss_type: got 'k4'" in proc.stderr
     assert "algorithm.kl_ctrl.type: got 'adaptive'; allowed: one of fixed" in proc.stderr
     assert "algorithm.rollout_is: got 'truncated'; allowed: none while algorithm.old_logprobs is rollout" in proc.stderr
-    assert "algorithm.rollout_is_cap: got 0; allowed: a number > 0" in proc.stderr
+    assert "algorithm.rollout_is_cap: got 0.0; allowed: a number > 0" in proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written
