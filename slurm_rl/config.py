@@ -342,8 +342,10 @@ class InferenceSection:
 class KlCtrlSection:
     """The coefficient of the KL in the reward (verl's ``algorithm.kl_ctrl``)."""
 
-    type: str = "fixed"  # fixed (verl's adaptive controller is not available)
-    kl_coef: float = 0.001  # beta: score - beta * sum over the response of the kl_penalty estimate
+    type: str = "fixed"  # fixed | adaptive (verl's AdaptiveKLController: slurm_rl.rl.kl_ctrl)
+    kl_coef: float = 0.001  # beta (adaptive: its first value): score - beta * sum over the response of the kl_penalty estimate
+    horizon: int = 10000  # adaptive: samples over which a 20% KL error moves beta by 20%
+    target_kl: float = 0.1  # adaptive: the mean KL per response token that beta steers to
 
 
 @dataclass
@@ -894,14 +896,16 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
 def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:
     """The estimator (a user's ``module:function`` is imported), clip ratios, aggregation and KL type."""
     from slurm_rl.rl.advantages import estimator_problems
+    from slurm_rl.rl.kl_ctrl import KL_CTRL_TYPES
     from slurm_rl.rl.options import AGG_MODES, KL_TYPES
 
     issues.extend(ConfigIssue(*p) for p in estimator_problems(al))
     _choice(issues, "algorithm.loss_agg_mode", al.loss_agg_mode, AGG_MODES)
     _choice(issues, "algorithm.kl_loss_type", al.kl_loss_type, KL_TYPES)
     _choice(issues, "algorithm.kl_penalty", al.kl_penalty, KL_TYPES)
-    _choice(issues, "algorithm.kl_ctrl.type", al.kl_ctrl.type, ("fixed",))
+    _choice(issues, "algorithm.kl_ctrl.type", al.kl_ctrl.type, KL_CTRL_TYPES)
     _positive(issues, "algorithm.kl_ctrl", al.kl_ctrl, "kl_coef", allow_zero=True)
+    _positive(issues, "algorithm.kl_ctrl", al.kl_ctrl, "horizon", "target_kl")
     if al.use_kl_in_reward and al.adv_estimator == "reinforce_plus_plus":
         issues.append(ConfigIssue("algorithm.use_kl_in_reward", True, (
             "false with reinforce_plus_plus (a KL per token makes its returns differ per token, and the actor "

@@ -398,7 +398,7 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     doc = emulated_config(run_dir) | {"algorithm": {"adv_estimator": "gae", "clip_ratio_low": 1.5,
                                                     "loss_agg_mode": "mean", "kl_loss_type": "k4",
-                                                    "use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive"},
+                                                    "use_kl_in_reward": True, "kl_ctrl": {"type": "pid", "horizon": 0},
                                                     "old_logprobs": "rollout", "rollout_is": "truncated",
                                                     "rollout_is_cap": 0}}
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
@@ -407,7 +407,8 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     assert "algorithm.clip_ratio_low: got 1.5; allowed: null (clip_eps) or a number in [0, 1)" in proc.stderr
     assert "algorithm.loss_agg_mode: got 'mean'; allowed: one of token-mean, seq-mean-token-sum" in proc.stderr
     assert "algorithm.kl_loss_type: got 'k4'" in proc.stderr
-    assert "algorithm.kl_ctrl.type: got 'adaptive'; allowed: one of fixed" in proc.stderr
+    assert "algorithm.kl_ctrl.type: got 'pid'; allowed: one of fixed, adaptive" in proc.stderr
+    assert "algorithm.kl_ctrl.horizon: got 0" in proc.stderr
     assert "algorithm.rollout_is: got 'truncated'; allowed: none while algorithm.old_logprobs is rollout" in proc.stderr
     assert "algorithm.rollout_is_cap: got 0.0; allowed: a number > 0" in proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written

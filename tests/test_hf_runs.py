@@ -107,7 +107,9 @@ RUNS: dict[str, Any] = {  # gsm8k: verl's files as they are, scored through rewa
     "math": lambda f: {"model": {"path": str(f["qwen2"])},
                        "data": {"train_files": [str(f["math.parquet"])], "prompt_key": "question",
                                 "apply_chat_template": False},
-                       "reward": {"name": "math"}, "algorithm": {"use_kl_in_reward": True, "kl_penalty": "low_var_kl"}},
+                       "reward": {"name": "math"},
+                       "algorithm": {"use_kl_in_reward": True, "kl_penalty": "low_var_kl",
+                                     "kl_ctrl": {"type": "adaptive", "kl_coef": 0.01, "target_kl": 0.001, "horizon": 32}}},
     "exact": lambda f: {"model": {"path": str(f["qwen3"])},
                         "data": {"train_files": [str(f["copy.jsonl"])], "max_prompt_length": 30},
                         "reward": {"name": "exact"}, "rollout": {"stop": ["d"]}},
@@ -161,6 +163,15 @@ def test_a_cpu_auto_run_trains_on_prompt_files_with_each_reward(runs, name: str)
         assert sum(m["reward_errors"] for m in metrics) > 0 and all(m["reward_timeouts"] == 0 for m in metrics)
     else:
         assert all(m["reward_errors"] == 0 == m["reward_timeouts"] for m in metrics)
+    if name == "math":  # the KL in the reward under verl's adaptive controller, iteration after iteration
+        from slurm_rl.rl.kl_ctrl import adaptive_update
+
+        assert metrics[0]["kl_ctrl/kl_coef"] == 0.01
+        for m, nxt in zip(metrics, metrics[1:]):
+            assert m["kl_ctrl/current_kl"] >= 0.0
+            assert nxt["kl_ctrl/kl_coef"] == pytest.approx(adaptive_update(
+                m["kl_ctrl/kl_coef"], m["kl_ctrl/current_kl"], m["samples"], 0.001, 32), rel=1e-12)
+        assert metrics[-1]["kl_ctrl/kl_coef"] != 0.01
     if name == "gsm8k":  # evaluated before the first iteration and after each
         assert all(m["val/prompts"] == 6.0 and m["val/n"] == 2.0 and 0.0 <= m["val/pass@1"] <= 1.0 for m in metrics)
         assert (run_dir / "eval" / "iter-000000.json").exists()

@@ -412,3 +412,31 @@ def test_overlong_buffer_keys_are_checked() -> None:
     text = str(err.value)
     assert "reward.overlong_buffer.len: got 64; allowed: an int in [1, rollout.max_new_tokens = 32]" in text
     assert "reward.overlong_buffer.penalty_factor: got -1" in text
+
+
+def test_adaptive_kl_ctrl_is_verls_controller_and_resumes_from_the_metrics() -> None:
+    from types import SimpleNamespace
+
+    from slurm_rl.rl.kl_ctrl import adaptive_update, kl_coef_of_iteration
+
+    class VerlAdaptiveKLController:  # verl.trainer.ppo.core_algos.AdaptiveKLController
+        def __init__(self, init_kl_coef, target_kl, horizon):
+            self.value, self.target, self.horizon = init_kl_coef, target_kl, horizon
+
+        def update(self, current_kl, n_steps):
+            proportional_error = np.clip(current_kl / self.target - 1, -0.2, 0.2)
+            self.value *= 1 + proportional_error * n_steps / self.horizon
+
+    verl = VerlAdaptiveKLController(0.05, 0.02, 64)
+    ctrl = SimpleNamespace(type="adaptive", kl_coef=0.05, target_kl=0.02, horizon=64)
+    rows, kls = [], [0.001, 0.019, 0.021, 0.5, 0.0]
+    for k, kl in enumerate(kls):
+        coef = kl_coef_of_iteration(rows, k, ctrl)
+        assert coef == pytest.approx(verl.value, rel=1e-12)
+        rows.append({"iteration": k, "samples": 16, "kl_ctrl/kl_coef": coef, "kl_ctrl/current_kl": kl})
+        verl.update(kl, 16)
+    assert adaptive_update(1.0, 1.0, 10, 0.1, 10) == pytest.approx(1.2)  # the error is clipped at +20%
+    fixed = SimpleNamespace(type="fixed", kl_coef=0.05)
+    assert kl_coef_of_iteration(rows, 3, fixed) == 0.05
+    with pytest.raises(LookupError, match="iteration 6"):
+        kl_coef_of_iteration(rows, 7, ctrl)

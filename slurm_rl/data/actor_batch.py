@@ -59,24 +59,25 @@ def mismatch(old: list[list[float]], sampled: list[list[float]]) -> tuple[list[f
     return kls, worst
 
 
-def scores(inference: pa.Table, algorithm: Any = None) -> np.ndarray:
-    """What the estimator sees per sample: the reward, less ``kl_ctrl.kl_coef`` times the response's KL
-    (old log-probs against the reference's) under ``algorithm.use_kl_in_reward``."""
+def scores(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = None) -> np.ndarray:
+    """What the estimator sees per sample: the reward, less ``kl_coef`` (default ``kl_ctrl.kl_coef``;
+    the iteration's under an adaptive ``kl_ctrl``) times the response's KL (old log-probs against the
+    reference's) under ``algorithm.use_kl_in_reward``."""
     reward = inference.column("reward").to_numpy().astype(np.float64)
     if not getattr(algorithm, "use_kl_in_reward", False):
         return reward
     kl = kl_in_reward(old_logprobs(inference).to_pylist(), inference.column("ref_logprobs").to_pylist(),
                       algorithm.kl_penalty)
-    return reward - float(algorithm.kl_ctrl.kl_coef) * kl
+    return reward - float(algorithm.kl_ctrl.kl_coef if kl_coef is None else kl_coef) * kl
 
 
-def make_actor_batch(inference: pa.Table, algorithm: Any = None) -> pa.Table:
+def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = None) -> pa.Table:
     """ACTOR_BATCH of one cut mini-batch (whole groups): ``advantage`` by ``algorithm.adv_estimator``
     (:mod:`slurm_rl.rl.advantages`; GRPO with verl's defaults when ``algorithm`` is None) from
     :func:`scores`; the ``reward`` column keeps the reward itself."""
     name = getattr(algorithm, "adv_estimator", "grpo")
     lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
-    adv = compute_advantages(name, scores(inference, algorithm), inference.column("group_id").to_numpy(),
+    adv = compute_advantages(name, scores(inference, algorithm, kl_coef), inference.column("group_id").to_numpy(),
                              lengths, algorithm).astype(np.float32)
     old = old_logprobs(inference)
     weights = pa.nulls(inference.num_rows, pa.list_(pa.float32()))

@@ -48,7 +48,7 @@ from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.epochs import Epoch, read_epoch_file
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
-from slurm_rl.data.actor_batch import make_actor_batch, mismatch
+from slurm_rl.data.actor_batch import kl_in_reward, make_actor_batch, mismatch
 from slurm_rl.data.follow import StageFollower
 from slurm_rl.data.gc import collect_garbage
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
@@ -61,9 +61,10 @@ from slurm_rl.errors import WorkerError
 from slurm_rl.faults import fault_point
 from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
-from slurm_rl.metrics import append_metrics, reward_faults
+from slurm_rl.metrics import append_metrics, read_metrics, reward_faults
 from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.formulas import k3
+from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
@@ -483,6 +484,8 @@ class _Cutter:
         self.kl: list[float] = []
         self.mismatch_kl: list[float] = []  # per response: KL(rollout || actor) (algorithm.old_logprobs: actor)
         self.mismatch_max = 0.0
+        self.kl_coef = self._kl_coef()  # of the KL in the reward (algorithm.use_kl_in_reward), else None
+        self.current_kl: list[float] = []  # per response: its mean KL per token (an adaptive kl_ctrl's input)
         self.started = time.monotonic()
         self.writer = StageWriter(it.p.run_dir, it.k, ACTOR_STAGE, it.rank, ACTOR_BATCH)
         self.group_size = it.p.cfg.train.group_size
@@ -492,6 +495,17 @@ class _Cutter:
         # Actor ranks of the last stamped mini-batch; a move at the iteration start is charged to
         # the first mini-batch (where the cost model knows the time in advance).
         self.last_actor = list(it.actor_before)
+
+    def _kl_coef(self) -> float | None:
+        """This iteration's ``kl_ctrl`` coefficient; an adaptive one waits for the previous iteration's
+        metrics row (written by that iteration's leader, perhaps another rank)."""
+        al, k, run_dir = self.it.p.cfg.algorithm, self.it.k, self.it.p.run_dir
+        if not al.use_kl_in_reward:
+            return None
+        if al.kl_ctrl.type == "adaptive" and k > 0:
+            self.it.rt.wait_for(lambda: any(r.get("iteration") == k - 1 for r in read_metrics(run_dir)),
+                                f"iteration {k - 1}'s row of {run_dir / 'metrics.jsonl'} (the adaptive kl_ctrl's input)")
+        return kl_coef_of_iteration(read_metrics(run_dir), k, al.kl_ctrl)
 
     def _take(self, table: pa.Table) -> None:
         """Buffer a shard; count the samples of each group (a group is ready once complete)."""
@@ -587,7 +601,12 @@ class _Cutter:
         if cut is None:
             return None  # index order: the groups of the next mini-batch are not complete yet
         self.boundary_at = None
-        batch = make_actor_batch(cut, self.it.p.cfg.algorithm)
+        batch = make_actor_batch(cut, self.it.p.cfg.algorithm, self.kl_coef)
+        if self.kl_coef is not None:  # verl's current_kl: the mean over responses of their mean KL per token
+            sums = kl_in_reward(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist(),
+                                self.it.p.cfg.algorithm.kl_penalty)
+            lengths = pc.list_value_length(batch.column("response_ids")).to_numpy(zero_copy_only=False)
+            self.current_kl.extend(float(x) / n for x, n in zip(sums, lengths) if n > 0)
         tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
         seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
         self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
@@ -898,6 +917,9 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "tp", "seconds", "resharded")} for e in c.plan],
         }
+        if c.kl_coef is not None:  # the KL in the reward: its coefficient and what an adaptive kl_ctrl steers
+            row[COEF_KEY] = c.kl_coef
+            row[KL_KEY] = float(np.mean(c.current_kl)) if c.current_kl else 0.0
         if c.mismatch_kl:  # the rollout engine's log-probs against the actor's of the same weights
             row["mismatch/kl"], row["mismatch/max_abs"] = float(np.mean(c.mismatch_kl)), c.mismatch_max
         if entropies:  # algorithm.entropy_coeff set: the policy's mean token entropy over the iteration's steps
