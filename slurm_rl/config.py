@@ -56,7 +56,7 @@ RolloutBackend = Literal["hf", "vllm"]
 LrDecayStyle = Literal["cosine", "linear", "constant"]  # the LR schedule's decay (engines.actor.lr_schedule)
 Overlong = Literal["drop", "error"]  # what data.max_prompt_length does to a longer prompt
 RewardOnError = Literal["raise", "zero"]
-RewardName = Literal["gsm8k", "math", "exact", "auto"]  # built-in rewards (rewards.builtin; auto: by data_source)
+RewardName = Literal["gsm8k", "gsm8k_strict", "math", "exact", "auto"]  # built-in rewards (rewards.builtin; auto: by data_source)
 Precision = Literal["auto", "fp32", "bf16"]  # the actor's compute precision (auto: bf16 on cuda, else fp32)
 Recompute = Literal["none", "selective", "full"]  # the actor's activation recomputation (megatron-core)
 OldLogprobs = Literal["actor", "rollout"]  # where the policy's pre-update log-probs come from
@@ -403,7 +403,7 @@ class OverlongBufferSection:
 class RewardSection:
     """Reward of a response (``rewards``): a built-in one or a user function."""
 
-    name: Optional[str] = None  # gsm8k | math | exact
+    name: Optional[str] = None  # gsm8k | gsm8k_strict (verl's) | math | exact | auto (by data_source, as verl)
     fn: Optional[str] = None  # "package.module:function" (prompt, response, answer, extra) -> float
     timeout_s: float = 30.0  # per sample; a reward that runs longer fails the run (or scores 0, see on_error)
     on_error: str = "raise"  # raise | zero (a reward that raises or times out scores 0 and is counted)

@@ -46,7 +46,10 @@ def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
             "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"fn": TOY_REWARD},
             "actor": {"lr": 1.0e-3},
-            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
+            # the KL in the reward under an adaptive controller too: its coefficient is state that an
+            # interrupted run must carry over (from metrics.jsonl) to end as the uninterrupted one does
+            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05, "use_kl_in_reward": True,
+                          "kl_ctrl": {"type": "adaptive", "kl_coef": 0.05, "target_kl": 0.001, "horizon": 16}},
             "rollout": {"backend": "hf", "max_new_tokens": 3},
         }
     cfg["cluster"]["component_placement"] = {"actor": "0-1", "rollout": "2", "inference": "3"}
@@ -71,14 +74,18 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
     """What must not change when a run is interrupted: per iteration its prompts (data order), samples,
     mini-batches, rewards, consumed samples and per-step losses (None on the emulated compute)."""
     keys = ("iteration", "prompts_digest", "samples", "minibatches", "reward_mean", "consumed_samples")
-    return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses")} for m in read_metrics(run_dir)]
+    return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses"), "kl_coef": m.get("kl_ctrl/kl_coef")}
+            for m in read_metrics(run_dir)]
 
 
 def assert_same_outcome(got: Path, ref: Path) -> None:
     a, b = outcome(got), outcome(ref)
     assert [m["iteration"] for m in a] == list(range(ITERATIONS)), a
     for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if k != "losses"} == {k: v for k, v in y.items() if k != "losses"}
+        assert {k: v for k, v in x.items() if k not in ("losses", "kl_coef")} == {
+            k: v for k, v in y.items() if k not in ("losses", "kl_coef")}
+        # the adaptive kl_ctrl's coefficient (O(0.05)): carried over a resume, up to the float noise of its KL input
+        assert x["kl_coef"] == (None if y["kl_coef"] is None else pytest.approx(y["kl_coef"], rel=1e-6))
         assert (x["losses"] is None) == (y["losses"] is None)
         assert_losses_match(x["losses"] or [], y["losses"] or [])
     if (ref / "checkpoints" / "final" / "model.safetensors").exists():  # the real actor: final parameters too

@@ -149,7 +149,7 @@ def test_exact(response: str, answer: object, expected: float) -> None:
 
 
 def test_builtin_table_is_read_only() -> None:
-    assert set(BUILTIN) == {"gsm8k", "math", "exact", "auto"} and BUILTIN["gsm8k"] is gsm8k
+    assert set(BUILTIN) == {"gsm8k", "gsm8k_strict", "math", "exact", "auto"} and BUILTIN["gsm8k"] is gsm8k
     with pytest.raises(TypeError):
         BUILTIN["mine"] = exact  # type: ignore[index]
 
@@ -159,7 +159,7 @@ def test_builtin_table_is_read_only() -> None:
 @pytest.mark.parametrize(("name", "fn", "key", "allowed"), [
     (None, None, "reward.name", "exactly one of reward.name"),
     ("gsm8k", "{pkg}.rewards:score", "reward.name", "exactly one of reward.name"),
-    ("gsm9k", None, "reward.name", "one of auto, exact, gsm8k, math"),
+    ("gsm9k", None, "reward.name", "one of auto, exact, gsm8k, gsm8k_strict, math"),
     (None, "{pkg}.rewards.score", "reward.fn", "'package.module:function'"),
     (None, "{pkg}/rewards:score", "reward.fn", "'package.module:function'"),
     (None, "{pkg}.rewards:score:x", "reward.fn", "'package.module:function'"),
@@ -326,7 +326,34 @@ def test_auto_routes_by_data_source_as_verl_does() -> None:
     assert auto("q", "so #### 72", "72", {"data_source": "openai/gsm8k"}) == 1.0
     assert auto("q", "so #### 71", "72", {"data_source": "openai/gsm8k"}) == 0.0
     assert auto("q", r"\boxed{\frac{1}{2}}", "0.5", {"data_source": "HuggingFaceH4/MATH-500"}) == 1.0
+    # verl's gsm8k is strict: no '#### N', no reward (ours, gsm8k, falls back to the last number)
+    assert auto("q", "the answer is 72", "72", {"data_source": "openai/gsm8k"}) == 0.0
+    assert BUILTIN["gsm8k"]("q", "the answer is 72", "72", {}) == 1.0
     with pytest.raises(ValueError, match="no reward for data_source 'my/set'.*openai/gsm8k"):
         auto("q", "72", "72", {"data_source": "my/set"})
     with pytest.raises(ValueError, match="data_source None"):
         auto("q", "72", "72", {})
+
+
+def test_gsm8k_strict_is_verls_default_gsm8k_score() -> None:
+    import re
+
+    from slurm_rl.rewards.builtin import gsm8k_strict
+
+    def verl(solution_str: str, ground_truth: str) -> float:  # verl.utils.reward_score.gsm8k, method="strict"
+        solution_str = solution_str[-300:]
+        solutions = re.findall("#### (\\-?[0-9\\.\\,]+)", solution_str)
+        final_answer = None if len(solutions) == 0 else solutions[-1].replace(",", "").replace("$", "")
+        if final_answer is None:
+            return 0
+        return 1.0 if final_answer == ground_truth else 0.0
+
+    cases = [("#### 72", "72"), ("so #### 1,234", "1234"), ("#### 7.0", "7"), ("72", "72"), ("####72", "72"),
+             ("#### -3 then #### 5", "5"), ("#### $5", "5"), ("x" * 400 + "#### 9", "9"), ("#### 9" + "x" * 400, "9"),
+             ("#### 72.", "72")]
+    for response, gold in cases:
+        assert gsm8k_strict("q", response, gold, {}) == verl(response, gold), (response, gold)
+        assert gsm8k_strict("q", response, f"steps #### {gold}", {}) == verl(response, gold)
+    assert sum(verl(r, g) for r, g in cases) >= 3  # both outcomes are covered
+    with pytest.raises(ValueError):
+        gsm8k_strict("q", "#### 1", "no number", {})

@@ -1,4 +1,5 @@
-"""The built-in reward functions: ``gsm8k``, ``math``, ``exact`` and ``auto`` (by the row's ``data_source``).
+"""The built-in reward functions: ``gsm8k``, ``gsm8k_strict`` (verl's), ``math``, ``exact`` and ``auto``
+(by the row's ``data_source``, as verl routes it).
 
 Each is ``(prompt, response, answer, extra) -> float`` and returns 1.0 for a correct response,
 0.0 otherwise; a ground truth that cannot be read raises ``ValueError`` (a data problem, not a
@@ -15,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["BUILTIN", "DATA_SOURCES", "MATH_TIMEOUT_S", "RewardFn", "auto", "exact", "gsm8k", "math"]
+__all__ = ["BUILTIN", "DATA_SOURCES", "MATH_TIMEOUT_S", "RewardFn", "auto", "exact", "gsm8k", "gsm8k_strict", "math"]
 
 RewardFn = Callable[[str, str, Any, dict], float]
 """A reward function: ``(prompt, response, answer, extra) -> float``."""
@@ -69,6 +70,21 @@ def gsm8k(prompt: str, response: str, answer: Any, extra: dict) -> float:
     return 1.0 if pred is not None and pred == gold else 0.0
 
 
+_VERL_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+_VERL_CLIP_CHARS = 300  # verl reads the last 300 characters of a response
+
+
+def gsm8k_strict(prompt: str, response: str, answer: Any, extra: dict) -> float:
+    """verl's GSM8K score (``verl.utils.reward_score.gsm8k``, its default ``method="strict"``): 1.0 if the
+    last ``#### N`` of the response's last 300 characters, commas and ``$`` removed, equals the ground
+    truth as text ("7.0" is not "7"); no ``#### N``: 0.0. The ground truth is the text after ``####`` (a
+    GSM8K solution) or the answer itself (verl's preprocessed ``reward_model.ground_truth``)."""
+    _gsm8k_gold(answer)  # a ground truth that holds no number is a data problem: ValueError
+    gold = answer.rsplit("####", 1)[-1].strip() if isinstance(answer, str) else str(answer)
+    found = _VERL_STRICT_RE.findall(response[-_VERL_CLIP_CHARS:])
+    return 1.0 if found and found[-1].replace(",", "").replace("$", "") == gold else 0.0
+
+
 def math(prompt: str, response: str, answer: Any, extra: dict) -> float:  # noqa: A001 (the reward's name)
     """1.0 if math-verify finds the response's answer equal to the gold answer.
 
@@ -97,7 +113,7 @@ def exact(prompt: str, response: str, answer: Any, extra: dict) -> float:
 
 # verl's default_compute_score: which reward scores a row, by its data_source column
 DATA_SOURCES: Mapping[str, str] = MappingProxyType({
-    "openai/gsm8k": "gsm8k",
+    "openai/gsm8k": "gsm8k_strict",
     "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math",
 })
 
@@ -112,5 +128,6 @@ def auto(prompt: str, response: str, answer: Any, extra: dict) -> float:
     return BUILTIN[DATA_SOURCES[source]](prompt, response, answer, extra)
 
 
-BUILTIN: Mapping[str, RewardFn] = MappingProxyType({"gsm8k": gsm8k, "math": math, "exact": exact, "auto": auto})
+BUILTIN: Mapping[str, RewardFn] = MappingProxyType({"gsm8k": gsm8k, "gsm8k_strict": gsm8k_strict, "math": math,
+                                                   "exact": exact, "auto": auto})
 """The built-in rewards by ``reward.name`` (read-only)."""
