@@ -319,6 +319,9 @@ class ActorSection:
     # tensor_parallel (the smallest that fits); []: only tensor_parallel
     tensor_parallel_choices: List[int] = field(default_factory=list)
     pipeline_parallel: int = 1  # not supported yet: 1 only
+    # passes over an iteration's mini-batches (verl's actor.ppo_epochs): pass e > 1 retrains them in order
+    # with the same advantages and old log-probs once the first pass is done; the LR schedule counts each sample once
+    ppo_epochs: int = 1
 
 
 @dataclass
@@ -862,6 +865,7 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
         if not 0.0 <= getattr(a, key) < 1.0:
             issues.append(ConfigIssue(f"actor.{key}", getattr(a, key), "a number in [0, 1)"))
     _positive(issues, "rollout", ro, "sub_batch", "max_new_tokens")
+    _positive(issues, "actor", a, "ppo_epochs")
     _positive(issues, "rollout", ro, "top_k", allow_zero=True)
     if not 0.0 < ro.top_p <= 1.0:
         issues.append(ConfigIssue("rollout.top_p", ro.top_p, "a number in (0, 1]"))

@@ -400,7 +400,8 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
                                                     "loss_agg_mode": "mean", "kl_loss_type": "k4",
                                                     "use_kl_in_reward": True, "kl_ctrl": {"type": "pid", "horizon": 0},
                                                     "old_logprobs": "rollout", "rollout_is": "truncated",
-                                                    "rollout_is_cap": 0}}
+                                                    "rollout_is_cap": 0},
+                                      "actor": {"ppo_epochs": 0}}
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "algorithm.adv_estimator: got 'gae'" in proc.stderr and "needs a critic component" in proc.stderr
@@ -411,4 +412,5 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
     assert "algorithm.kl_ctrl.horizon: got 0" in proc.stderr
     assert "algorithm.rollout_is: got 'truncated'; allowed: none while algorithm.old_logprobs is rollout" in proc.stderr
     assert "algorithm.rollout_is_cap: got 0.0; allowed: a number > 0" in proc.stderr
+    assert "actor.ppo_epochs: got 0; allowed: a positive" in proc.stderr
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written

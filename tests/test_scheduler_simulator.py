@@ -108,6 +108,14 @@ def test_fixed_workload_matches_hand_computation() -> None:
     assert it.busy_gpu_s["rollout"] == pytest.approx(2 * 16)
 
 
+def test_ppo_epochs_add_the_later_passes_after_the_first() -> None:
+    # as above, then actor.ppo_epochs: 2 retrains the 4 mini-batches once the first pass is done
+    report = simulate(config_from_mapping({**_tiny("static"), "actor": {"ppo_epochs": 2}}))
+    it = report.iterations[0]
+    assert it.time_s == pytest.approx(8 + 0.8 + 8 * 8, rel=1e-6)
+    assert it.busy_gpu_s["actor"] == pytest.approx(8 * 8)
+
+
 def test_migration_keeps_generated_tokens() -> None:
     setup, _ = build_setup(config_from_mapping(_tiny("static")))
     sim = Simulation(setup, make_policy("static", setup.policy_cfg))

@@ -122,7 +122,7 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
     state, as the coordinator last placed it (None: not known). ``actor_tp``: the actor's
     tensor-parallel size in force (None: the ``current`` epoch's, else the configured one)."""
     samples = cfg.train.rollout_batch_size * cfg.train.group_size
-    batch = BatchSpec(cfg.train.global_batch_size, cfg.train.micro_batch_size, samples)
+    batch = BatchSpec(cfg.train.global_batch_size, cfg.train.micro_batch_size, samples, cfg.actor.ppo_epochs)
     has_inference = bool(cfg.placement.components.get("inference") and cfg.placement.components["inference"].ranks)
     inf_total = samples if has_inference else 0
     if at_gate:
@@ -145,8 +145,9 @@ def build_state(cfg: Config, current: Epoch, progress: Mapping[int, RankProgress
         busy = any(c.actor_busy for c in counters)
         # complete groups the cutter holds or cut: the actor's data (inference here scores
         # samples as they come, not whole groups, so its count runs ahead of the data)
-        ready = max([steps * cfg.train.global_batch_size] + [c.actor_ready for c in counters])
-        actor = ActorProgress(steps * cfg.train.global_batch_size, samples, steps,
+        trained = min(steps, batch.minibatches_per_epoch) * cfg.train.global_batch_size  # a later pass adds none
+        ready = max([trained] + [c.actor_ready for c in counters])
+        actor = ActorProgress(trained, samples, steps,
                               batch.minibatches_per_iteration, busy=busy, state_dp=actor_state_dp,
                               samples_ready=min(samples, ready))
     return SchedState(

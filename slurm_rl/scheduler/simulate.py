@@ -99,7 +99,8 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     t, s, e = cfg.train, cfg.scheduler, cfg.emulated
     setup = SimSetup(
         gpus=world, initial=normalize_placement(placement),
-        batch=BatchSpec(t.global_batch_size, t.micro_batch_size, t.rollout_batch_size * t.group_size),
+        batch=BatchSpec(t.global_batch_size, t.micro_batch_size, t.rollout_batch_size * t.group_size,
+                        cfg.actor.ppo_epochs),
         group_size=t.group_size, num_iterations=t.num_iterations, prompt_len=e.prompt_len,
         lengths=LengthModel(mean=float(e.response_len_mean), max_len=e.response_len_max,
                             dist=e.response_len_dist, sigma=e.response_len_sigma, alpha=e.response_len_alpha),

@@ -153,6 +153,7 @@ class Simulation:
         self.inf_batch: list[int] = []
         self.inf_done = 0
         self.actor_queue: deque[int] = deque()
+        self.replay: list[int] = []  # the first pass's samples, in training order (actor.ppo_epochs > 1)
         self.actor_busy = False
         self.actor_samples_done = 0
         self.mb_done = 0
@@ -370,10 +371,16 @@ class Simulation:
         self.inf_batch = []
 
     def _finish_minibatch(self) -> None:
-        for _ in range(self.s.batch.global_batch_size):
-            self.actor_queue.popleft()
-        self.actor_samples_done += self.s.batch.global_batch_size
+        batch = self.s.batch
+        first_pass = self.mb_done < batch.minibatches_per_epoch
+        trained = [self.actor_queue.popleft() for _ in range(batch.global_batch_size)]
+        if first_pass:
+            self.actor_samples_done += batch.global_batch_size
+            if batch.ppo_epochs > 1:
+                self.replay.extend(trained)
         self.mb_done += 1
+        if first_pass and self.mb_done == batch.minibatches_per_epoch:  # the later passes, as the workers stamp them
+            self.actor_queue.extend(self.replay * (batch.ppo_epochs - 1))
         self.actor_busy = False
         self.seen_minibatch = (len(self.placement["actor"]) // self.actor_tp,
                                self.t - self.actor_started_at, self.actor_tokens)

@@ -196,6 +196,7 @@ class BatchSpec:
     global_batch_size: int
     micro_batch_size: int
     samples_per_iteration: int
+    ppo_epochs: int = 1  # passes over the iteration's mini-batches (actor.ppo_epochs)
 
     def __post_init__(self) -> None:
         if self.samples_per_iteration % self.global_batch_size:
@@ -209,8 +210,14 @@ class BatchSpec:
                 f"global_batch_size={self.global_batch_size}")
 
     @property
-    def minibatches_per_iteration(self) -> int:
+    def minibatches_per_epoch(self) -> int:
+        """Mini-batches of one pass over the iteration's samples."""
         return self.samples_per_iteration // self.global_batch_size
+
+    @property
+    def minibatches_per_iteration(self) -> int:
+        """Optimizer steps of an iteration: every pass (``ppo_epochs``) over its mini-batches."""
+        return self.minibatches_per_epoch * self.ppo_epochs
 
 
 def derive_phase(rollout: RolloutProgress, actor: ActorProgress) -> str:

@@ -491,6 +491,8 @@ class _Cutter:
         self.group_size = it.p.cfg.train.group_size
         self.gbs = it.p.cfg.train.global_batch_size
         self.whole_groups = self.gbs % self.group_size == 0
+        self.per_pass = it.samples // self.gbs  # mini-batches of one pass; it.minibatches counts every pass
+        self.passes: list[pa.Table] = []  # the first pass's actor batches, kept for the later ones
         self.boundary_at: float | None = None
         # Actor ranks of the last stamped mini-batch; a move at the iteration start is charged to
         # the first mini-batch (where the cost model knows the time in advance).
@@ -526,7 +528,7 @@ class _Cutter:
     @property
     def grouped(self) -> int:
         """Samples received in complete groups (cut or not): the data mini-batches are cut from."""
-        return self.ready_rows + self.cut * self.gbs
+        return self.ready_rows + min(self.cut, self.per_pass) * self.gbs
 
     def _next_groups(self) -> list[int] | None:
         """The groups of the next mini-batch, or None while they are not all complete."""
@@ -587,7 +589,8 @@ class _Cutter:
             return None
         for _, _, table in self.follower.poll():
             self._take(table)
-        if self.ready_rows < self.gbs:
+        replay = self.cut >= self.per_pass  # a later pass (actor.ppo_epochs) over the first pass's mini-batches
+        if not replay and self.ready_rows < self.gbs:
             return None
         if not self.previous_done(now):
             return self.prev_end if self.prev_end is not None else now + self.it.p.poll
@@ -597,25 +600,46 @@ class _Cutter:
         actor = sorted(rt.epoch.ranks_of("actor"))
         if not actor:
             return None  # the actor holds no ranks yet (pre-process): the mini-batch waits
-        cut = self._cut_batch()
-        if cut is None:
-            return None  # index order: the groups of the next mini-batch are not complete yet
+        if replay:  # the same samples, advantages and old log-probs, in the first pass's order
+            batch = self.passes[self.cut % self.per_pass]
+        else:
+            cut = self._cut_batch()
+            if cut is None:
+                return None  # index order: the groups of the next mini-batch are not complete yet
+            batch = self._first_pass_batch(cut)
         self.boundary_at = None
+        tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
+        seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
+        self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
+                          "ready_at": None if seconds is None else now + seconds, "rows": batch.num_rows,
+                          "tokens": tokens, "dp": len(actor), "tp": rt.epoch.tp_of("actor"),  # dp: actor ranks
+                          "resharded": actor != self.last_actor, "ppo_epoch": self.cut // self.per_pass})
+        atomic_write_json(stage_dir(self.it.p.run_dir, self.it.k, ACTOR_STAGE) / PLAN_FILE,
+                          {"iteration": self.it.k, "minibatches": self.plan}, durable=False)
+        self.writer.write(batch)
+        self.last_actor = actor
+        self.cut += 1
+        self.prev_end = None if seconds is None else now + seconds
+        if self.cut == self.per_pass:
+            left = sum(t.num_rows for t in self.buffer)
+            if left:
+                raise ProtocolError(
+                    f"iteration {self.it.k}: {left} samples left over after "
+                    f"cutting {self.cut} mini-batches of {self.gbs} (train.rollout_batch_size x train.group_size must be "
+                    "a multiple of train.global_batch_size)")
+        if self.cut >= self.it.minibatches:
+            self.writer.close()
+        return self.prev_end
+
+    def _first_pass_batch(self, cut: pa.Table) -> pa.Table:
+        """The actor batch of a newly cut mini-batch; its samples count in the iteration's figures
+        (rewards, prompts, KL, mismatch) once, whatever the number of passes."""
         batch = make_actor_batch(cut, self.it.p.cfg.algorithm, self.kl_coef)
         if self.kl_coef is not None:  # verl's current_kl: the mean over responses of their mean KL per token
             sums = kl_in_reward(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist(),
                                 self.it.p.cfg.algorithm.kl_penalty)
             lengths = pc.list_value_length(batch.column("response_ids")).to_numpy(zero_copy_only=False)
             self.current_kl.extend(float(x) / n for x, n in zip(sums, lengths) if n > 0)
-        tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
-        seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
-        self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
-                          "ready_at": None if seconds is None else now + seconds, "rows": batch.num_rows,
-                          "tokens": tokens, "dp": len(actor), "tp": rt.epoch.tp_of("actor"),  # dp: actor ranks
-                          "resharded": actor != self.last_actor})
-        atomic_write_json(stage_dir(self.it.p.run_dir, self.it.k, ACTOR_STAGE) / PLAN_FILE,
-                          {"iteration": self.it.k, "minibatches": self.plan}, durable=False)
-        self.writer.write(batch)
         self.rewards.extend(batch.column("reward").to_pylist())
         self.prompts.update(zip(batch.column("group_id").to_pylist(), batch.column("prompt_ids").to_pylist()))
         kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
@@ -625,18 +649,9 @@ class _Cutter:
             kls, worst = mismatch(batch.column("old_logprobs").to_pylist(), cut.column("sampled_logprobs").to_pylist())
             self.mismatch_kl.extend(kls)
             self.mismatch_max = max(self.mismatch_max, worst)
-        self.last_actor = actor
-        self.cut += 1
-        self.prev_end = None if seconds is None else now + seconds
-        if self.cut >= self.it.minibatches:
-            left = sum(t.num_rows for t in self.buffer)
-            if left:
-                raise ProtocolError(
-                    f"iteration {self.it.k}: {left} samples left over after "
-                    f"cutting {self.cut} mini-batches of {self.gbs} (train.rollout_batch_size x train.group_size must be "
-                    "a multiple of train.global_batch_size)")
-            self.writer.close()
-        return self.prev_end
+        if self.it.minibatches > self.per_pass:
+            self.passes.append(batch)
+        return batch
 
     def in_flight(self, now: float) -> bool:
         """A stamped mini-batch is being trained."""
@@ -729,7 +744,7 @@ class _Iteration:
         self.rank = p.info.rank
         self.sync = sync
         self.samples = p.samples_per_iteration
-        self.minibatches = self.samples // p.cfg.train.global_batch_size
+        self.minibatches = self.samples // p.cfg.train.global_batch_size * p.cfg.actor.ppo_epochs
         self.start_rollout = sorted(start.ranks_of("rollout"))
         self.start_inference = sorted(start.ranks_of("inference"))
         start_actor = sorted(start.ranks_of("actor"))

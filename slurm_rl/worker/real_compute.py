@@ -431,8 +431,11 @@ class RealCompute:
         rows = batch.to_pylist()
         mine = shard_for_rank(rows, self.trainer.dp_rank, self.trainer.dp_size)  # TP peers share one
         t0 = time.perf_counter()
+        t = self.cfg.train
+        later_pass = index >= t.rollout_batch_size * t.group_size // t.global_batch_size  # actor.ppo_epochs > 1
         stats = self.trainer.train_step([self._sample(r) for r in mine], *self._loss(),
-                                        entropy=bool(self.algorithm.entropy_coeff))
+                                        entropy=bool(self.algorithm.entropy_coeff),
+                                        schedule_samples=0 if later_pass else None)
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
 
     @staticmethod

@@ -264,7 +264,7 @@ class ActorTrainer:
     # ----------------------------------------------------------------- training
     def train_step(self, samples: Sequence[Mapping[str, Any]],
                    loss_fn: LossFn = nll_loss, aggregation: LossAggregation | None = None,
-                   entropy: bool = False) -> dict[str, float]:
+                   entropy: bool = False, schedule_samples: int | None = None) -> dict[str, float]:
         """One optimizer step on this DP rank's share of the mini-batch.
 
         ``samples`` is this rank's contiguous ``global_batch_size / dp`` share (see
@@ -272,7 +272,9 @@ class ActorTrainer:
         per-token losses become the step's loss (default token mean), over the global mini-batch
         whatever its split into micro-batches and DP ranks. ``entropy``: each micro-batch's
         per-token entropy goes to ``loss_fn`` as ``batch["entropy"]`` (differentiable) and its
-        token mean over the step is returned as ``entropy``. Returns ``loss``, ``grad_norm``, ``lr``,
+        token mean over the step is returned as ``entropy``. ``schedule_samples``: how far the step moves
+        the LR schedule (default ``global_batch_size``; 0 for another pass over samples already counted,
+        ``actor.ppo_epochs``: the schedule counts each sample once). Returns ``loss``, ``grad_norm``, ``lr``,
         ``consumed_samples``, ``step``, ``tokens`` and ``micro_batches`` (this rank's).
         """
         self._require_live("train_step")
@@ -309,10 +311,11 @@ class ActorTrainer:
             loss_sum[0] += float(total.detach())
         if self.dp_size > 1:
             dist.all_reduce(loss_sum, group=self.dp_group)
-        step_samples = self.batch_cfg.global_batch_size
+        step_samples = self.batch_cfg.global_batch_size if schedule_samples is None else schedule_samples
         lr = self.scheduler.lr_for_step(step_samples)
         grad_norm = self.optimizer.step(lr)
-        self.scheduler.advance(step_samples)
+        if step_samples:  # a later pass over counted samples (actor.ppo_epochs) leaves the schedule where it is
+            self.scheduler.advance(step_samples)
         stats = {"entropy": float(loss_sum[1].item()) / global_tokens} if entropy else {}
         return {**stats, "loss": float(loss_sum[0].item()) / denominator, "grad_norm": grad_norm,
                 "lr": lr, "consumed_samples": float(self.consumed_samples),
