@@ -810,7 +810,7 @@ def test_model_path_refuses_size_keys_and_real_devices_need_data_and_reward() ->
     with pytest.raises(ConfigError) as exc:
         config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "eval.every=5"])
     assert_issue(exc.value, "data.train_files", [], "a list of .jsonl or .parquet prompt files")
-    assert_issue(exc.value, "reward.name", None, "one of gsm8k, math, exact, auto, or reward.fn")
+    assert_issue(exc.value, "reward.name", None, "one of gsm8k, gsm8k_strict, math, exact, auto, or reward.fn")
     assert_issue(exc.value, "eval.every", 5, "data.val_files set")
     with pytest.raises(ConfigError) as exc:
         config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "data.train_files=[a.jsonl]", "reward.name=exact",
@@ -884,7 +884,8 @@ def test_engine_sections_match_the_engine_types() -> None:
     assert set(MODEL_SIZE_KEYS) <= set(defaults(ModelSection))
     assert model_sizes(ModelSection()) == engine | {"vocab_size": None}  # null: the tokenizer's
     layout = {"precision": "auto", "recompute": "none", "tensor_parallel": 1,  # the model's build, not the optimizer's
-              "tensor_parallel_choices": dataclasses.MISSING, "pipeline_parallel": 1}
+              "tensor_parallel_choices": dataclasses.MISSING, "pipeline_parallel": 1,
+              "ppo_epochs": 1}  # the protocol's passes over an iteration
     assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True} | layout
     assert list(defaults(ActorSection))[:len(defaults(OptimConfig))] == list(defaults(OptimConfig))
 
