@@ -158,3 +158,18 @@ def test_cli_debug_flag_given_before_the_command_is_kept() -> None:
     args = cli._parser().parse_args(["--debug", "validate", "c.yaml"])
     assert args.debug is True
     assert cli._parser().parse_args(["validate", "c.yaml"]).debug is False
+
+
+def test_local_rendezvous_ports_are_drawn_below_the_ephemeral_range() -> None:
+    """bind(0) would give an ephemeral port, which an outgoing connection may take before rank 0
+    binds it; the local launcher draws from the ports below the kernel's ephemeral range."""
+    import socket
+    from pathlib import Path
+
+    from slurm_rl.launch.local import PORT_WINDOW, _free_port
+
+    floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {_free_port() for _ in range(20)}
+    assert all(floor - PORT_WINDOW <= p < floor for p in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))  # free when given

@@ -30,12 +30,31 @@ class LocalRunResult:
     exit_codes: dict[int, int]
 
 
+EPHEMERAL_FLOOR = 32768  # Linux's default ip_local_port_range start, when /proc does not say
+PORT_WINDOW = 8192  # the rendezvous port is drawn from this many ports below the ephemeral range
+
+
 def _free_port() -> int:
+    """A free port for the ranks' rendezvous, drawn below the kernel's ephemeral range: a port that
+    bind(0) gives is an ephemeral one, which another process's outgoing connection can take in the
+    seconds before rank 0 binds it (the fork server imports first); these ports are only ever bound
+    on purpose."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        floor = EPHEMERAL_FLOOR
+    low = max(1024, floor - PORT_WINDOW)
+    for port in random.SystemRandom().sample(range(low, floor), min(64, floor - low)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise LaunchError(f"no free port for the rendezvous in [{low}, {floor})")
 
 
 def worker_env(rank: int, world_size: int, job_id: str, port: int, base: dict[str, str]) -> dict[str, str]:
