@@ -931,11 +931,8 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
 
 
 def _old_logprobs_problems(al: AlgorithmSection, placement: Placement) -> list[ConfigIssue]:
-    """Resolve ``algorithm.old_logprobs`` (null: ``actor`` where an inference component is placed, else
-    ``rollout``) and refuse what the placement cannot compute."""
+    """What the placement cannot compute of ``algorithm.old_logprobs`` (resolved) and ``rollout_is``."""
     placed = "inference" in placement.components
-    if al.old_logprobs is None:
-        al.old_logprobs = "actor" if placed else "rollout"
     issues = []
     if al.old_logprobs == "actor" and not placed:
         issues.append(ConfigIssue("algorithm.old_logprobs", "actor", (
@@ -1220,6 +1217,8 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     if placement is not None and parallel_ok:
         issues.extend(_tp_placement_problems(typed, placement, scripted))
     if placement is not None:
+        if typed.algorithm.old_logprobs is None:  # the actor's where inference ranks can score them
+            typed.algorithm.old_logprobs = "actor" if "inference" in placement.components else "rollout"
         issues.extend(_old_logprobs_problems(typed.algorithm, placement))
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
