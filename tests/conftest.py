@@ -25,7 +25,7 @@ from slurm_fixture import slurm_cluster  # noqa: F401
 from resume_helpers import reference  # noqa: F401
 from shared_runs import run_64, scripted_run  # noqa: F401
 
-pytest_plugins = ["suite_ledger"]
+pytest_plugins = ["zygotes", "suite_ledger"]
 
 # Slurm's client commands: a test that does not use the local cluster gets stand-ins that refuse (exit 1)
 SLURM_CLIENTS = ("sbatch", "srun", "salloc", "squeue", "sinfo", "scontrol", "scancel", "sacct", "sacctmgr", "sstat")

@@ -2,8 +2,9 @@
 
 Each test's wall and CPU seconds (setup, call and teardown together; CPU is the test process's own,
 that of the child processes it waited for, and what its live descendants spent meanwhile: a fork
-server that outlives the test counts with the ranks it reaped; work inside Slurm jobs counts only
-in the machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
+server that outlives the test counts with the ranks it reaped; work inside Slurm jobs, and in the
+processes the session's zygotes forked (tests/zygotes.py, ``zygote_cpu_s``), counts only in the
+machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
 in the report's ``user_properties``. At the end of a run of the whole suite (no ``-m``, ``-k`` or
 test paths given) the controller writes ``.test-ledger/latest.json`` and appends the same document
 to ``.test-ledger/history.jsonl`` (in the repository root, not committed; every test's figures go to
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from zygotes import zygote_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 LEDGER_DIR = REPO / ".test-ledger"
@@ -147,6 +150,7 @@ class Ledger:
             "cores_busy": round(cpu / wall, 2) if wall > 0 else 0.0,
             "steal_s": round(steal, 1),
             "kernel_threads_cpu_s": round(kernel_threads_cpu_s() - self.kernel0, 1),
+            "zygote_cpu_s": round(zygote_cpu_s(self.config), 1),
             "tests_cpu_s": round(sum(t["cpu_s"] for t in self.tests.values()), 1),
             "tests_wall_s": round(sum(t["wall_s"] for t in self.tests.values()), 1),
             "workers": getattr(self.config.option, "numprocesses", None),
@@ -178,7 +182,8 @@ class Ledger:
         tr.section("suite ledger (.test-ledger/latest.json)")
         tr.write_line(f"pytest {d['pytest_s']:.0f} s, machine CPU {d['machine_cpu_s']:.0f} s "
                       f"({d['cores_busy']:.2f} cores busy; kernel threads {d['kernel_threads_cpu_s']:.0f} s, "
-                      f"steal {d['steal_s']:.0f} s), tests' own CPU {d['tests_cpu_s']:.0f} s")
+                      f"steal {d['steal_s']:.0f} s), tests' own CPU {d['tests_cpu_s']:.0f} s, "
+                      f"the zygotes' and what they forked {d['zygote_cpu_s']:.0f} s")
         for t in d["costliest"]:
             tr.write_line(f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}")
 

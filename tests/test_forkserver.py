@@ -1,7 +1,8 @@
 """The local launcher's fork server (slurm_rl.launch.forkserver): a rank forked from the run's warm
 interpreter is a worker of its own (own session, own environment, default signal dispositions, no
 torch in an emulated rank); exit codes, failures and kills read as with a fresh process per rank;
-the server goes away with its run, and with its launcher."""
+the server goes away with its run, and with its launcher. The server's life is checked both as a
+fresh process and forked from a zygote (slurm_rl.launch.zygote)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,35 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.errors import LaunchError
 from slurm_rl.launch.forkserver import ForkedRank, ForkServer, _gpu_visible
 from slurm_rl.launch.local import LocalJob, worker_env
+from slurm_rl.launch.zygote import ENV as ZYGOTE_ENV
+from slurm_rl.launch.zygote import ZygoteProcess
+from zygotes import start_zygotes, stop_zygotes
 
 WORLD = 4
+
+
+@pytest.fixture(params=["fresh", "zygote"])
+def server_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """How the run's fork server starts: a fresh interpreter, or forked from a zygote (the session's,
+    or one of this test's own when the session runs without)."""
+    if request.param == "fresh":
+        monkeypatch.delenv(ZYGOTE_ENV, raising=False)
+        yield request.param
+        return
+    own: list[subprocess.Popen] = []
+    if not os.environ.get(ZYGOTE_ENV):
+        directory = tmp_path_factory.mktemp("zygotes")
+        own = start_zygotes(directory, ["emulated"])
+        monkeypatch.setenv(ZYGOTE_ENV, str(directory))
+    try:
+        yield request.param
+    finally:
+        stop_zygotes(own)
+
+
+def started_as(job: LocalJob, how: str) -> bool:
+    return isinstance(job._server.proc, ZygoteProcess if how == "zygote" else subprocess.Popen)
 
 
 def prepare(tmp_path: Path, backend: str = "emulated") -> Path:
@@ -82,10 +111,11 @@ def finish(job: LocalJob, timeout: float = 300.0) -> dict[int, int]:
     return codes
 
 
-def test_forked_ranks_are_workers_of_their_own(tmp_path: Path) -> None:
+def test_forked_ranks_are_workers_of_their_own(tmp_path: Path, server_start: str) -> None:
     run_dir = prepare(tmp_path)
     job = LocalJob(run_dir, WORLD, forkserver=True)
     try:
+        assert started_as(job, server_start)
         assert all(isinstance(p, ForkedRank) for p in job.procs.values())
         pids = heartbeat_pids(job, run_dir)
         server = job._server.proc.pid
@@ -134,10 +164,11 @@ def test_a_rank_killed_by_a_signal_fails_the_run_with_its_log(path: str, tmp_pat
         assert job._server.proc.returncode is not None
 
 
-def test_kill_stops_every_rank_and_the_coordinator(tmp_path: Path) -> None:
+def test_kill_stops_every_rank_and_the_coordinator(tmp_path: Path, server_start: str) -> None:
     run_dir = prepare(tmp_path)
     job = LocalJob(run_dir, WORLD, forkserver=True)
     try:
+        assert started_as(job, server_start)
         pids = heartbeat_pids(job, run_dir)
         wait_until("the coordinator's lease", lambda: (read_lease(RunPaths(run_dir)) or {}).get("holder"))
         coordinator = read_lease(RunPaths(run_dir))["holder"]["pid"]
@@ -148,10 +179,11 @@ def test_kill_stops_every_rank_and_the_coordinator(tmp_path: Path) -> None:
     assert job._server.proc.returncode is not None
 
 
-def test_a_dead_server_fails_the_run_and_its_ranks_are_stopped(tmp_path: Path) -> None:
+def test_a_dead_server_fails_the_run_and_its_ranks_are_stopped(tmp_path: Path, server_start: str) -> None:
     run_dir = prepare(tmp_path)
     job = LocalJob(run_dir, WORLD, forkserver=True)
     try:
+        assert started_as(job, server_start)
         pids = heartbeat_pids(job, run_dir)
         os.kill(job._server.proc.pid, signal.SIGKILL)
         with pytest.raises(LaunchError, match="fork server of this run exited with code -9"):
@@ -183,18 +215,20 @@ def test_a_server_that_loaded_cuda_falls_back_to_fresh_processes(tmp_path: Path,
     assert "loaded the CUDA driver" in (run_dir / "logs" / "forkserver.log").read_text()
 
 
-def test_the_server_leaves_with_its_launcher(tmp_path: Path) -> None:
+def test_the_server_leaves_with_its_launcher(tmp_path: Path, server_start: str) -> None:
     """The launcher SIGKILLed: the server leaves (the ranks, in sessions of their own, carry on
     as fresh processes would have; this test then stops them)."""
     run_dir = prepare(tmp_path)
     script = ("import sys, time; from pathlib import Path; from slurm_rl.launch.local import LocalJob, worker_env; "
               "job = LocalJob(Path(sys.argv[1]), 4, forkserver=True); "
-              "print(job._server.proc.pid, *(p.pid for p in job.procs.values()), flush=True); time.sleep(600)")
+              "print(type(job._server.proc).__name__, job._server.proc.pid, *(p.pid for p in job.procs.values()), flush=True); "
+              "time.sleep(600)")
     launcher = subprocess.Popen([sys.executable, "-c", script, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     ranks: list[int] = []
     try:
-        server, *ranks = map(int, launcher.stdout.readline().split())
-        assert len(ranks) == WORLD
+        kind, server, *ranks = launcher.stdout.readline().split()
+        server, ranks = int(server), [int(r) for r in ranks]
+        assert len(ranks) == WORLD and kind == ("ZygoteProcess" if server_start == "zygote" else "Popen")
         launcher.kill()
         launcher.wait()
         assert gone([server], timeout=10)

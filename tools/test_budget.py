@@ -33,7 +33,8 @@ def _machine_share(doc: dict) -> str:
     """What the machine spent for itself meanwhile (ledgers from before these fields: nothing)."""
     if "kernel_threads_cpu_s" not in doc:
         return ""
-    return f"; of it kernel threads {doc['kernel_threads_cpu_s']:.0f} s; steal {doc['steal_s']:.0f} s"
+    zygotes = f"; zygotes and what they forked {doc['zygote_cpu_s']:.0f} s" if "zygote_cpu_s" in doc else ""
+    return f"; of it kernel threads {doc['kernel_threads_cpu_s']:.0f} s; steal {doc['steal_s']:.0f} s{zygotes}"
 
 
 def show(doc: dict, budget: float) -> str:

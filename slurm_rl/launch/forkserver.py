@@ -43,6 +43,11 @@ Protocol (one JSON object a line):
 - report (stdout): ``{"pid": 12345, "code": 0}`` once the rank is reaped, ``code`` as
   ``subprocess.Popen.returncode`` (negative: killed by that signal).
 
+With ``SLURM_RL_ZYGOTE`` set (:mod:`slurm_rl.launch.zygote`) the server itself is forked from a
+zygote that imported for the run's device once, so its preload finds everything imported; its parent
+is then the zygote, and it watches the launcher's pid instead (``python -m slurm_rl.launch.forkserver
+RUN_DIR LAUNCHER_PID``).
+
 ``SLURM_RL_FORKSERVER=0`` in the launcher's environment (or ``LocalJob(..., forkserver=False)``)
 keeps the former path: every rank a fresh ``python -m slurm_rl.worker RUN_DIR`` (subprocess.Popen).
 Ranks under Slurm (srun, sbatch/train.sh, submitit) are started by Slurm as before.
@@ -64,9 +69,10 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from slurm_rl.errors import LaunchError
+from slurm_rl.launch import zygote
 
 ENV_SWITCH = "SLURM_RL_FORKSERVER"
 LOG_NAME = "forkserver.log"
@@ -146,9 +152,9 @@ class ForkServer:
         self.run_dir = run_dir
         self.log_path = log_dir / LOG_NAME
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "slurm_rl.launch.forkserver", str(run_dir)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-                                         start_new_session=True)
+            device = run_device(run_dir)
+            self.proc = zygote.popen("slurm_rl.launch.forkserver", [str(run_dir), str(os.getpid())], device, env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         self._buf = b""
         self._eof = False
         self.codes: dict[int, int] = {}  # pid -> exit code, as reported
@@ -336,6 +342,18 @@ def preload(device: str) -> None:
         _log(f"preload: transformers failed ({type(exc).__name__}: {exc}); the ranks import it themselves")
 
 
+def run_device(run_dir: str | Path) -> str:
+    """``runtime.device`` of the run (``emulated``, said in the log, when its config cannot be read)."""
+    try:
+        from slurm_rl.config import load_config
+
+        return load_config(Path(run_dir) / "config.yaml").runtime.device
+    except Exception as exc:
+        _log(f"cannot read runtime.device from {run_dir}/config.yaml ({type(exc).__name__}: {exc}); "
+             f"preloading the worker modules only")
+        return "emulated"
+
+
 def _threads() -> list[str]:
     names = []
     for tid in sorted(os.listdir("/proc/self/task")):
@@ -361,20 +379,22 @@ def _write(fd: int, msg: dict[str, Any]) -> None:
 
 
 def serve(run_dir: str, req: int, rep: int, parent: int) -> int:
-    """Fork a rank per request until ``req`` closes, report each exit on ``rep``."""
+    """Fork a rank per request until ``req`` closes, report each exit on ``rep``; leave once the
+    launcher ``parent`` is gone."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the select below (wakeup fd)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     own_fds = (req, rep, wake_r, wake_w)
+    by_parent = os.getppid() == parent  # else a zygote forked us: watch the launcher's pid
     children: set[int] = set()
     buf = b""
     reading = True
     first = True
     try:
         while reading or children:
-            if os.getppid() != parent:
+            if not (os.getppid() == parent if by_parent else zygote.running(parent)):
                 _log(f"the launcher (pid {parent}) is gone; leaving {len(children)} ranks to themselves")
                 return 0
             ready, _, _ = select.select([wake_r, req] if reading else [wake_r], [], [], 1.0)
@@ -444,8 +464,8 @@ def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], 
 
 def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_fds: tuple[int, ...]) -> NoReturn:
     """The forked child: become ``python -m slurm_rl.worker RUN_DIR`` and run the rank."""
-    code = 1
-    try:
+
+    def run() -> int:
         os.setsid()
         os.close(sync_w)
         signal.set_wakeup_fd(-1)
@@ -470,14 +490,24 @@ def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_f
         sys.argv = [str(main.__file__), run_dir]
         from slurm_rl.worker.main import run_worker
 
-        code = run_worker(Path(run_dir))
+        return run_worker(Path(run_dir))
+
+    exit_like_an_interpreter(run)
+
+
+def exit_like_an_interpreter(run: Callable[[], int | None]) -> NoReturn:
+    """Run ``run`` in a forked child and leave as an interpreter would: ``SystemExit``'s code (or
+    ``run``'s result), a traceback and 1 for an exception; non-daemon threads joined, ``atexit``
+    handlers run, stdio flushed; then ``os._exit``."""
+    code: object = 1
+    try:
+        code = run()
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException:
         traceback.print_exc()
         code = 1
     finally:
-        # what an interpreter does at exit: join non-daemon threads, run atexit, flush stdio
         try:
             threading._shutdown()  # type: ignore[attr-defined]
         except BaseException:
@@ -491,7 +521,7 @@ def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_f
                 stream.flush()
             except BaseException:
                 pass
-        os._exit(code & 0xFF if isinstance(code, int) else 1)
+        os._exit(_exit_code(code) & 0xFF)
 
 
 def _exit_code(value: object) -> int:
@@ -504,13 +534,14 @@ def _exit_code(value: object) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slurm_rl.launch.forkserver RUN_DIR``: requests on stdin, replies on stdout."""
+    """``python -m slurm_rl.launch.forkserver RUN_DIR [LAUNCHER_PID]``: requests on stdin, replies on
+    stdout; LAUNCHER_PID (default: the parent) is the process whose end ends the server."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m slurm_rl.launch.forkserver RUN_DIR", file=sys.stderr)
+    if len(args) not in (1, 2) or not all(a.isdigit() for a in args[1:]):
+        print("usage: python -m slurm_rl.launch.forkserver RUN_DIR [LAUNCHER_PID]", file=sys.stderr)
         return 2
     run_dir = args[0]
-    parent = os.getppid()
+    parent = int(args[1]) if len(args) == 2 else os.getppid()
     for sig in IGNORED_BY_SERVER:
         signal.signal(sig, signal.SIG_IGN)
     # requests and replies on fds of their own; fd 0 and 1 become /dev/null and this log
@@ -521,14 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    try:
-        from slurm_rl.config import load_config
-
-        device = load_config(Path(run_dir) / "config.yaml").runtime.device
-    except Exception as exc:
-        _log(f"cannot read runtime.device from {run_dir}/config.yaml ({type(exc).__name__}: {exc}); "
-             f"preloading the worker modules only")
-        device = "emulated"
+    device = run_device(run_dir)
     preload(device)
     gc.collect()
     gc.freeze()  # the imported objects stay shared with every rank (no GC pass writes to them)

@@ -27,6 +27,7 @@ from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.config import ConfigError
 from slurm_rl.mux.group_file import GroupSpec, load_group
 from slurm_rl.mux.group_admission import admit
+from slurm_rl.launch import zygote
 from slurm_rl.launch.local import LaunchError, LocalJob
 from slurm_rl.launch.prepare import prepare_run
 
@@ -69,11 +70,11 @@ def prepare_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
     return spec
 
 
-def start_group_scheduler(group_dir: Path) -> subprocess.Popen:
+def start_group_scheduler(group_dir: Path) -> subprocess.Popen | zygote.ZygoteProcess:
     """The group scheduler as its own process (log: ``GROUP_DIR/logs/group-scheduler.log``)."""
-    log = open(group_dir / "logs" / "group-scheduler.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "slurm_rl.mux.group_scheduler", str(group_dir)],
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    with open(group_dir / "logs" / "group-scheduler.log", "ab") as log:
+        return zygote.popen("slurm_rl.mux.group_scheduler", [str(group_dir)], "emulated",
+                            dict(os.environ, OMP_NUM_THREADS="1"), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
 

@@ -1,0 +1,371 @@
+"""Warm start across local runs: a process that imported once forks each run's helper processes.
+
+Every local run starts a fork server (:mod:`slurm_rl.launch.forkserver`) that imports what its
+ranks need (about 5 s of CPU for a ``cpu`` run: torch, megatron-core, transformers) and a
+coordinator (about 0.6 s). Someone who starts many local runs in a row (a test suite, a sweep on a
+laptop) pays that for every run. A *zygote* pays it once:
+
+    python -m slurm_rl.launch.zygote DIR --device cpu &      # listens on DIR/cpu.sock
+    python -m slurm_rl.launch.zygote DIR --device emulated & # DIR/emulated.sock
+    export SLURM_RL_ZYGOTE=DIR
+    slurm-rl run run1.yaml; slurm-rl run run2.yaml           # their servers are forked, not started
+
+With ``SLURM_RL_ZYGOTE`` set, the local launcher asks the zygote of its run's ``runtime.device``
+to fork ``python -m slurm_rl.launch.forkserver RUN_DIR`` (and the local mux launcher asks the
+``emulated`` one for its group scheduler). The forked process is what ``python -m MODULE ARGS``
+would have been: the caller's stdin, stdout and stderr (passed over the socket), environment and
+working directory, a session of its own, default signal dispositions, reseeded ``random`` and
+numpy, the module run as ``__main__``. Its parent is the zygote, which reports its exit code back
+to the caller. Only a process that leads its own session is forked so (one that shares its
+caller's process group, as rank 0's coordinator does, could not join it from the zygote's session).
+
+A zygote serves only a caller that would have started the same interpreter: the same
+``sys.executable``, the same ``slurm_rl`` package and the same import-relevant environment
+(``PYTHON*``, thread counts, ``LD_*``); anything else, a missing socket, a zygote that does not
+answer within :data:`CONNECT_TIMEOUT_S`, or a process inside a Slurm job (Slurm starts the
+processes of a job itself: its cgroup, its signals) starts a fresh interpreter as before. A
+zygote keeps the code it imported: restart it after changing ``slurm_rl``.
+
+Protocol (``AF_UNIX`` ``SOCK_SEQPACKET``, one JSON message each): the caller sends
+``{"module", "argv", "env", "cwd", "key"}`` with three file descriptors
+(stdin, stdout, stderr); the zygote replies ``{"pid": N}`` or ``{"refused": "why"}`` and, once the
+child is reaped, ``{"code": C}`` (as ``subprocess.Popen.returncode``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+ENV = "SLURM_RL_ZYGOTE"
+CONNECT_TIMEOUT_S = 120.0  # a zygote still importing answers once it has: wait that long, then start fresh
+KEY_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+LOST_CODE = 255  # the exit code of a child whose zygote died before reporting it (as the fork server's)
+MAX_MESSAGE = 1 << 20
+
+
+def socket_path(directory: str | Path, device: str) -> Path:
+    """The socket of the zygote of ``device`` in ``directory``."""
+    return Path(directory) / f"{device}.sock"
+
+
+def interpreter_key(env: dict[str, str]) -> dict[str, Any]:
+    """What a process started with ``env`` would import differently: a zygote serves only its own key."""
+    import slurm_rl
+
+    return {"executable": sys.executable, "package": slurm_rl.__file__,
+            "env": {k: v for k, v in sorted(env.items()) if k.startswith("PYTHON") or k in KEY_VARS}}
+
+
+# ----------------------------------------------------------------------------------------------
+# caller side
+
+
+class ZygoteProcess:
+    """A process forked by a zygote, with what ``subprocess.Popen`` offers that our launchers use:
+    ``pid``, ``stdin``, ``stdout``, ``returncode``, ``poll()``, ``wait()``, ``send_signal()``,
+    ``terminate()``, ``kill()``."""
+
+    def __init__(self, conn: socket.socket, pid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None) -> None:
+        self._conn: socket.socket | None = conn
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is not None:
+            return
+        if self._conn is None:  # the zygote died first: the process is no child of ours, watch its pid
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while running(self.pid):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                time.sleep(0.05)
+            self.returncode = LOST_CODE
+            return
+        if not select.select([self._conn], [], [], timeout)[0]:
+            return
+        data = self._conn.recv(MAX_MESSAGE)
+        self._conn.close()
+        self._conn = None
+        if data:
+            self.returncode = int(json.loads(data)["code"])
+        else:
+            self._read(timeout)
+
+    def poll(self) -> int | None:
+        self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._read(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid} (forked by a zygote)", timeout or 0.0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (neither gone nor a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def _fd(stream: int | IO[Any] | None, default: int) -> int:
+    if stream is None:
+        return default
+    return stream if isinstance(stream, int) else stream.fileno()
+
+
+def popen(module: str, args: list[str], device: str, env: dict[str, str], *, stdin: int | IO[Any] | None = None,
+          stdout: int | IO[Any] | None = None, stderr: int | IO[Any] | None = None,
+          start_new_session: bool = False) -> subprocess.Popen | ZygoteProcess:
+    """``python -m MODULE ARGS`` with ``env``: forked by the zygote of ``device`` where one serves this
+    caller (``SLURM_RL_ZYGOTE``; only with ``start_new_session``), else a fresh ``subprocess.Popen``.
+    ``stdin``/``stdout`` may be ``subprocess.PIPE`` or ``DEVNULL``, ``stderr`` ``DEVNULL`` or ``STDOUT``;
+    None inherits, as with Popen."""
+    proc = _forked(module, args, device, env, stdin, stdout, stderr, start_new_session)
+    if proc is not None:
+        return proc
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                            start_new_session=start_new_session)
+
+
+def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdin: Any, stdout: Any, stderr: Any,
+            new_session: bool) -> ZygoteProcess | None:
+    directory = os.environ.get(ENV, "").strip()
+    if not directory or not new_session or "SLURM_JOB_ID" in os.environ or "SLURM_JOB_ID" in env:
+        return None
+    path = socket_path(directory, device)
+    if not path.exists():
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine: list[int] = []  # our ends of the pipes, and the child's ends (closed once sent)
+    theirs: list[int] = []
+    try:
+        conn.settimeout(CONNECT_TIMEOUT_S)
+        conn.connect(str(path))
+        fds = []
+        pipes: dict[str, int] = {}
+        for name, stream, default in (("stdin", stdin, 0), ("stdout", stdout, 1)):
+            if stream == subprocess.PIPE:
+                r, w = os.pipe()
+                child, parent = (r, w) if name == "stdin" else (w, r)
+                theirs.append(child)
+                mine.append(parent)
+                pipes[name] = parent
+                fds.append(child)
+            elif stream == subprocess.DEVNULL:
+                theirs.append(os.open(os.devnull, os.O_RDWR))
+                fds.append(theirs[-1])
+            else:
+                fds.append(_fd(stream, default))
+        if stderr == subprocess.DEVNULL:
+            theirs.append(os.open(os.devnull, os.O_RDWR))
+            fds.append(theirs[-1])
+        else:
+            fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2))
+        request = {"module": module, "argv": list(args), "env": env, "cwd": os.getcwd(), "key": interpreter_key(env)}
+        socket.send_fds(conn, [json.dumps(request).encode()], fds)
+        reply = json.loads(conn.recv(MAX_MESSAGE) or b'{"refused": "the zygote closed the connection"}')
+    except (OSError, ValueError) as exc:
+        reply = {"refused": f"{type(exc).__name__}: {exc}"}
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    if "pid" not in reply:
+        conn.close()
+        for fd in mine:
+            os.close(fd)
+        print(f"zygote {path}: {reply.get('refused')}; starting a fresh python -m {module}", file=sys.stderr, flush=True)
+        return None
+    conn.settimeout(None)
+    return ZygoteProcess(conn, int(reply["pid"]),
+                         os.fdopen(pipes["stdin"], "wb") if "stdin" in pipes else None,
+                         os.fdopen(pipes["stdout"], "rb") if "stdout" in pipes else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# zygote side
+
+
+def _log(msg: str) -> None:
+    print(f"[zygote {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def serve(directory: Path, device: str) -> int:
+    """Listen on ``directory/<device>.sock``, preload, then fork a child per request (until SIGTERM)."""
+    from slurm_rl.launch import forkserver
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = socket_path(directory, device)
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(128)  # callers wait in the backlog while we import
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what the launchers give their servers (OpenBLAS: no threads)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    forkserver.preload(device)
+    gc.collect()
+    gc.freeze()
+    key = interpreter_key(dict(os.environ))
+    unusable = forkserver._cuda_touched()
+    _log(f"device {device}: preloaded {len(sys.modules)} modules in {time.process_time() - cpu0:.2f}s CPU "
+         f"({time.monotonic() - wall0:.2f}s wall); serving {path}"
+         + ("; an import loaded the CUDA driver: refusing every request" if unusable else ""))
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    children: dict[int, socket.socket] = {}
+    try:
+        while not stop:
+            ready, _, _ = select.select([listener, wake_r], [], [], 1.0)
+            if wake_r in ready:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            _reap(children)
+            if listener in ready and not stop:
+                conn, _ = listener.accept()
+                _answer(conn, key, unusable, children, (listener.fileno(), wake_r, wake_w))
+    finally:
+        listener.close()
+        path.unlink(missing_ok=True)
+    _log(f"stopping; {len(children)} children carry on")
+    return 0
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.send(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
+            except OSError:
+                pass  # the caller is gone
+            conn.close()
+
+
+def _answer(conn: socket.socket, key: dict[str, Any], unusable: bool, children: dict[int, socket.socket],
+            own_fds: tuple[int, ...]) -> None:
+    fds: list[int] = []
+    try:
+        conn.settimeout(10.0)
+        data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+        request = json.loads(data)
+        why = ("an import loaded the CUDA driver" if unusable else
+               None if request.get("key") == key else "the caller's interpreter or environment differs from the zygote's"
+               if len(fds) == 3 else "three file descriptors expected")
+        if why is not None:
+            conn.send(json.dumps({"refused": why}).encode())
+            conn.close()
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _child(request, fds, [*own_fds, *(c.fileno() for c in children.values())])
+        children[pid] = conn
+        conn.send(json.dumps({"pid": pid}).encode())
+    except (OSError, ValueError) as exc:
+        _log(f"a request failed: {type(exc).__name__}: {exc}")
+        conn.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoReturn:
+    """The forked child: become ``python -m MODULE ARGV`` and run it."""
+    from slurm_rl.launch.forkserver import DEFAULT_SIGNALS, exit_like_an_interpreter
+
+    def run() -> int | None:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        for fd in own_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
+        for sig in DEFAULT_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
+        sys.argv = [request["module"], *request["argv"]]
+        warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package", category=RuntimeWarning)
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        return 0
+
+    exit_like_an_interpreter(run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slurm_rl.launch.zygote DIR --device DEVICE``."""
+    parser = argparse.ArgumentParser(prog="python -m slurm_rl.launch.zygote", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, help="where the socket <device>.sock is made (SLURM_RL_ZYGOTE=DIR)")
+    parser.add_argument("--device", choices=("emulated", "cpu", "cuda"), default="cpu",
+                        help="what to preload: the imports of a rank of this runtime.device")
+    args = parser.parse_args(argv)
+    return serve(args.dir, args.device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""A zygote (slurm_rl.launch.zygote) forks ``python -m MODULE`` as a fresh interpreter would have
+started it: the caller's fds, environment and working directory, a session of its own, default
+signals, the module as ``__main__``, the exit code (or the killing signal) reported back; a caller
+it cannot serve as that interpreter gets a fresh process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_rl.launch import zygote
+from zygotes import REPO, start_zygotes, stop_zygotes
+
+PROBE = '''
+import json, os, signal, sys
+print(json.dumps({"name": __name__, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+                  "leader": os.getsid(0) == os.getpid(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                  "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                  "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+line = sys.stdin.readline()
+sys.exit(int(line or 0))
+'''
+
+
+@contextlib.contextmanager
+def probe_zygote_in(directory: Path) -> Iterator[tuple[Path, dict[str, str], list[subprocess.Popen]]]:
+    """An emulated zygote that can import the probe module (its PYTHONPATH), and the environment
+    a caller it serves has."""
+    (directory / "zprobe.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != zygote.ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(directory), str(REPO)])
+    env["OMP_NUM_THREADS"] = "1"
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)  # the zygote starts with the callers' import-relevant environment
+    try:
+        procs = start_zygotes(directory, ["emulated"])
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    try:
+        yield directory, env, procs
+    finally:
+        stop_zygotes(procs)
+
+
+@pytest.fixture(scope="module")
+def probe_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    with probe_zygote_in(tmp_path_factory.mktemp("zygote")) as (directory, env, _):
+        yield directory, env
+
+
+def probe(directory: Path, env: dict[str, str], code: str, monkeypatch: pytest.MonkeyPatch, cwd: Path,
+          use_zygote: bool) -> tuple[object, dict, str, int]:
+    if use_zygote:
+        monkeypatch.setenv(zygote.ENV, str(directory))
+    else:
+        monkeypatch.delenv(zygote.ENV, raising=False)
+    monkeypatch.chdir(cwd)
+    err = cwd / f"stderr-{use_zygote}"
+    with open(err, "wb") as stderr:
+        proc = zygote.popen("zprobe", ["a", "b c"], "emulated", dict(env, PROBE_VAR="x"), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    seen = json.loads(proc.stdout.readline())
+    proc.stdin.write(f"{code}\n".encode())
+    proc.stdin.close()
+    rc = proc.wait(timeout=60)
+    proc.stdout.close()
+    return proc, seen, err.read_text(), rc
+
+
+def test_a_forked_module_sees_what_a_fresh_interpreter_sees(probe_zygote, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    directory, env = probe_zygote
+    forked, seen, err, rc = probe(directory, env, "7", monkeypatch, tmp_path, True)
+    fresh, seen_fresh, err_fresh, rc_fresh = probe(directory, env, "7", monkeypatch, tmp_path, False)
+    assert isinstance(forked, zygote.ZygoteProcess) and isinstance(fresh, subprocess.Popen)
+    assert rc == rc_fresh == 7
+    assert err == err_fresh == "to stderr\n"
+    assert seen["env"]["PROBE_VAR"] == "x"
+    for key in ("name", "argv", "cwd", "leader", "sigterm_default", "sigint", "mask"):
+        assert seen[key] == seen_fresh[key], key
+    assert seen["name"] == "__main__" and seen["argv"] == ["a", "b c"] and seen["leader"] and seen["cwd"] == str(tmp_path)
+    assert {k: v for k, v in seen["env"].items() if k != zygote.ENV} == \
+           {k: v for k, v in seen_fresh["env"].items() if k != zygote.ENV}
+
+
+def test_a_killed_child_reads_as_popen(probe_zygote, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory, env = probe_zygote
+    monkeypatch.setenv(zygote.ENV, str(directory))
+    proc = zygote.popen("zprobe", [], "emulated", env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL, start_new_session=True)
+    assert isinstance(proc, zygote.ZygoteProcess)
+    proc.stdout.readline()
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.stdin.close()
+    proc.stdout.close()
+
+
+def test_a_caller_the_zygote_cannot_serve_gets_a_fresh_process(probe_zygote, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    directory, env = probe_zygote
+    monkeypatch.setenv(zygote.ENV, str(directory))
+    cases = {"another thread count": dict(env, OMP_NUM_THREADS="2"),
+             "inside a Slurm job": dict(env, SLURM_JOB_ID="12")}
+    for why, caller_env in cases.items():
+        proc = zygote.popen("zprobe", [], "emulated", caller_env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+        proc.communicate(b"0\n", timeout=60)
+        assert isinstance(proc, subprocess.Popen) and proc.returncode == 0, why
+    assert "the caller's interpreter or environment differs" in capfd.readouterr().err
+    # no zygote for that device, or not a session leader: a fresh process without asking
+    for kwargs in ({"device": "cpu", "start_new_session": True}, {"device": "emulated", "start_new_session": False}):
+        proc = zygote.popen("zprobe", [], env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, **kwargs)
+        proc.communicate(b"0\n", timeout=60)
+        assert isinstance(proc, subprocess.Popen), kwargs
+
+
+def test_a_child_outlives_its_zygote_and_only_its_code_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with probe_zygote_in(tmp_path) as (directory, env, procs):
+        monkeypatch.setenv(zygote.ENV, str(directory))
+        proc = zygote.popen("zprobe", [], "emulated", env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+        assert isinstance(proc, zygote.ZygoteProcess)
+        proc.stdout.readline()
+        procs[0].kill()
+        procs[0].wait()
+        assert proc.poll() is None and zygote.running(proc.pid)  # it carries on, reparented
+        proc.stdin.write(b"3\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == zygote.LOST_CODE
+        assert not zygote.running(proc.pid)
+        proc.stdout.close()
