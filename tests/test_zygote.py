@@ -116,6 +116,7 @@ def test_a_caller_the_zygote_cannot_serve_gets_a_fresh_process(probe_zygote, tmp
     directory, env = probe_zygote
     monkeypatch.setenv(zygote.ENV, str(directory))
     cases = {"another thread count": dict(env, OMP_NUM_THREADS="2"),
+             "file-system faults (read at import)": dict(env, SLURM_RL_FS_FAULTS="delay_ms=1"),
              "inside a Slurm job": dict(env, SLURM_JOB_ID="12")}
     for why, caller_env in cases.items():
         proc = zygote.popen("zprobe", [], "emulated", caller_env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

@@ -21,7 +21,7 @@ caller's process group, as rank 0's coordinator does, could not join it from the
 
 A zygote serves only a caller that would have started the same interpreter: the same
 ``sys.executable``, the same ``slurm_rl`` package and the same import-relevant environment
-(``PYTHON*``, thread counts, ``LD_*``); anything else, a missing socket, a zygote that does not
+(``PYTHON*``, thread counts, ``LD_*``, ``SLURM_RL_*``); anything else, a missing socket, a zygote that does not
 answer within :data:`CONNECT_TIMEOUT_S`, or a process inside a Slurm job (Slurm starts the
 processes of a job itself: its cgroup, its signals) starts a fresh interpreter as before. A
 zygote keeps the code it imported: restart it after changing ``slurm_rl``.
@@ -63,11 +63,14 @@ def socket_path(directory: str | Path, device: str) -> Path:
 
 
 def interpreter_key(env: dict[str, str]) -> dict[str, Any]:
-    """What a process started with ``env`` would import differently: a zygote serves only its own key."""
+    """What a process started with ``env`` would import differently (``PYTHON*``, thread counts,
+    ``LD_*`` and our own ``SLURM_RL_*``, e.g. the file-system faults that ``slurm_rl.fsio`` reads at
+    import): a zygote serves only its own key."""
     import slurm_rl
 
     return {"executable": sys.executable, "package": slurm_rl.__file__,
-            "env": {k: v for k, v in sorted(env.items()) if k.startswith("PYTHON") or k in KEY_VARS}}
+            "env": {k: v for k, v in sorted(env.items())
+                    if k.startswith(("PYTHON", "SLURM_RL_")) and k != ENV or k in KEY_VARS}}
 
 
 # ----------------------------------------------------------------------------------------------
