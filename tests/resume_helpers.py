@@ -16,6 +16,7 @@ from identity import assert_losses_match, assert_params_match
 from shared_runs import cli, launch, shared_root, shared_run  # noqa: F401 (cli: re-exported for the resume tests)
 from slurm_rl.metrics import read_metrics
 from toy_data import TOY_DATA, TOY_REWARD
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
@@ -58,7 +59,7 @@ def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
 
 
 def start_run(config: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
+    return subprocess.Popen([*CLI, "run", str(config), "--no-inspect"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

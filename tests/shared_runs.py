@@ -18,6 +18,7 @@ from pathlib import Path
 import filelock
 import pytest
 import yaml
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 # A run waits for its lock at most this long (the slowest shared run takes ~2 min on 2 loaded cores).
@@ -34,7 +35,7 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """``slurm-rl ARGS...`` as a subprocess of the repository root."""
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -1,9 +1,9 @@
 """The suite ledger: what a whole-suite run cost, written at its end (a pytest plugin).
 
 Each test's wall and CPU seconds (setup, call and teardown together; CPU is the test process's own,
-that of the child processes it waited for, and what its live descendants spent meanwhile: a fork
-server that outlives the test counts with the ranks it reaped; work inside Slurm jobs, and in the
-processes the session's zygotes forked (tests/zygotes.py, ``zygote_cpu_s``), counts only in the
+that of the child processes it waited for, what its live descendants spent meanwhile (a fork
+server that outlives the test counts with the ranks it reaped), and what the session's zygotes forked
+for it and reaped before the test ended (tests/zygotes.py); work inside Slurm jobs counts only in the
 machine's total) are measured where the test runs, xdist worker or not, and sent to the controller
 in the report's ``user_properties``. At the end of a run of the whole suite (no ``-m``, ``-k`` or
 test paths given) the controller writes ``.test-ledger/latest.json`` and appends the same document
@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from zygotes import zygote_cpu_s
+from slurm_rl.launch.zygote import LABEL_ENV
+from zygotes import zygote_children_cpu_s, zygote_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 LEDGER_DIR = REPO / ".test-ledger"
@@ -84,9 +85,10 @@ def _phase_cpu_hook():
     """A hook wrapper for one test phase (setup, call or teardown) that stashes the phase's CPU seconds."""
     @pytest.hookimpl(hookwrapper=True)
     def hook(item: pytest.Item) -> Iterator[None]:
+        os.environ[LABEL_ENV] = item.nodeid  # what the session's zygotes fork for this test carries it
         start = _cpu_now()
         yield
-        item.stash[_cpu_key] = _cpu_now() - start
+        item.stash[_cpu_key] = _cpu_now() - start + zygote_children_cpu_s(item.config, item.nodeid)
 
     return hook
 

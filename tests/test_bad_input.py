@@ -29,6 +29,7 @@ from slurm_rl.data.emulated import make_fake_prompts, make_fake_requests, make_f
 from slurm_rl.data.layout import expected_path, manifest_path, stage_dir
 from slurm_rl.data.migration import _parse_ticket, pending_dir
 from slurm_rl.launch.prepare import prepare_run
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 GEN = 1
@@ -296,7 +297,7 @@ def test_expected_file_of_another_stage_is_refused(tmp_path: Path) -> None:
 
 # -- an unsafe RUN_DIR ----------------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -387,7 +388,7 @@ def test_a_placement_the_policy_cannot_start_from_is_refused_before_a_launch(tmp
     cfg["cluster"].update(auto_scheduler=True, component_placement={"actor,inference": "0", "rollout": "1"})
     cfg["scheduler"] = {"policy": "auto"}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(tmp_path / "c.yaml")],
+    proc = subprocess.run([*CLI, "validate", str(tmp_path / "c.yaml")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cluster.component_placement: got {'actor,inference': '0', 'rollout': '1'}; allowed: rank 0 assigned " \

@@ -29,6 +29,7 @@ from slurm_rl.config import (
     resolve_gpus_per_node,
 )
 from slurm_rl.placement import PLACEMENT_FORMS
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("group"))  # run configs
@@ -648,7 +649,7 @@ def test_validate_json_shows_several_slots_of_a_rank(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("cluster: {num_nodes: 1, gpus_per_node: 4, component_placement: {actor: '0-1', rollout: '2-3:0'}}\n"
                     f"runtime: {{run_dir: {tmp_path / 'run'}, device: emulated}}\n")
-    out = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(path), "--json"],
+    out = subprocess.run([*CLI, "validate", str(path), "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)

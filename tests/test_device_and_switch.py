@@ -24,6 +24,7 @@ from slurm_rl.config import ConfigError, config_from_mapping, load_config
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
 from toy_data import TOY_DATA, TOY_REWARD
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = {"data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"fn": TOY_REWARD}}
@@ -70,12 +71,12 @@ def test_a_run_that_emulates_on_gpus_says_so_first(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({**_cluster(), "runtime": {"device": "emulated", "run_dir": str(tmp_path / "r")}}))
     env = dict(os.environ, SLURM_JOB_GPUS="0,1,2,3")
-    out = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "prepare", str(config)], cwd=REPO, env=env,
+    out = subprocess.run([*CLI, "prepare", str(config)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stderr.splitlines()[0].startswith("slurm_rl: EMULATING: runtime.device is emulated"), out.stderr
     assert "SLURM_JOB_GPUS=0,1,2,3" in out.stderr.splitlines()[0]
-    quiet = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "prepare", str(config),
+    quiet = subprocess.run([*CLI, "prepare", str(config),
                             f"runtime.run_dir={tmp_path / 'r2'}"], cwd=REPO,
                            env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
                            capture_output=True, text=True, timeout=120)
@@ -103,7 +104,7 @@ def test_rlinf_docs_example_is_scheduled_dynamically(tmp_path: Path) -> None:
 def test_a_dynamic_policy_without_the_switch_exits_2_naming_both_keys(tmp_path: Path, policy: str) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({**_cluster(), "runtime": {"device": "emulated"}}))
-    out = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(config),
+    out = subprocess.run([*CLI, "validate", str(config),
                           f"scheduler.policy={policy}", "cluster.auto_scheduler=false"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -120,7 +121,7 @@ def test_a_dynamic_policy_without_the_switch_exits_2_naming_both_keys(tmp_path: 
 def test_validate_names_the_device_the_policy_and_the_model() -> None:
     """The cluster example runs real engines: validate says which device (auto -> cpu here), which
     policy, and what model (architecture and size), in text and JSON."""
-    base = [sys.executable, "-m", "slurm_rl.cli", "validate", str(REPO / "configs/examples/slurm_2x4.yaml"),
+    base = [*CLI, "validate", str(REPO / "configs/examples/slurm_2x4.yaml"),
             "cluster.gpus_per_node=4", "model.path=null", f"data.train_files=[{TOY_DATA / 'add_4.jsonl'}]",
             "data.val_files=[]"]  # a random Llama of the model.* sizes (the example's toy files are made by the quickstart)
     text = subprocess.run(base, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -130,6 +131,6 @@ def test_validate_names_the_device_the_policy_and_the_model() -> None:
     doc = json.loads(subprocess.run(base + ["--json"], cwd=REPO, capture_output=True, text=True, timeout=120).stdout)
     assert (doc["device"], doc["device_setting"], doc["policy"]) == ("cpu", "auto", "auto")
     assert doc["model"]["architecture"] == "llama" and doc["model"]["parameters"] > 100_000
-    emulated = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(REPO / "configs/examples/emulated_8.yaml"),
+    emulated = subprocess.run([*CLI, "validate", str(REPO / "configs/examples/emulated_8.yaml"),
                                "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert json.loads(emulated.stdout)["device"] == "emulated"

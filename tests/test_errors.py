@@ -15,6 +15,7 @@ import pytest
 from emulated_configs import emulated_config, write_config
 from slurm_rl import cli
 from slurm_rl import errors as E
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "slurm_rl"
@@ -117,7 +118,7 @@ def _raising(exc: BaseException):  # type: ignore[no-untyped-def]
 
 
 def test_cli_config_error_exits_2_with_the_message_and_no_traceback(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(_bad_config(tmp_path))],
+    proc = subprocess.run([*CLI, "validate", str(_bad_config(tmp_path))],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == cli.EXIT_BAD_INPUT, proc.stderr
     assert "train.num_iterations" in proc.stderr and "Traceback" not in proc.stderr

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_command import CLI
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -153,7 +154,7 @@ def test_cli_validate_exits_0_where_the_files_are(workdir: dict) -> None:
     """As the comments say to run it: from the directory holding models/ and data/, no overrides."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "validate", str(CONFIG)],
+    proc = subprocess.run([*CLI, "validate", str(CONFIG)],
                           cwd=workdir["root"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "valid" in proc.stdout and "world size 8" in proc.stdout

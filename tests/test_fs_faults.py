@@ -30,6 +30,7 @@ from slurm_rl.data.emulated import make_fake_prompts, make_fake_rollouts
 from slurm_rl.data.layout import manifest_path, stage_dir
 from slurm_rl.data.migration import write_pending
 from slurm_rl.fsio import FAULTS_ENV, Fault, FileSystem, StorageError, atomic_write_json, read_bytes_once
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 GEN = 1
@@ -420,7 +421,7 @@ def test_every_operation_of_a_write_pays_the_delay(tmp_path: Path) -> None:
 
 
 def _cli_run(cfg: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(cfg), "--no-inspect"], cwd=REPO,
+    return subprocess.run([*CLI, "run", str(cfg), "--no-inspect"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
 
 

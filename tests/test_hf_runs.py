@@ -19,6 +19,7 @@ import yaml
 
 from shared_runs import REPO, cli, shared_root, shared_run
 from slurm_rl.metrics import read_metrics
+from cli_command import CLI
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +134,7 @@ def _run(base: Path, cfg: dict, user: Path) -> tuple[Path, str]:
     config = base / "c.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
+    proc = subprocess.run([*CLI, "run", str(config), "--no-inspect"], cwd=REPO,
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Path(cfg["runtime"]["run_dir"]), proc.stdout

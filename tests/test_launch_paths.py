@@ -23,6 +23,7 @@ from slurm_rl.launch.rank_env import (
     port_for_job,
 )
 from slurm_rl.placement import parse_placement
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ def test_sbatch_path_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
     assert first.startswith("slurm_rl: EMULATING: runtime.device is emulated") and "SLURM_JOB_GPUS=" in first, text
     assert second == f"slurm_rl run dir: {run_dir}"
     _check_run(run_dir, 8, nodes=2)
-    inspected = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(run_dir)], cwd=REPO,
+    inspected = subprocess.run([*CLI, "inspect", str(run_dir)], cwd=REPO,
                                capture_output=True, text=True, timeout=60)
     assert inspected.returncode == 0 and "placement epochs" in inspected.stdout
 
@@ -148,7 +149,7 @@ def test_local_launcher_gives_a_rank_two_gpus(tmp_path: Path) -> None:
     cfg = emulated_config(run_dir, nodes=1, gpus_per_node=4, iterations=1)
     cfg["cluster"]["component_placement"] = {"actor": "0-1", "rollout": "2-3:0"}
     cfg["scheduler"] = {"policy": "static"}
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "c.yaml", cfg))],
+    proc = subprocess.run([*CLI, "run", str(write_config(tmp_path / "c.yaml", cfg))],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert proc.returncode == 0, proc.stdout + proc.stderr

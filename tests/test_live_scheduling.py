@@ -27,6 +27,7 @@ from slurm_rl.engines.emulated import DecodeBatch
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.live_state import build_state
 from slurm_rl.scheduler.policies import decide_auto
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def live_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> d
 
 def _run(tmp_path: Path, name: str, cfg: dict) -> Path:
     path = write_config(tmp_path / f"{name}.yaml", cfg)
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
+    proc = subprocess.run([*CLI, "run", str(path), "--no-inspect"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Path(cfg["runtime"]["run_dir"])
@@ -108,7 +109,7 @@ def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path, a
     starts = [e for e in epochs if e.boundary == "iteration" and e.epoch > 0]
     assert all(e.ranks_of("actor") == [0, 1] and e.ranks_of("rollout") == [2, 3, 4, 5] for e in starts)
 
-    inspected = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(auto), "--json"], cwd=REPO,
+    inspected = subprocess.run([*CLI, "inspect", str(auto), "--json"], cwd=REPO,
                                capture_output=True, text=True, timeout=60)
     assert inspected.returncode == 0, inspected.stderr
     assert {r["boundary"] for r in json.loads(inspected.stdout)["epochs"]} >= {"minibatch", "iteration"}

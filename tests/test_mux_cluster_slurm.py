@@ -21,6 +21,7 @@ from slurm_rl.mux.membership import group_state
 from resume_helpers import wait_until
 from test_mux_live import job_config
 from test_scheduling_backends import check_every_sample_once
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600.0
@@ -56,7 +57,7 @@ def test_place_direct_new_and_refused_on_slurm(slurm_cluster, tmp_path: Path) ->
     wait_until("both groups to run", lambda: all(group_state(cluster / g)[0] == "running" for g in ("g1", "g2")), TIMEOUT_S)
 
     def place(name: str, slo: float) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", "place", str(tmp_path / f"{name}.yaml"),
+        return subprocess.run([*CLI, "mux", "place", str(tmp_path / f"{name}.yaml"),
                                "--cluster", str(cluster), "--name", name, "--slo", str(slo), "--max-gpus", "9",
                                "--json"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
 
@@ -85,11 +86,11 @@ def test_place_direct_new_and_refused_on_slurm(slurm_cluster, tmp_path: Path) ->
     for group_dir, name in ((c_group, "c"), (d_group, "d"), (cluster / "g1", "a"), (cluster / "g2", "b")):
         assert group_state(group_dir)[0] == "finished", (group_dir, name)
         check_every_sample_once(GroupPaths(group_dir).job_dir(name), jobs[name])
-    shown = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", str(cluster)], capture_output=True,
+    shown = subprocess.run([*CLI, "inspect", str(cluster)], capture_output=True,
                            text=True, cwd=REPO, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     for word in ("direct", "new", "refused", f"submitted as Slurm job {d['action']['sbatch_job']}"):
         assert word in shown.stdout, shown.stdout
-    as_json = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "inspect", "--json", str(cluster)],
+    as_json = subprocess.run([*CLI, "inspect", "--json", str(cluster)],
                              capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert "capacity" in as_json.stdout and "0 of 9" in as_json.stdout, as_json.stdout

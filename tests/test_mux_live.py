@@ -32,6 +32,7 @@ from emulated_configs import write_config
 from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
 from shared_runs import shared_root, shared_run
 from toy_data import TOY_DATA, TOY_REWARD
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["emulated", "cpu"]
@@ -185,7 +186,7 @@ def test_two_jobs_share_the_pools_round_robin(tmp_path: Path, tmp_path_factory, 
         for name, cfg in jobs.items():
             solo_dir = tmp_path / f"solo-{name}"
             solo = dict(cfg, runtime={**cfg["runtime"], "run_dir": str(solo_dir)})
-            proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run",
+            proc = subprocess.run([*CLI, "run",
                                    str(write_config(tmp_path / f"solo-{name}.yaml", solo)), "--no-inspect"],
                                   cwd=REPO, capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -302,7 +303,7 @@ def test_bad_group_file_exits_2_naming_each_key(tmp_path: Path) -> None:
                     "b": {"config": "b.yaml"}, "Bad Name": {"config": "a.yaml"}}}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", str(path)], cwd=REPO,
+    proc = subprocess.run([*CLI, "mux", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     for key in ("group.pools.train", "group.tail_fraction", "group.colour", "jobs.a.slo",
@@ -415,12 +416,12 @@ def test_admission_refuses_a_group_that_breaks_an_slo_or_residency(tmp_path: Pat
     """A member predicted slower than its SLO, or parked state beyond host memory: exit 2, the key named,
     nothing created — refused, not slowed silently. The example group itself is admitted."""
     group = REPO / "configs" / "examples" / "mux" / "group_2x8.yaml"
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", str(group), override,
+    proc = subprocess.run([*CLI, "mux", str(group), override,
                            f"group.dir={tmp_path / 'g'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert key in proc.stderr and text in proc.stderr, proc.stderr
     assert not (tmp_path / "g").exists()
-    ok = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", "--prepare-only", str(group),
+    ok = subprocess.run([*CLI, "mux", "--prepare-only", str(group),
                          f"group.dir={tmp_path / 'ok'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     admission = json.loads((tmp_path / "ok" / "group.json").read_text())["admission"]

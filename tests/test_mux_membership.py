@@ -26,6 +26,7 @@ from resume_helpers import wait_until
 from test_mux_live import BACKENDS, check_slots_exclusive, job_config, turns, write_group
 from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 # b runs until it is removed: far more iterations than it can run before (a removal that did not work
@@ -73,7 +74,7 @@ class _Driver(threading.Thread):
         self.error: BaseException | None = None
 
     def _cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "slurm_rl.cli", "mux", *args], capture_output=True, text=True,
+        return subprocess.run([*CLI, "mux", *args], capture_output=True, text=True,
                               timeout=120, cwd=REPO)
 
     def run(self) -> None:
@@ -164,7 +165,7 @@ def test_add_refuses_with_exit_2_and_the_reason(joined_group, tmp_path: Path) ->
     """A finished group takes no job; a bad name or config is named (exit 2, nothing created)."""
     device, group_dir, *_ = joined_group
     write_config(tmp_path / "d.yaml", job_config(device, tmp_path / "w", seed=4))
-    cmd = [sys.executable, "-m", "slurm_rl.cli", "mux", "add", str(group_dir)]
+    cmd = [*CLI, "mux", "add", str(group_dir)]
     done = subprocess.run([*cmd, "d", str(tmp_path / "d.yaml")], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2 and "only a running group takes a job" in done.stderr, done.stderr
     bad = subprocess.run([*cmd, "Bad!", str(tmp_path / "d.yaml")], capture_output=True, text=True, cwd=REPO)

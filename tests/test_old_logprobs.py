@@ -17,6 +17,7 @@ from slurm_rl.data.reader import StageReader
 from slurm_rl.inspect.summary import metric_summary
 from slurm_rl.inspect.tensorboard import scalars
 from slurm_rl.metrics import read_metrics
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def test_bf16_actor_mismatch_is_reported_and_truncated_is_weights_reach_the_acto
     cfg["reward"] = {**cfg["reward"], "overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 1.0}}
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(config), "--no-inspect"], cwd=REPO,
+    proc = subprocess.run([*CLI, "run", str(config), "--no-inspect"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = read_metrics(run_dir)

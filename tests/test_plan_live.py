@@ -23,6 +23,7 @@ from slurm_rl.scheduler.calibrate import calibrate
 from slurm_rl.scheduler.history import History
 from test_live_scheduling import COSTS, REPO
 from test_scheduling_backends import check_every_sample_once, config, epochs_of, run
+from cli_command import CLI
 
 BACKENDS = ["emulated", "cpu"]
 
@@ -70,16 +71,16 @@ def test_calibrate_recovers_the_emulated_costs(tmp_path: Path) -> None:
     assert fitted["inference_s_per_token"] == pytest.approx(COSTS["inference_s_per_token"], rel=0.25)
     assert fitted["response_len_mean"] == pytest.approx(COSTS["response_len_mean"], rel=0.25)
     assert report["within_10pct"], report
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "simulate", "--calibrate", str(run_dir)],
+    proc = subprocess.run([*CLI, "simulate", "--calibrate", str(run_dir)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fitted"] == fitted
 
 
 def test_calibrate_refuses_a_directory_without_a_run(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "simulate", "--calibrate", str(tmp_path)],
+    proc = subprocess.run([*CLI, "simulate", "--calibrate", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "config.yaml" in proc.stderr
-    both = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "simulate", "x.yaml", "--calibrate", str(tmp_path)],
+    both = subprocess.run([*CLI, "simulate", "x.yaml", "--calibrate", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "takes no config" in both.stderr

@@ -15,6 +15,7 @@ from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.inspect.report import read_metrics
 from toy_data import TOY_DATA, TOY_REWARD
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +65,7 @@ def test_real_cpu_run_with_actor_reshard(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     path = tmp_path / "cpu.yaml"
     path.write_text(yaml.safe_dump(cpu_config(run_dir)))
-    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "run", str(path)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([*CLI, "run", str(path)], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reward curve" in proc.stdout

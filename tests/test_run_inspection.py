@@ -27,13 +27,14 @@ from slurm_rl.inspect.run_gantt import text_gantt, write_run_gantt
 from slurm_rl.inspect.run_timeline import build_timeline, component_seconds
 from slurm_rl.inspect.summary import collapse_epochs, run_report_json, sparkline
 from slurm_rl.inspect.epoch_log import epoch_records
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -134,14 +135,14 @@ def test_follow_shows_progress_of_a_live_run_and_exits_when_it_ends(tmp_path: Pa
     run_dir = tmp_path / "live"
     cfg = emulated_config(run_dir, iterations=6)
     cfg["emulated"]["rollout_s_per_token"] = 4.0e-5  # about a second per iteration
-    run = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "l.yaml", cfg)),
+    run = subprocess.Popen([*CLI, "run", str(write_config(tmp_path / "l.yaml", cfg)),
                             "--no-inspect"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "config.yaml").exists():
             assert time.monotonic() < deadline, "the run dir was never prepared"
             time.sleep(0.05)
-        follow = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "inspect", "--follow", str(run_dir),
+        follow = subprocess.Popen([*CLI, "inspect", "--follow", str(run_dir),
                                    "--interval", "0.3"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
         seen_while_running: list[str] = []
@@ -211,7 +212,7 @@ def test_inspect_failed_run_names_what_is_missing(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
     cfg = emulated_config(run_dir, iterations=20)
     cfg["emulated"]["rollout_s_per_token"] = 4.0e-5
-    run = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "k.yaml", cfg))],
+    run = subprocess.Popen([*CLI, "run", str(write_config(tmp_path / "k.yaml", cfg))],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (run_dir / "metrics.jsonl").exists():

@@ -16,12 +16,13 @@ from emulated_configs import emulated_config, write_config
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.inspect.report import report_json
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, **kw)
 
 
@@ -82,7 +83,7 @@ def test_stalled_rank_fails_run_naming_it(tmp_path: Path) -> None:
     cfg = emulated_config(run_dir, iterations=30, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0, wait_timeout_s=60.0)
     cfg["emulated"]["rollout_s_per_token"] = 2.0e-4  # slow enough to stop a rank mid-run
     path = write_config(tmp_path / "c.yaml", cfg)
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(path), "--no-inspect"], cwd=REPO,
+    proc = subprocess.Popen([*CLI, "run", str(path), "--no-inspect"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
     deadline = time.monotonic() + 120
@@ -112,7 +113,7 @@ def test_sigusr1_from_slurm_stops_the_run_at_a_gate_with_a_checkpoint(tmp_path: 
     run_dir = tmp_path / "run"
     cfg = emulated_config(run_dir, iterations=6)  # time enough for the stop to land before the end
     cfg["emulated"]["rollout_s_per_token"] = 5.0e-5
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_rl.cli", "run", str(write_config(tmp_path / "c.yaml", cfg)),
+    proc = subprocess.Popen([*CLI, "run", str(write_config(tmp_path / "c.yaml", cfg)),
                              "--no-inspect"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ack = RunPaths(run_dir).ack(0, 3)
     deadline = time.monotonic() + 120

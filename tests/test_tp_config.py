@@ -20,6 +20,7 @@ from slurm_rl.config import (
     straddling_tp_groups,
     tp_shape_problems,
 )
+from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
 TWO_NODES = ("cluster: {num_nodes: 2, gpus_per_node: 4, component_placement: {actor: 0-3, rollout: 4-7}}\n"
@@ -208,7 +209,7 @@ def test_validate_cli(tmp_path: Path) -> None:
     run = f"runtime: {{device: emulated, run_dir: {tmp_path / 'run'}}}"
     path.write_text(TWO_NODES.replace("runtime: {device: emulated}", run)
                     + "actor: {tensor_parallel: 2, tensor_parallel_choices: [1, 2], recompute: selective}\n")
-    cmd = [sys.executable, "-m", "slurm_rl.cli", "validate", str(path)]
+    cmd = [*CLI, "validate", str(path)]
     out = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["actor"] == {"tensor_parallel": 2, "tensor_parallel_choices": [1, 2],

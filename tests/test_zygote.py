@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from zygotes import REPO, start_zygotes, stop_zygotes
 
 PROBE = '''
 import json, os, signal, sys
-print(json.dumps({"name": __name__, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+print(json.dumps({"pid": os.getpid(), "name": __name__, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
                   "leader": os.getsid(0) == os.getpid(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
                   "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
                   "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}), flush=True)
@@ -147,3 +148,42 @@ def test_a_child_outlives_its_zygote_and_only_its_code_is_lost(tmp_path: Path, m
         assert proc.wait(timeout=30) == zygote.LOST_CODE
         assert not zygote.running(proc.pid)
         proc.stdout.close()
+
+
+def exec_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "slurm_rl.launch.zygote", "exec", "--device", "emulated", "zprobe", *args]
+
+
+def test_exec_runs_a_module_through_the_zygote_as_the_process_itself(probe_zygote, tmp_path: Path) -> None:
+    """``python -m slurm_rl.launch.zygote exec MODULE``: the exit code, the output and the signals are
+    the module's; SIGKILL of the caller kills the module, as it would a fresh interpreter."""
+    directory, env = probe_zygote
+    env = dict(env, **{zygote.ENV: str(directory)})
+    done = subprocess.run(exec_argv("x"), input="5\n", capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    seen = json.loads(done.stdout.splitlines()[0])
+    assert done.returncode == 5 and seen["argv"] == ["x"] and seen["name"] == "__main__" and seen["cwd"] == str(tmp_path)
+    assert done.stderr == "to stderr\n"
+
+    def started() -> tuple[subprocess.Popen, int]:
+        proc = subprocess.Popen(exec_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env=env, text=True)
+        child = json.loads(proc.stdout.readline())["pid"]
+        assert child != proc.pid and zygote.running(child)  # forked by the zygote, not exec'd
+        return proc, child
+
+    relayed, child = started()
+    relayed.terminate()  # relayed: the module dies of it, and so does the caller
+    assert relayed.wait(timeout=30) == -signal.SIGTERM and not zygote.running(child)
+    killed, child = started()
+    killed.kill()
+    killed.wait()
+    deadline = time.monotonic() + 30
+    while zygote.running(child):  # the zygote saw its caller go
+        assert time.monotonic() < deadline, "the module outlived its SIGKILLed caller"
+        time.sleep(0.05)
+    for proc in (relayed, killed):
+        proc.stdin.close()
+        proc.stdout.close()
+    fresh = subprocess.run(exec_argv(), input="4\n", capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                           env={k: v for k, v in env.items() if k != zygote.ENV})
+    assert fresh.returncode == 4 and json.loads(fresh.stdout.splitlines()[0])["name"] == "__main__"

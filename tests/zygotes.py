@@ -4,13 +4,17 @@ The controller (or a run without xdist) starts ``python -m slurm_rl.launch.zygot
 for ``emulated`` and ``cpu`` before the workers start and exports ``SLURM_RL_ZYGOTE=DIR``, so every
 local run of the session (launched in a worker or by a ``slurm-rl`` subprocess) gets its fork server,
 coordinator and group scheduler forked from an interpreter that imported once (a ``cpu`` run: ~10 s of
-CPU -> ~4.5 s). Runs inside Slurm jobs do not use them (:mod:`slurm_rl.launch.zygote`).
-``SLURM_RL_TEST_ZYGOTE=0`` runs the suite without them. The ledger reports what the zygotes and
-everything they forked spent (``zygote_cpu_s``): a test's own CPU does not include it.
+CPU -> ~4.5 s), and tests start ``slurm-rl`` as ``python -m slurm_rl.launch.zygote exec slurm_rl.cli``
+(tests/cli_command.py: forked from the ``cpu`` zygote, the process itself as far as the test can tell). Runs
+inside Slurm jobs do not use them (:mod:`slurm_rl.launch.zygote`). ``SLURM_RL_TEST_ZYGOTE=0`` runs
+the suite without them. Each test labels what the zygotes fork for it (``SLURM_RL_ZYGOTE_LABEL``, set
+by the ledger), and its CPU counts in the test's; the ledger also reports what the zygotes and
+everything they forked spent in all (``zygote_cpu_s``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,12 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_rl.launch.zygote import ENV, socket_path
+from slurm_rl.launch.zygote import ENV, socket_path, usage_path
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICES = ("emulated", "cpu")
 START_TIMEOUT_S = 60.0  # until a zygote has made its socket (before its imports)
 zygotes_key = pytest.StashKey[tuple[Path, list[subprocess.Popen]]]()
+_usage_offsets = pytest.StashKey[dict[str, int]]()
 
 
 def zygote_cpu_s(config: pytest.Config) -> float:
@@ -40,6 +45,31 @@ def zygote_cpu_s(config: pytest.Config) -> float:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         total += sum(int(f) for f in fields[11:15]) / tick
+    return total
+
+
+def zygote_children_cpu_s(config: pytest.Config, label: str) -> float:
+    """CPU seconds of what the session's zygotes forked with ``SLURM_RL_ZYGOTE_LABEL=label`` and reaped
+    since the last call in this process (their usage logs, read on from where the last call stopped)."""
+    directory = os.environ.get(ENV)
+    if not directory:
+        return 0.0
+    offsets = config.stash.setdefault(_usage_offsets, {})
+    total = 0.0
+    for device in DEVICES:
+        path = usage_path(directory, device)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offsets.get(str(path), 0))
+                data = f.read()
+        except OSError:
+            continue
+        data = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
+        offsets[str(path)] = offsets.get(str(path), 0) + len(data)
+        for line in data.splitlines():
+            entry = json.loads(line)
+            if entry.get("label") == label:
+                total += float(entry["cpu_s"])
     return total
 
 

@@ -26,10 +26,20 @@ answer within :data:`CONNECT_TIMEOUT_S`, or a process inside a Slurm job (Slurm 
 processes of a job itself: its cgroup, its signals) starts a fresh interpreter as before. A
 zygote keeps the code it imported: restart it after changing ``slurm_rl``.
 
+``python -m slurm_rl.launch.zygote exec [--device D] MODULE ARGS...`` (:func:`exec_module`) is
+``python -m MODULE ARGS`` through a zygote for a caller that only runs commands (a test suite
+running ``slurm-rl``): it relays the signals it gets, its SIGKILL kills the module (the zygote sees
+its end of the connection close), and it exits as the module did.
+
+Each zygote appends a JSON line per child it reaped to ``DIR/<device>.usage.jsonl`` (module, exit
+code, CPU seconds with what the child reaped, wall seconds, and the caller's
+``SLURM_RL_ZYGOTE_LABEL``), so whoever labels its calls can account for their CPU.
+
 Protocol (``AF_UNIX`` ``SOCK_SEQPACKET``, one JSON message each): the caller sends
-``{"module", "argv", "env", "cwd", "key"}`` with three file descriptors
+``{"module", "argv", "env", "cwd", "key", "tie"}`` with three file descriptors
 (stdin, stdout, stderr); the zygote replies ``{"pid": N}`` or ``{"refused": "why"}`` and, once the
-child is reaped, ``{"code": C}`` (as ``subprocess.Popen.returncode``).
+child is reaped, ``{"code": C}`` (as ``subprocess.Popen.returncode``). ``tie``: kill the child
+when the caller's end closes first.
 """
 
 from __future__ import annotations
@@ -41,16 +51,19 @@ import os
 import random
 import runpy
 import select
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 ENV = "SLURM_RL_ZYGOTE"
+LABEL_ENV = "SLURM_RL_ZYGOTE_LABEL"  # a caller's label for its children in the usage log (not part of the key)
 CONNECT_TIMEOUT_S = 120.0  # a zygote still importing answers once it has: wait that long, then start fresh
 KEY_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
 LOST_CODE = 255  # the exit code of a child whose zygote died before reporting it (as the fork server's)
@@ -62,6 +75,12 @@ def socket_path(directory: str | Path, device: str) -> Path:
     return Path(directory) / f"{device}.sock"
 
 
+def usage_path(directory: str | Path, device: str) -> Path:
+    """The usage log of the zygote of ``device``: a JSON line per child it reaped (``pid``, ``module``,
+    ``label``: the caller's ``SLURM_RL_ZYGOTE_LABEL``, ``code``, ``cpu_s`` with what the child reaped, ``wall_s``)."""
+    return Path(directory) / f"{device}.usage.jsonl"
+
+
 def interpreter_key(env: dict[str, str]) -> dict[str, Any]:
     """What a process started with ``env`` would import differently (``PYTHON*``, thread counts,
     ``LD_*`` and our own ``SLURM_RL_*``, e.g. the file-system faults that ``slurm_rl.fsio`` reads at
@@ -70,7 +89,7 @@ def interpreter_key(env: dict[str, str]) -> dict[str, Any]:
 
     return {"executable": sys.executable, "package": slurm_rl.__file__,
             "env": {k: v for k, v in sorted(env.items())
-                    if k.startswith(("PYTHON", "SLURM_RL_")) and k != ENV or k in KEY_VARS}}
+                    if k.startswith(("PYTHON", "SLURM_RL_")) and k not in (ENV, LABEL_ENV) or k in KEY_VARS}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,7 +181,7 @@ def popen(module: str, args: list[str], device: str, env: dict[str, str], *, std
 
 
 def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdin: Any, stdout: Any, stderr: Any,
-            new_session: bool) -> ZygoteProcess | None:
+            new_session: bool, tie: bool = False) -> ZygoteProcess | None:
     directory = os.environ.get(ENV, "").strip()
     if not directory or not new_session or "SLURM_JOB_ID" in os.environ or "SLURM_JOB_ID" in env:
         return None
@@ -195,7 +214,8 @@ def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdi
             fds.append(theirs[-1])
         else:
             fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2))
-        request = {"module": module, "argv": list(args), "env": env, "cwd": os.getcwd(), "key": interpreter_key(env)}
+        request = {"module": module, "argv": list(args), "env": env, "cwd": os.getcwd(), "key": interpreter_key(env),
+                   "tie": tie}
         socket.send_fds(conn, [json.dumps(request).encode()], fds)
         reply = json.loads(conn.recv(MAX_MESSAGE) or b'{"refused": "the zygote closed the connection"}')
     except (OSError, ValueError) as exc:
@@ -217,6 +237,16 @@ def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdi
 
 # ----------------------------------------------------------------------------------------------
 # zygote side
+
+
+@dataclass
+class Child:
+    """A child the zygote forked: the caller's connection, for the usage log its module, label and start."""
+
+    conn: socket.socket
+    module: str
+    label: str | None
+    started: float
 
 
 def _log(msg: str) -> None:
@@ -257,20 +287,33 @@ def serve(directory: Path, device: str) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    children: dict[int, socket.socket] = {}
+    children: dict[int, Child] = {}
+    usage = usage_path(directory, device)
+    tied: dict[int, int] = {}  # connection fd -> pid: the child dies with its caller (exec_module)
+    sel = selectors.DefaultSelector()  # not select.select: a zygote may hold more than 1024 connections
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
     try:
         while not stop:
-            ready, _, _ = select.select([listener, wake_r], [], [], 1.0)
+            ready = {key.fd for key, _ in sel.select(1.0)}
             if wake_r in ready:
                 try:
                     while os.read(wake_r, 512):
                         pass
                 except BlockingIOError:
                     pass
-            _reap(children)
-            if listener in ready and not stop:
+            for fd in ready & tied.keys():  # a tied caller's end closed: it is gone, kill what it ran
+                pid = tied.pop(fd)
+                sel.unregister(fd)
+                if pid in children:
+                    _kill(pid)
+            _reap(children, tied, sel, usage)
+            if listener.fileno() in ready and not stop:
                 conn, _ = listener.accept()
-                _answer(conn, key, unusable, children, (listener.fileno(), wake_r, wake_w))
+                pid, tie = _answer(conn, key, unusable, children, (listener.fileno(), wake_r, wake_w))
+                if pid is not None and tie:
+                    tied[conn.fileno()] = pid
+                    sel.register(conn, selectors.EVENT_READ)
     finally:
         listener.close()
         path.unlink(missing_ok=True)
@@ -278,25 +321,42 @@ def serve(directory: Path, device: str) -> int:
     return 0
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(children: dict[int, Child], tied: dict[int, int], sel: selectors.BaseSelector, usage: Path) -> None:
+    """Reap the children that ended: their line in the usage log, then their exit code to the caller."""
     while children:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, rusage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        conn = children.pop(pid, None)
-        if conn is not None:
-            try:
-                conn.send(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
-            except OSError:
-                pass  # the caller is gone
-            conn.close()
+        child = children.pop(pid, None)
+        if child is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        line = {"pid": pid, "module": child.module, "label": child.label, "code": code,
+                "cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "wall_s": round(time.monotonic() - child.started, 3)}
+        with open(usage, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        if tied.pop(child.conn.fileno(), None) is not None:
+            sel.unregister(child.conn)
+        try:
+            child.conn.send(json.dumps({"code": code}).encode())
+        except OSError:
+            pass  # the caller is gone
+        child.conn.close()
 
 
-def _answer(conn: socket.socket, key: dict[str, Any], unusable: bool, children: dict[int, socket.socket],
-            own_fds: tuple[int, ...]) -> None:
+def _answer(conn: socket.socket, key: dict[str, Any], unusable: bool, children: dict[int, Child],
+            own_fds: tuple[int, ...]) -> tuple[int | None, bool]:
+    """Fork the child a request asks for; returns its pid (None: refused) and whether it is tied to its caller."""
     fds: list[int] = []
     try:
         conn.settimeout(10.0)
@@ -308,18 +368,20 @@ def _answer(conn: socket.socket, key: dict[str, Any], unusable: bool, children: 
         if why is not None:
             conn.send(json.dumps({"refused": why}).encode())
             conn.close()
-            return
+            return None, False
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _child(request, fds, [*own_fds, *(c.fileno() for c in children.values())])
-        children[pid] = conn
+            _child(request, fds, [*own_fds, *(c.conn.fileno() for c in children.values())])
+        children[pid] = Child(conn, str(request["module"]), request["env"].get(LABEL_ENV), time.monotonic())
         conn.send(json.dumps({"pid": pid}).encode())
+        return pid, bool(request.get("tie"))
     except (OSError, ValueError) as exc:
         _log(f"a request failed: {type(exc).__name__}: {exc}")
         conn.close()
+        return None, False
     finally:
         for fd in fds:
             os.close(fd)
@@ -360,8 +422,38 @@ def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoRet
     exit_like_an_interpreter(run)
 
 
+RELAYED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def exec_module(module: str, args: list[str], device: str = "cpu") -> NoReturn:
+    """Become ``python -m MODULE ARGS``: forked by the zygote of ``device`` where one serves this
+    process (with its fds, environment and working directory; tied to it: SIGKILL this process and
+    the zygote kills the child; the signals a user or Slurm sends are relayed; this process exits as
+    the child did), else ``exec`` of a fresh interpreter."""
+    proc = _forked(module, args, device, dict(os.environ), None, None, None, new_session=True, tie=True)
+    if proc is None:
+        os.execv(sys.executable, [sys.executable, "-m", module, *args])
+    for sig in RELAYED_SIGNALS:
+        signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
+    code = proc.wait()
+    if code < 0:  # killed by a signal: so are we, as the caller of a fresh interpreter would see it
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slurm_rl.launch.zygote DIR --device DEVICE``."""
+    """``python -m slurm_rl.launch.zygote DIR --device DEVICE`` serves;
+    ``python -m slurm_rl.launch.zygote exec [--device DEVICE] MODULE ARGS...`` runs ``python -m MODULE ARGS`` through one."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["exec"]:
+        rest, device = argv[1:], "cpu"
+        if rest[:1] == ["--device"] and len(rest) > 1:
+            rest, device = rest[2:], rest[1]
+        if not rest:
+            print("usage: python -m slurm_rl.launch.zygote exec [--device DEVICE] MODULE ARGS...", file=sys.stderr)
+            return 2
+        exec_module(rest[0], rest[1:], device)
     parser = argparse.ArgumentParser(prog="python -m slurm_rl.launch.zygote", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, help="where the socket <device>.sock is made (SLURM_RL_ZYGOTE=DIR)")
     parser.add_argument("--device", choices=("emulated", "cpu", "cuda"), default="cpu",
