@@ -111,6 +111,9 @@ def stop_zygotes(procs: list[subprocess.Popen]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or os.environ.get("SLURM_RL_TEST_ZYGOTE", "1") == "0":
         return
+    # the launchers give their fork servers OMP_NUM_THREADS=1 (unless set) and a zygote serves only
+    # callers with its own: so the session's commands (slurm-rl through exec) run with it too
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     directory = Path(tempfile.mkdtemp(prefix="slurm-rl-zygotes-"))
     config.stash[zygotes_key] = directory, start_zygotes(directory)
     os.environ[ENV] = str(directory)

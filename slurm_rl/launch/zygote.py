@@ -181,7 +181,7 @@ def popen(module: str, args: list[str], device: str, env: dict[str, str], *, std
 
 
 def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdin: Any, stdout: Any, stderr: Any,
-            new_session: bool, tie: bool = False) -> ZygoteProcess | None:
+            new_session: bool, tie: bool = False, quiet: bool = False) -> ZygoteProcess | None:
     directory = os.environ.get(ENV, "").strip()
     if not directory or not new_session or "SLURM_JOB_ID" in os.environ or "SLURM_JOB_ID" in env:
         return None
@@ -227,7 +227,8 @@ def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdi
         conn.close()
         for fd in mine:
             os.close(fd)
-        print(f"zygote {path}: {reply.get('refused')}; starting a fresh python -m {module}", file=sys.stderr, flush=True)
+        if not quiet:
+            print(f"zygote {path}: {reply.get('refused')}; starting a fresh python -m {module}", file=sys.stderr, flush=True)
         return None
     conn.settimeout(None)
     return ZygoteProcess(conn, int(reply["pid"]),
@@ -429,8 +430,8 @@ def exec_module(module: str, args: list[str], device: str = "cpu") -> NoReturn:
     """Become ``python -m MODULE ARGS``: forked by the zygote of ``device`` where one serves this
     process (with its fds, environment and working directory; tied to it: SIGKILL this process and
     the zygote kills the child; the signals a user or Slurm sends are relayed; this process exits as
-    the child did), else ``exec`` of a fresh interpreter."""
-    proc = _forked(module, args, device, dict(os.environ), None, None, None, new_session=True, tie=True)
+    the child did), else ``exec`` of a fresh interpreter (silently: the output is the module's alone)."""
+    proc = _forked(module, args, device, dict(os.environ), None, None, None, new_session=True, tie=True, quiet=True)
     if proc is None:
         os.execv(sys.executable, [sys.executable, "-m", module, *args])
     for sig in RELAYED_SIGNALS:
