@@ -63,10 +63,10 @@ def machine_cpu_s() -> tuple[float, float]:
     return sum(fields[:3]) / tick, (fields[7] if len(fields) > 7 else 0) / tick
 
 
-def kernel_threads_cpu_s() -> float:
-    """CPU seconds spent so far by the kernel's threads (processes without a command line: reclaim
-    and memory monitors such as kdamond, RCU, kworkers); they run for the machine, not for a test."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+def kernel_threads_cpu_s() -> dict[int, float]:
+    """CPU seconds spent so far by each of the kernel's threads (processes without a command line:
+    reclaim and memory monitors such as kdamond, RCU, kworkers); they run for the machine, not for a test."""
+    tick, found = os.sysconf("SC_CLK_TCK"), {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -77,8 +77,14 @@ def kernel_threads_cpu_s() -> float:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
+def kernel_threads_spent_s(before: dict[int, float]) -> float:
+    """What the kernel's threads spent since ``before`` (per thread: one that ended meanwhile is not
+    counted, one that started is counted whole)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in kernel_threads_cpu_s().items())
 
 
 def _phase_cpu_hook():
@@ -151,7 +157,7 @@ class Ledger:
             "machine_cpu_s": round(cpu, 1),
             "cores_busy": round(cpu / wall, 2) if wall > 0 else 0.0,
             "steal_s": round(steal, 1),
-            "kernel_threads_cpu_s": round(kernel_threads_cpu_s() - self.kernel0, 1),
+            "kernel_threads_cpu_s": round(kernel_threads_spent_s(self.kernel0), 1),
             "zygote_cpu_s": round(zygote_cpu_s(self.config), 1),
             "tests_cpu_s": round(sum(t["cpu_s"] for t in self.tests.values()), 1),
             "tests_wall_s": round(sum(t["wall_s"] for t in self.tests.values()), 1),
