@@ -378,14 +378,46 @@ def _write(fd: int, msg: dict[str, Any]) -> None:
         data = data[os.write(fd, data):]
 
 
-def serve(run_dir: str, req: int, rep: int, parent: int) -> int:
-    """Fork a rank per request until ``req`` closes, report each exit on ``rep``; leave once the
-    launcher ``parent`` is gone."""
+def wake_on_sigchld() -> tuple[int, int]:
+    """A non-blocking pipe that SIGCHLD writes to (Python's wakeup fd): a select on its read end wakes
+    when a child ends. Returns (read end, write end)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the select below (wakeup fd)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    return wake_r, wake_w
+
+
+def drain(fd: int) -> None:
+    """Read a non-blocking pipe empty."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def become_fresh(env: dict[str, str]) -> None:
+    """In a forked child: what a fresh interpreter starts with: default signal dispositions, an empty
+    signal mask, ``env`` as the environment, reseeded ``random`` and numpy."""
+    import random
+
+    for sig in DEFAULT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.environ.clear()
+    os.environ.update(env)
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def serve(run_dir: str, req: int, rep: int, parent: int) -> int:
+    """Fork a rank per request until ``req`` closes, report each exit on ``rep``; leave once the
+    launcher ``parent`` is gone."""
+    wake_r, wake_w = wake_on_sigchld()
     own_fds = (req, rep, wake_r, wake_w)
     by_parent = os.getppid() == parent  # else a zygote forked us: watch the launcher's pid
     children: set[int] = set()
@@ -399,11 +431,7 @@ def serve(run_dir: str, req: int, rep: int, parent: int) -> int:
                 return 0
             ready, _, _ = select.select([wake_r, req] if reading else [wake_r], [], [], 1.0)
             if wake_r in ready:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
+                drain(wake_r)
             while children:  # reap before forking more: a report always follows its pid reply
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
@@ -474,17 +502,7 @@ def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_f
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        for sig in DEFAULT_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        os.environ.clear()
-        os.environ.update(env)
-        import random
-
-        random.seed()
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed()
+        become_fresh(env)
         main = sys.modules.get("slurm_rl.worker.__main__") or importlib.import_module("slurm_rl.worker.__main__")
         sys.modules["__main__"] = main
         sys.argv = [str(main.__file__), run_dir]

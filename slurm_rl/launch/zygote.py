@@ -48,7 +48,6 @@ import argparse
 import gc
 import json
 import os
-import random
 import runpy
 import select
 import selectors
@@ -281,13 +280,9 @@ def serve(directory: Path, device: str) -> int:
         nonlocal stop
         stop = True
 
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    wake_r, wake_w = forkserver.wake_on_sigchld()
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     children: dict[int, Child] = {}
     usage = usage_path(directory, device)
     tied: dict[int, int] = {}  # connection fd -> pid: the child dies with its caller (exec_module)
@@ -298,11 +293,7 @@ def serve(directory: Path, device: str) -> int:
         while not stop:
             ready = {key.fd for key, _ in sel.select(1.0)}
             if wake_r in ready:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
+                forkserver.drain(wake_r)
             for fd in ready & tied.keys():  # a tied caller's end closed: it is gone, kill what it ran
                 pid = tied.pop(fd)
                 sel.unregister(fd)
@@ -390,7 +381,7 @@ def _answer(conn: socket.socket, key: dict[str, Any], unusable: bool, children: 
 
 def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoReturn:
     """The forked child: become ``python -m MODULE ARGV`` and run it."""
-    from slurm_rl.launch.forkserver import DEFAULT_SIGNALS, exit_like_an_interpreter
+    from slurm_rl.launch.forkserver import become_fresh, exit_like_an_interpreter
 
     def run() -> int | None:
         os.setsid()
@@ -405,16 +396,8 @@ def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoRet
         for fd in set(fds):
             if fd > 2:
                 os.close(fd)
-        for sig in DEFAULT_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        random.seed()
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed()
+        become_fresh(request["env"])
         sys.argv = [request["module"], *request["argv"]]
         warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package", category=RuntimeWarning)
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
