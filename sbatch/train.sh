@@ -1,6 +1,6 @@
 #!/bin/bash
-# Train with slurm_rl inside one Slurm allocation: one task per process rank of the placement
-# (a rank may own several GPUs: it narrows CUDA_VISIBLE_DEVICES to its own).
+# Train with slurm_rl inside one Slurm allocation: a task per node that forks the node's ranks of the
+# placement (a rank may own several GPUs: it narrows CUDA_VISIBLE_DEVICES to its own).
 #
 #   sbatch sbatch/train.sh CONFIG [key=value ...]
 #   sbatch --nodes=2 --ntasks-per-node=4 --gres=gpu:4 sbatch/train.sh configs/examples/slurm_2x4.yaml
@@ -50,10 +50,24 @@ on_usr1() {
 }
 trap on_usr1 USR1
 
-# Each rank on the node the placement gives it: SLURM_HOSTFILE lists the node of every rank.
-export SLURM_HOSTFILE="$RUN_DIR/logs/hosts-$SLURM_JOB_ID"
+# Each rank on the node the placement gives it. By default one task per node that holds ranks
+# (python -m slurm_rl.launch.node: it imports torch & co. once and forks the node's ranks, with the
+# CPUs of all of them); SLURM_RL_FORKSERVER=0: one task per rank. SLURM_HOSTFILE lists the node of
+# every task.
+RANK_HOSTS="$RUN_DIR/logs/rank-hosts-$SLURM_JOB_ID"
 # shellcheck disable=SC2046
-"$PY" -m slurm_rl.launch.hostfile "$RUN_DIR" $(scontrol show hostnames "$SLURM_JOB_NODELIST") > "$SLURM_HOSTFILE"
+"$PY" -m slurm_rl.launch.hostfile "$RUN_DIR" $(scontrol show hostnames "$SLURM_JOB_NODELIST") > "$RANK_HOSTS"
+export SLURM_HOSTFILE="$RUN_DIR/logs/hosts-$SLURM_JOB_ID"
+CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
+case "${SLURM_RL_FORKSERVER:-1}" in
+  0|[Ff][Aa][Ll][Ss][Ee]|[Nn][Oo]|[Oo][Ff][Ff])
+    cp "$RANK_HOSTS" "$SLURM_HOSTFILE"
+    TASK=(-m slurm_rl.worker "$RUN_DIR") ;;
+  *)
+    awk '!seen[$0]++' "$RANK_HOSTS" > "$SLURM_HOSTFILE"
+    CPUS_PER_TASK=$(( CPUS_PER_TASK * $(sort "$RANK_HOSTS" | uniq -c | awk '$1 > m {m = $1} END {print m}') ))
+    TASK=(-m slurm_rl.launch.node "$RUN_DIR") ;;
+esac
 NTASKS=$(wc -l < "$SLURM_HOSTFILE")
 
 # Live progress in this job log (startup phases, one line per iteration, ETA), read from RUN_DIR's files.
@@ -61,7 +75,7 @@ NTASKS=$(wc -l < "$SLURM_HOSTFILE")
 progress_pid=$!
 
 env -u SLURM_NTASKS_PER_NODE srun --kill-on-bad-exit=1 --distribution=arbitrary --ntasks="$NTASKS" \
-  --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" "$PY" -m slurm_rl.worker "$RUN_DIR" &
+  --cpus-per-task="$CPUS_PER_TASK" "$PY" "${TASK[@]}" &
 srun_pid=$!
 set +e
 while true; do

@@ -9,6 +9,8 @@ in the report's ``user_properties``. At the end of a run of the whole suite (no 
 test paths given) the controller writes ``.test-ledger/latest.json`` and appends the same document
 to ``.test-ledger/history.jsonl`` (in the repository root, not committed; every test's figures go to
 ``.test-ledger/latest-tests.json``), and prints the costliest tests. ``tools/test_budget.py`` shows a ledger and compares two.
+``--ledger-out PATH`` writes a selection's ledger (the quick loop's, one module's) to PATH instead, every
+test's figures under ``tests``.
 """
 
 from __future__ import annotations
@@ -174,7 +176,10 @@ class Ledger:
             m["cpu_s"] += t["cpu_s"]
         self.doc["modules"] = {k: {x: round(y, 1) for x, y in v.items()}
                                for k, v in sorted(modules.items(), key=lambda kv: -kv[1]["wall_s"])}
-        if whole_suite(self.config):
+        out = self.config.getoption("ledger_out")
+        if out:
+            Path(out).write_text(json.dumps(dict(self.doc, tests={k: v for k, v in ranked}), indent=1) + "\n")
+        elif whole_suite(self.config):
             LEDGER_DIR.mkdir(exist_ok=True)
             (LEDGER_DIR / "latest-tests.json").write_text(json.dumps(
                 {k: {x: round(y, 2) if isinstance(y, float) else y for x, y in v.items()} for k, v in ranked}, indent=0))
@@ -183,7 +188,7 @@ class Ledger:
                 f.write(json.dumps(self.doc) + "\n")
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.doc is None or not whole_suite(self.config):
+        if self.doc is None or not (whole_suite(self.config) or self.config.getoption("ledger_out")):
             return
         d = self.doc
         tr = terminalreporter
@@ -194,6 +199,11 @@ class Ledger:
                       f"the zygotes' and what they forked {d['zygote_cpu_s']:.0f} s")
         for t in d["costliest"]:
             tr.write_line(f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--ledger-out", default=None, metavar="PATH",
+                     help="write this run's ledger (any selection) to PATH instead of .test-ledger/")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from emulated_configs import emulated_config, write_config
 from slurm_rl.inspect.report import report_json
 from slurm_rl.launch.hostfile import rank_hosts
+from slurm_rl.launch.node import node_ranks, rank_env
 from slurm_rl.launch.rank_env import (
     RankDiscoveryError,
     RankInfo,
@@ -72,12 +74,16 @@ def test_submitit_local_executor(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_sbatch_path_on_real_slurm(slurm_cluster, tmp_path: Path) -> None:
+    """The former launch, one srun task per rank (``SLURM_RL_FORKSERVER=0``); the other sbatch tests
+    run the default, a task per node that forks its ranks."""
     run_dir = tmp_path / "run"
     log = tmp_path / "job.out"
     rc, _ = slurm_cluster.sbatch_wait("--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", f"--output={log}",
+                                      "--export=ALL,SLURM_RL_FORKSERVER=0",
                                       "sbatch/train.sh", str(_slurm_config(tmp_path, run_dir)), cwd=REPO)
     text = log.read_text() if log.exists() else ""
     assert rc == 0, text
+    assert "slurm_rl node" not in text and text.count("source slurm] run dir") == 8, text
     # the allocation holds (fake) GPUs and the run emulates: its first line says so
     first, second = text.splitlines()[:2]
     assert first.startswith("slurm_rl: EMULATING: runtime.device is emulated") and "SLURM_JOB_GPUS=" in first, text
@@ -116,6 +122,44 @@ def test_submitit_slurm_executor(slurm_cluster, tmp_path: Path, monkeypatch: pyt
     _check_run(run_dir, 8, nodes=2)
     if slurm_cluster.accounting:
         assert slurm_cluster.wait_sacct_state(str(job.job_id)) == "COMPLETED"
+
+
+def test_node_task_serves_its_nodes_ranks_with_their_srun_variables() -> None:
+    """RLinf's "4-7:0-1" on 2 nodes: srun task 0 forks ranks 0-3 on node 0, task 1 ranks 4 and 5."""
+    placement = parse_placement({"actor": "0-3", "rollout": "4-7:0-1"}, num_slots=8, num_nodes=2)
+    node_of_rank = [placement.node_of_rank(r) for r in range(placement.world_size)]
+    assert node_ranks(node_of_rank, 0) == (0, [0, 1, 2, 3])
+    assert node_ranks(node_of_rank, 1) == (1, [4, 5])
+    with pytest.raises(ValueError, match="srun task 2 but the placement holds ranks on 2 nodes"):
+        node_ranks(node_of_rank, 2)
+    assert node_ranks([1, 0, 1], 0) == (1, [0, 2])  # nodes in the order of their first rank, as the hostfile
+    env = rank_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]"}, 5, 1, 6, 1)
+    info = discover_rank(dict(env, SLURM_RL_MASTER_ADDR="127.0.0.1"))
+    assert (info.rank, info.world_size, info.local_rank, info.node_rank, info.source) == (5, 6, 1, 1, "slurm")
+
+
+def test_node_task_kills_what_is_left_below_it() -> None:
+    """A process whose parent ended (an orphan, as rank 0's coordinator is once rank 0 died) is still
+    found below the node's task and killed with the rest."""
+    script = textwrap.dedent("""
+        import os, subprocess, sys, time
+        from slurm_rl.launch.node import become_subreaper, descendants, kill_descendants
+
+        assert become_subreaper()
+        middle = subprocess.Popen([sys.executable, "-c", "import subprocess; print(subprocess.Popen(['sleep', '300']).pid)"],
+                                  stdout=subprocess.PIPE, text=True)
+        orphan = int(middle.stdout.readline())
+        middle.wait()  # the sleep it started is now ours
+        stay = subprocess.Popen(["sleep", "300"])
+        assert {orphan, stay.pid} <= set(descendants(os.getpid())), (orphan, stay.pid)
+        print(kill_descendants())
+        stay.wait()
+        _, status = os.waitpid(orphan, 0)
+        print(os.waitstatus_to_exitcode(status), stay.returncode)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "-9", "-9"], out.stdout
 
 
 def _info(rank: int, node: int, source: str = "slurm", nodes: int = 2) -> RankInfo:
@@ -181,5 +225,8 @@ def test_sbatch_rank_owning_two_gpus_sees_both(slurm_cluster, tmp_path: Path) ->
                  f"[rank 0/6 host {first} source slurm]", "[rank 0] slots [0] CUDA_VISIBLE_DEVICES=0",
                  "[rank 3] slots [3] CUDA_VISIBLE_DEVICES=3"]:
         assert line in text, text
+    # one srun task per node forked that node's ranks
+    assert re.search(rf"slurm_rl node {first} \(pid \d+\): node 0, ranks \[0, 1, 2, 3\], device emulated", text), text
+    assert re.search(rf"slurm_rl node {second} \(pid \d+\): node 1, ranks \[4, 5\], device emulated", text), text
     records = report_json(run_dir)["epochs"]
     assert records and all(r["acks"] == 6 for r in records), records

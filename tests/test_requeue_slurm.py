@@ -16,6 +16,7 @@ import yaml
 
 from resume_helpers import BACKENDS, INTERRUPTIBLE, assert_same_outcome, run_config, wait_until
 from slurm_rl.control.events import read_events
+from slurm_rl.control.heartbeats import read_heartbeat
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import read_coordinator_status
@@ -78,18 +79,12 @@ def test_preempted_batch_job_checkpoints_requeues_and_resumes(slurm_cluster, bac
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int:
-    """The pid of rank ``rank``'s worker process (found through /proc: the test runs on the nodes' host)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"slurm_rl.worker" in cmdline and str(run_dir).encode() in cmdline and f"SLURM_PROCID={rank}".encode() in environ:
-            return int(entry.name)
-    raise LookupError(f"no worker process of rank {rank} for {run_dir}")
+    """The pid of rank ``rank``'s worker process, from its heartbeat (a rank forked by the node's
+    task shows that task's cmdline and environ in /proc)."""
+    beat = read_heartbeat(RunPaths(run_dir), rank)
+    if beat is None:
+        raise LookupError(f"no heartbeat of rank {rank} in {run_dir}")
+    return int(beat["pid"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

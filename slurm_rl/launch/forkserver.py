@@ -50,7 +50,8 @@ RUN_DIR LAUNCHER_PID``).
 
 ``SLURM_RL_FORKSERVER=0`` in the launcher's environment (or ``LocalJob(..., forkserver=False)``)
 keeps the former path: every rank a fresh ``python -m slurm_rl.worker RUN_DIR`` (subprocess.Popen).
-Ranks under Slurm (srun, sbatch/train.sh, submitit) are started by Slurm as before.
+Under ``sbatch/train.sh`` one srun task per node forks that node's ranks after the same preload
+(:mod:`slurm_rl.launch.node`); submitit's tasks are one per rank, started by Slurm.
 """
 
 from __future__ import annotations
@@ -364,7 +365,7 @@ def _threads() -> list[str]:
     return names
 
 
-def _cuda_touched() -> bool:
+def cuda_touched() -> bool:
     """The CUDA driver library is loaded in this process (it is loaded only once CUDA is used)."""
     try:
         return "libcuda.so" in Path("/proc/self/maps").read_text()
@@ -579,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
          f"{'yes' if 'torch' in sys.modules else 'no'}, megatron-core: {'yes' if 'megatron.core' in sys.modules else 'no'}) "
          f"in {time.process_time() - cpu0:.2f}s CPU ({time.monotonic() - wall0:.2f}s wall); "
          f"threads: {len(threads)} {threads}")
-    if _cuda_touched():
+    if cuda_touched():
         _log("an import loaded the CUDA driver: a rank forked from here could not use CUDA; the launcher "
              "starts each rank as a fresh process instead")
         return UNUSABLE_EXIT

@@ -1,8 +1,10 @@
 """``python -m slurm_rl.launch.hostfile RUN_DIR HOST...``: the node of every rank, one line each.
 
-``sbatch/train.sh`` writes this to ``SLURM_HOSTFILE`` and starts ``srun --distribution=arbitrary``:
-one task per process rank, on the node the placement gives it, whatever the number of slots each
-rank owns. HOSTs are the allocation's nodes in order (``scontrol show hostnames``).
+``sbatch/train.sh`` starts ``srun --distribution=arbitrary`` from it: a task per node that holds
+ranks, in the order of their first rank (:mod:`slurm_rl.launch.node` forks them), or, with
+``SLURM_RL_FORKSERVER=0``, this file as ``SLURM_HOSTFILE``: a task per rank on the node the placement
+gives it, whatever the number of slots each rank owns. HOSTs are the allocation's nodes in order
+(``scontrol show hostnames``).
 """
 
 from __future__ import annotations

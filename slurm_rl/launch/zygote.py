@@ -17,7 +17,8 @@ would have been: the caller's stdin, stdout and stderr (passed over the socket),
 working directory, a session of its own, default signal dispositions, reseeded ``random`` and
 numpy, the module run as ``__main__``. Its parent is the zygote, which reports its exit code back
 to the caller. Only a process that leads its own session is forked so (one that shares its
-caller's process group, as rank 0's coordinator does, could not join it from the zygote's session).
+caller's process group, as rank 0's coordinator does, could not join it from the zygote's session:
+rank 0 starts it through ``exec`` below, whose small process stays in rank 0's group).
 
 A zygote serves only a caller that would have started the same interpreter: the same
 ``sys.executable``, the same ``slurm_rl`` package and the same import-relevant environment
@@ -64,6 +65,10 @@ from typing import IO, Any, NoReturn
 ENV = "SLURM_RL_ZYGOTE"
 LABEL_ENV = "SLURM_RL_ZYGOTE_LABEL"  # a caller's label for its children in the usage log (not part of the key)
 CONNECT_TIMEOUT_S = 120.0  # a zygote still importing answers once it has: wait that long, then start fresh
+# Set per rank by the launchers and read when the rank runs, never at import: not part of the key.
+RUNTIME_VARS = ("SLURM_RL_RANK", "SLURM_RL_WORLD_SIZE", "SLURM_RL_LOCAL_RANK", "SLURM_RL_NODE_RANK",
+                "SLURM_RL_NUM_NODES", "SLURM_RL_JOB_ID", "SLURM_RL_MASTER_ADDR", "SLURM_RL_MASTER_PORT",
+                "SLURM_RL_HOST", "SLURM_RL_SLOTS")
 KEY_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
 LOST_CODE = 255  # the exit code of a child whose zygote died before reporting it (as the fork server's)
 MAX_MESSAGE = 1 << 20
@@ -88,7 +93,18 @@ def interpreter_key(env: dict[str, str]) -> dict[str, Any]:
 
     return {"executable": sys.executable, "package": slurm_rl.__file__,
             "env": {k: v for k, v in sorted(env.items())
-                    if k.startswith(("PYTHON", "SLURM_RL_")) and k not in (ENV, LABEL_ENV) or k in KEY_VARS}}
+                    if k.startswith(("PYTHON", "SLURM_RL_")) and k not in (ENV, LABEL_ENV, *RUNTIME_VARS)
+                    or k in KEY_VARS}}
+
+
+def command(module: str, args: list[str], device: str, env: dict[str, str]) -> list[str]:
+    """The argv of ``python -m MODULE ARGS`` for a process of ``env`` that stays in its caller's process
+    group: through :func:`exec_module` where a zygote may serve it (``SLURM_RL_ZYGOTE`` set, not in a
+    Slurm job; the exec falls back to a fresh interpreter by itself), else the plain command."""
+    plain = [sys.executable, "-m", module, *args]
+    if not env.get(ENV, "").strip() or "SLURM_JOB_ID" in env:
+        return plain
+    return [sys.executable, "-m", "slurm_rl.launch.zygote", "exec", "--device", device, module, *args]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,7 +286,7 @@ def serve(directory: Path, device: str) -> int:
     gc.collect()
     gc.freeze()
     key = interpreter_key(dict(os.environ))
-    unusable = forkserver._cuda_touched()
+    unusable = forkserver.cuda_touched()
     _log(f"device {device}: preloaded {len(sys.modules)} modules in {time.process_time() - cpu0:.2f}s CPU "
          f"({time.monotonic() - wall0:.2f}s wall); serving {path}"
          + ("; an import loaded the CUDA driver: refusing every request" if unusable else ""))

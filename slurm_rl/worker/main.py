@@ -15,6 +15,7 @@ from slurm_rl.control.activity import announce_phase
 from slurm_rl.control.heartbeats import HeartbeatWriter
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
+from slurm_rl.launch import zygote
 from slurm_rl.launch.rank_env import RankInfo, bind_accelerators, check_node, discover_rank
 from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.resume.stop import install_stop_handlers
@@ -40,14 +41,12 @@ def make_roles(cfg: Config, info: RankInfo, paths: RunPaths) -> Roles:
 
 
 def start_coordinator(run_dir: Path, log_dir: Path) -> subprocess.Popen:
-    """The coordinator as its own process next to rank 0 (separate interpreter: no GIL sharing)."""
+    """The coordinator as its own process next to rank 0 (separate interpreter: no GIL sharing; forked
+    by a zygote where one serves, :func:`slurm_rl.launch.zygote.command`)."""
     log = open(log_dir / "coordinator.log", "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "slurm_rl.scheduler.coordinator", str(run_dir)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(zygote.command("slurm_rl.scheduler.coordinator", [str(run_dir)], "emulated", env),
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _stop(proc: subprocess.Popen | None) -> None:

@@ -1,0 +1,210 @@
+"""``python -m slurm_rl.launch.node RUN_DIR``: the ranks of one node under ``srun``, forked from one
+interpreter that imported what they need once (as torchrun's per-node agent starts a node's ranks).
+
+``sbatch/train.sh`` starts one ``srun`` task per node that holds ranks (``SLURM_HOSTFILE`` names those
+nodes in the order of their first rank, ``--distribution=arbitrary``); task ``k`` serves the ``k``-th
+of them. It reads the placement from ``RUN_DIR/config.yaml``, imports for ``runtime.device`` as the
+local launcher's fork server does (:func:`slurm_rl.launch.forkserver.preload`: torch, megatron-core,
+transformers on ``cpu``; nothing that touches CUDA), then forks each of the node's ranks. A rank sees
+the environment ``srun`` would have given it as a task of its own: ``SLURM_PROCID`` its rank,
+``SLURM_NTASKS`` the world size, ``SLURM_LOCALID`` its index on the node, ``SLURM_NODEID`` the
+placement's node; the rest is the task's (``CUDA_VISIBLE_DEVICES`` of the node, which the rank
+narrows to its own as before). A node of 8 ranks imports once instead of 8 times.
+
+The ranks stay in the task's process group and share its stdout and stderr (the job log). Slurm
+signals every process of a step (``scancel``, the preemption's SIGTERM, ``srun`` forwarding the
+batch script's USR1), so the ranks get them as before; this process ignores the polite ones. It
+exits once its ranks did: 0 when all exited 0; as soon as one fails, with that rank's code (128 +
+the signal for a rank killed by one), so that ``srun --kill-on-bad-exit=1`` ends the step as it
+did when that rank was a task itself. Before it leaves it SIGKILLs what remains below it (the node's other
+ranks, rank 0's coordinator, reward workers): it is their subreaper, so a process whose parent ended is
+still found, as Slurm would have found it in the step (a process that outlived this one would have
+escaped the step: Slurm's ``proctrack/linuxproc`` follows the process tree). Where an import loaded the CUDA driver (a rank forked from
+here could not use CUDA), each rank starts as a fresh ``python -m slurm_rl.worker RUN_DIR`` instead.
+``SLURM_RL_FORKSERVER=0`` makes ``sbatch/train.sh`` start one task per rank, as before.
+
+A forked rank's ``/proc/PID/cmdline`` and ``environ`` are this process's: find a rank by its
+heartbeat's ``pid`` (:func:`slurm_rl.control.heartbeats.read_heartbeat`).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from slurm_rl.launch import forkserver
+
+USAGE = "usage: python -m slurm_rl.launch.node RUN_DIR   (one srun task per node that holds ranks)"
+
+
+def nodes_in_rank_order(node_of_rank: list[int]) -> list[int]:
+    """The placement nodes that hold ranks, in the order of their first rank (the per-node hostfile's)."""
+    return list(dict.fromkeys(node_of_rank))
+
+
+def node_ranks(node_of_rank: list[int], task: int) -> tuple[int, list[int]]:
+    """The placement node that srun task ``task`` serves and its ranks; ``ValueError`` past the last node."""
+    nodes = nodes_in_rank_order(node_of_rank)
+    if not 0 <= task < len(nodes):
+        raise ValueError(f"srun task {task} but the placement holds ranks on {len(nodes)} nodes: start one task "
+                         f"per node (sbatch/train.sh does)")
+    node = nodes[task]
+    return node, [r for r, n in enumerate(node_of_rank) if n == node]
+
+
+def rank_env(environ: dict[str, str], rank: int, local_rank: int, world_size: int, node: int) -> dict[str, str]:
+    """The environment of one rank: the task's, with the variables srun sets per task made the rank's."""
+    return dict(environ, SLURM_PROCID=str(rank), SLURM_NTASKS=str(world_size), SLURM_LOCALID=str(local_rank),
+                SLURM_NODEID=str(node))
+
+
+def _log(msg: str) -> None:
+    print(f"slurm_rl node {os.environ.get('SLURMD_NODENAME', '?')} (pid {os.getpid()}): {msg}", file=sys.stderr,
+          flush=True)
+
+
+def _fork_rank(run_dir: str, env: dict[str, str]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+
+    def run() -> int:
+        forkserver.become_fresh(env)
+        main = sys.modules.get("slurm_rl.worker.__main__") or importlib.import_module("slurm_rl.worker.__main__")
+        sys.modules["__main__"] = main
+        sys.argv = [str(main.__file__), run_dir]
+        from slurm_rl.worker.main import run_worker
+
+        return run_worker(Path(run_dir))
+
+    forkserver.exit_like_an_interpreter(run)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Have the orphans among this process's descendants reparented to it (Linux ``prctl``)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_descendants() -> int:
+    """SIGKILL every process below this one (until none is left, at most a few rounds); how many."""
+    killed: set[int] = set()
+    for _ in range(5):
+        pids = [p for p in descendants(os.getpid()) if p not in killed]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+    return len(killed)
+
+
+def _exit_code(code: int) -> int:
+    """A rank's ``Popen.returncode`` as a shell reports it (128 + N for death by signal N)."""
+    return 128 - code if code < 0 else code
+
+
+def wait_for_ranks(children: dict[int, int], wait=os.waitpid) -> int:
+    """Reap the ranks (pid -> rank); the first failure's exit code at once, else 0 once all ended."""
+    while children:
+        try:
+            pid, status = wait(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        rank = children.pop(pid, None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            _log(f"rank {rank} (pid {pid}) exited with code {code}; leaving so that srun ends the step "
+                 f"({len(children)} ranks of this node still running)")
+            return _exit_code(code)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    run_dir = args[0]
+    from slurm_rl.config import load_config
+
+    placement = load_config(Path(run_dir) / "config.yaml").placement
+    node_of_rank = [placement.node_of_rank(r) for r in range(placement.world_size)]
+    try:
+        node, ranks = node_ranks(node_of_rank, int(os.environ.get("SLURM_PROCID", "0")))
+    except ValueError as exc:
+        _log(str(exc))
+        return 2
+    for sig in forkserver.IGNORED_BY_SERVER:
+        signal.signal(sig, signal.SIG_IGN)
+    become_subreaper()
+    environ = dict(os.environ)
+    envs = {r: rank_env(environ, r, i, placement.world_size, node) for i, r in enumerate(ranks)}
+    warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    device = forkserver.run_device(run_dir)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's OpenBLAS starts no threads here
+    forkserver.preload(device)
+    gc.collect()
+    gc.freeze()
+    os.environ.clear()
+    os.environ.update(environ)
+    _log(f"node {node}, ranks {ranks}, device {device}: preloaded {len(sys.modules)} modules in "
+         f"{time.process_time() - cpu0:.2f}s CPU ({time.monotonic() - wall0:.2f}s wall)")
+    if forkserver.cuda_touched():
+        _log("an import loaded the CUDA driver: starting each rank as a fresh process")
+        fresh = {r: subprocess.Popen([sys.executable, "-m", "slurm_rl.worker", run_dir], env=envs[r]) for r in ranks}
+        procs = {p.pid: r for r, p in fresh.items()}
+    else:
+        procs = {_fork_rank(run_dir, envs[r]): r for r in ranks}
+    code = wait_for_ranks(procs)
+    left = kill_descendants()
+    if left:
+        _log(f"killed {left} processes left below this task (as Slurm does at a step's end)")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
