@@ -12,7 +12,16 @@ fixture run on one worker (xdist group ``module:NAME``), so the fixture is built
 from __future__ import annotations
 
 import os
-import tempfile
+import sys
+
+# The suite starts hundreds of interpreters (CLI calls, Slurm job ranks, reward workers) and xdist
+# workers that each rewrite every test module's asserts: where PYTHONDONTWRITEBYTECODE is set (some
+# shells and containers set it) every one of them compiled slurm_rl and the tests anew. The test
+# session writes the bytecode caches (__pycache__/, ignored by git); set before the workers start.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+import tempfile  # noqa: E402
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import re
 from datetime import datetime
@@ -14,7 +15,12 @@ from hypothesis import strategies as st
 
 from hypothesis_profiles import examples
 
+from omegaconf import DictConfig, OmegaConf
+
 from slurm_rl.config import (
+    _merge_into,
+    _merge_layer,
+    _schema_template,
     COMPONENTS,
     AlgorithmSection,
     Config,
@@ -920,3 +926,31 @@ def test_old_logprobs_follow_the_inference_component() -> None:
     with pytest.raises(ConfigError) as err:
         config_from_yaml_text(BASE_YAML + "algorithm: {old_logprobs: critic}\n")
     assert_issue(err.value, "algorithm.old_logprobs", "critic", "one of actor, rollout")
+
+
+def test_a_valid_layer_merged_at_once_equals_the_merge_key_by_key(tmp_path: Path) -> None:
+    """A valid config is merged into the schema in one OmegaConf merge (the fast path); that gives
+    what the key-by-key merge gives, and an invalid one falls back to it with every issue."""
+    from emulated_configs import emulated_config
+    from resume_helpers import run_config
+
+    def schema() -> DictConfig:
+        root = copy.deepcopy(_schema_template())
+        OmegaConf.set_readonly(root, None)
+        return root
+
+    docs = [OmegaConf.to_container(OmegaConf.load(p)) for p in CONFIG_FILES]
+    docs += [emulated_config(tmp_path / "e"), run_config("cpu", tmp_path / "c"), run_config("emulated", tmp_path / "d")]
+    for doc in docs:
+        fast_issues: list = []
+        slow_issues: list = []
+        slow = schema()
+        _merge_into(slow, doc, "", slow_issues)
+        fast = _merge_layer(schema(), doc, fast_issues)
+        assert fast_issues == slow_issues == []
+        assert OmegaConf.to_container(fast) == OmegaConf.to_container(slow)
+    bad = dict(docs[-1], train={"num_iterations": "many", "no_such_key": 1}, nope={"x": 1})
+    slow_issues, fast_issues = [], []
+    _merge_into(schema(), bad, "", slow_issues)
+    _merge_layer(schema(), bad, fast_issues)
+    assert fast_issues == slow_issues and {i.key for i in fast_issues} == {"train.num_iterations", "train.no_such_key", "nope"}
