@@ -269,6 +269,28 @@ def _log(msg: str) -> None:
     print(f"[zygote {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
+COMMAND_MODULES = ("slurm_rl.cli", "slurm_rl.scheduler.coordinator", "slurm_rl.inspect.commands",
+                   "slurm_rl.inspect.run_gantt", "matplotlib.pyplot", "matplotlib.patches", "matplotlib.lines")
+
+
+def preload_commands() -> None:
+    """What the commands run through a zygote import beyond a rank's: the CLI, the coordinator, and
+    matplotlib for ``inspect``'s PNGs (with the Agg backend, which they select anyway)."""
+    import importlib
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        pass
+    for name in COMMAND_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            _log(f"preload: import {name} failed ({exc}); the commands import it themselves")
+
+
 def serve(directory: Path, device: str) -> int:
     """Listen on ``directory/<device>.sock``, preload, then fork a child per request (until SIGTERM)."""
     from slurm_rl.launch import forkserver
@@ -283,6 +305,7 @@ def serve(directory: Path, device: str) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what the launchers give their servers (OpenBLAS: no threads)
     cpu0, wall0 = time.process_time(), time.monotonic()
     forkserver.preload(device)
+    preload_commands()
     gc.collect()
     gc.freeze()
     key = interpreter_key(dict(os.environ))
