@@ -38,6 +38,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
 from slurm_rl.launch import forkserver
 
 USAGE = "usage: python -m slurm_rl.launch.node RUN_DIR   (one srun task per node that holds ranks)"
