@@ -133,7 +133,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _run(base: Path, cfg: dict, user: Path) -> tuple[Path, str]:
     config = base / "c.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user), os.environ.get("PYTHONPATH", "")])}
+    env = dict(os.environ)
+    if "fn" in cfg.get("reward", {}):  # the user's module on PYTHONPATH (its run then starts fresh interpreters)
+        env["PYTHONPATH"] = os.pathsep.join([str(user), os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run([*CLI, "run", str(config), "--no-inspect"], cwd=REPO,
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from slurm_rl.engines.actor.local_dist import PRELOAD
 from slurm_rl.engines.model_config import ModelConfig
 
 CFG = ModelConfig(vocab_size=40, hidden_size=64, num_layers=2, num_attention_heads=2,
@@ -69,8 +70,11 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str, absent: int) -
 
 
 def _run(tmp_path: Path, world: int, absent: int = -1) -> dict[int, dict]:
+    # forked from the multiprocessing fork server that imported torch once (local_dist's: shared by
+    # this process's runs), not spawned: a spawned rank imports torch and transformers again (~5 s of CPU)
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     mp.start_processes(_worker, args=(world, str(tmp_path / "store"), str(tmp_path), absent),
-                       nprocs=world, start_method="spawn", join=True)
+                       nprocs=world, start_method="forkserver", join=True)
     return {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)}
 
 
