@@ -1193,8 +1193,8 @@ def _schema_template() -> DictConfig:
 
 
 def _merge_layer(root: DictConfig, data: Mapping[str, Any], issues: list[ConfigIssue]) -> DictConfig:
-    """``data`` merged into ``root``: in one OmegaConf merge when it is valid (the common case, a
-    third of the time), else key by key into ``root`` as it was, collecting every issue."""
+    """``data`` merged into ``root``: in one OmegaConf merge when it is valid (the common case; about
+    40 % of the key-by-key merge's time), else key by key into ``root`` as it was, collecting every issue."""
     merged = copy.deepcopy(root)
     try:
         merged.merge_with(data)

@@ -192,7 +192,7 @@ class Ledger:
             return
         d = self.doc
         tr = terminalreporter
-        tr.section("suite ledger (.test-ledger/latest.json)")
+        tr.section(f"suite ledger ({self.config.getoption('ledger_out') or '.test-ledger/latest.json'})")
         tr.write_line(f"pytest {d['pytest_s']:.0f} s, machine CPU {d['machine_cpu_s']:.0f} s "
                       f"({d['cores_busy']:.2f} cores busy; kernel threads {d['kernel_threads_cpu_s']:.0f} s, "
                       f"steal {d['steal_s']:.0f} s), tests' own CPU {d['tests_cpu_s']:.0f} s, "

@@ -504,14 +504,20 @@ def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_f
         os.dup2(log_fd, 2)
         os.close(log_fd)
         become_fresh(env)
-        main = sys.modules.get("slurm_rl.worker.__main__") or importlib.import_module("slurm_rl.worker.__main__")
-        sys.modules["__main__"] = main
-        sys.argv = [str(main.__file__), run_dir]
-        from slurm_rl.worker.main import run_worker
-
-        return run_worker(Path(run_dir))
+        return run_as_worker(run_dir)
 
     exit_like_an_interpreter(run)
+
+
+def run_as_worker(run_dir: str) -> int:
+    """In a forked child: run the rank as ``python -m slurm_rl.worker RUN_DIR`` would (its
+    ``__main__`` and ``sys.argv``); returns its exit code."""
+    main = sys.modules.get("slurm_rl.worker.__main__") or importlib.import_module("slurm_rl.worker.__main__")
+    sys.modules["__main__"] = main
+    sys.argv = [str(main.__file__), run_dir]
+    from slurm_rl.worker.main import run_worker
+
+    return run_worker(Path(run_dir))
 
 
 def exit_like_an_interpreter(run: Callable[[], int | None]) -> NoReturn:

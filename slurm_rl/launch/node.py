@@ -20,7 +20,8 @@ did when that rank was a task itself. Before it leaves it SIGKILLs what remains 
 ranks, rank 0's coordinator, reward workers): it is their subreaper, so a process whose parent ended is
 still found, as Slurm would have found it in the step (a process that outlived this one would have
 escaped the step: Slurm's ``proctrack/linuxproc`` follows the process tree). Where an import loaded the CUDA driver (a rank forked from
-here could not use CUDA), each rank starts as a fresh ``python -m slurm_rl.worker RUN_DIR`` instead.
+here could not use CUDA), each rank starts as a fresh ``python -m slurm_rl.worker RUN_DIR`` instead
+(the ``cuda`` preload has not run on a GPU machine yet: tested here with ``emulated`` and ``cpu`` jobs).
 ``SLURM_RL_FORKSERVER=0`` makes ``sbatch/train.sh`` start one task per rank, as before.
 
 A forked rank's ``/proc/PID/cmdline`` and ``environ`` are this process's: find a rank by its
@@ -30,7 +31,6 @@ heartbeat's ``pid`` (:func:`slurm_rl.control.heartbeats.read_heartbeat`).
 from __future__ import annotations
 
 import gc
-import importlib
 import os
 import signal
 import subprocess
@@ -79,12 +79,7 @@ def _fork_rank(run_dir: str, env: dict[str, str]) -> int:
 
     def run() -> int:
         forkserver.become_fresh(env)
-        main = sys.modules.get("slurm_rl.worker.__main__") or importlib.import_module("slurm_rl.worker.__main__")
-        sys.modules["__main__"] = main
-        sys.argv = [str(main.__file__), run_dir]
-        from slurm_rl.worker.main import run_worker
-
-        return run_worker(Path(run_dir))
+        return forkserver.run_as_worker(run_dir)
 
     forkserver.exit_like_an_interpreter(run)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -143,15 +138,13 @@ def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def wait_for_ranks(children: dict[int, int], wait=os.waitpid) -> int:
+def wait_for_ranks(children: dict[int, int]) -> int:
     """Reap the ranks (pid -> rank); the first failure's exit code at once, else 0 once all ended."""
     while children:
         try:
-            pid, status = wait(-1, 0)
+            pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             break
-        except InterruptedError:
-            continue
         rank = children.pop(pid, None)
         if rank is None:
             continue
@@ -171,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args[0]
     from slurm_rl.config import load_config
 
-    placement = load_config(Path(run_dir) / "config.yaml").placement
+    cfg = load_config(Path(run_dir) / "config.yaml")
+    placement, device = cfg.placement, cfg.runtime.device
     node_of_rank = [placement.node_of_rank(r) for r in range(placement.world_size)]
     try:
         node, ranks = node_ranks(node_of_rank, int(os.environ.get("SLURM_PROCID", "0")))
@@ -185,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     envs = {r: rank_env(environ, r, i, placement.world_size, node) for i, r in enumerate(ranks)}
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    device = forkserver.run_device(run_dir)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's OpenBLAS starts no threads here
     forkserver.preload(device)
     gc.collect()
