@@ -30,7 +30,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -423,6 +423,26 @@ def makedirs_private(path: PathLike, *, fs: FileSystem | None = None) -> None:
             d.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             _raise(exc, d, "creating directory")
+
+
+def remove_temp_files_of(root: PathLike, pids: Collection[int] | None = None) -> int:
+    """Delete the temp files (``.NAME.PID.RANDOM.tmp``) under ``root``, recursively, of writers ``pids``
+    (every writer when None); how many. For a launcher that has just killed those writers: a killed
+    writer leaves its temp file behind, and no reader ever opens one."""
+    removed = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+                continue
+            parts = name[:-len(TEMP_SUFFIX)].rsplit(".", 2)
+            if len(parts) != 3 or not parts[1].isdigit() or (pids is not None and int(parts[1]) not in pids):
+                continue
+            try:
+                os.unlink(os.path.join(dirpath, name))
+                removed += 1
+            except FileNotFoundError:
+                continue
+    return removed
 
 
 def remove_stale_temp_files(directory: PathLike, older_than_s: float, now: float | None = None, *,

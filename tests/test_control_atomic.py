@@ -229,6 +229,20 @@ def test_remove_stale_temp_files_only_touches_temp_names(tmp_path: Path) -> None
     assert os.listdir(tmp_path) == ["000001.json"]
 
 
+def test_remove_temp_files_of_killed_writers_walks_the_tree_and_keeps_other_writers(tmp_path: Path) -> None:
+    from slurm_rl.fsio import remove_temp_files_of
+
+    (tmp_path / "control" / "progress").mkdir(parents=True)
+    killed = tmp_path / "control" / "progress" / f".rank-0007.json.4242.2fdf32b4{TEMP_SUFFIX}"
+    other = tmp_path / "control" / f".status.json.99.abcd{TEMP_SUFFIX}"
+    kept = [tmp_path / "control" / "progress" / "rank-0007.json", tmp_path / f".notes{TEMP_SUFFIX}"]
+    for path in (killed, other, *kept):
+        path.write_text("{")
+    assert remove_temp_files_of(tmp_path, {4242}) == 1 and not killed.exists() and other.exists()
+    assert remove_temp_files_of(tmp_path) == 1 and not other.exists()
+    assert all(path.exists() for path in kept)  # a final name, and a dot file that is not a writer's temp
+
+
 def test_replace_symlink_swaps_atomically_and_its_temp_is_a_temp_name(tmp_path: Path) -> None:
     from slurm_rl.fsio import replace_symlink, temp_path
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_rl.errors import LaunchError  # the launch family; importable from here as before
+from slurm_rl.fsio import remove_temp_files_of
 from slurm_rl.launch import forkserver as _forkserver
 
 
@@ -165,12 +166,17 @@ class LocalJob:
         server = self._server
         if server is not None and not server.started:  # the start failed midway: ranks we may not know of
             server.abort()
+        killed = [p.pid for p in self.procs.values() if p.poll() is None]
         for p in self.procs.values():
             _killpg(p.pid)
         for p in self.procs.values():
             p.wait()
         if server is not None:
             server.close()
+        if killed or any(rc != 0 for rc in self.codes.values()):
+            # a writer killed mid-write leaves its temp file: once nothing of the run is left, remove them
+            _wait_until_gone([p.pid for p in self.procs.values()], timeout_s=5.0)
+            remove_temp_files_of(self.run_dir)
         for log in self._logs:
             log.close()
         self._logs = []
@@ -203,6 +209,27 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float, log_dir: Path | 
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise LaunchError(f"launcher received signal {signum}; stopping every rank")
+
+
+def _wait_until_gone(pgids: list[int], timeout_s: float) -> None:
+    """Until no live (non-zombie) process is left in the process groups ``pgids``, at most ``timeout_s``."""
+    groups, deadline = set(pgids), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            if fields[0] != "Z" and int(fields[2]) in groups:
+                alive = True
+                break
+        if not alive:
+            return
+        time.sleep(0.01)
 
 
 def _killpg(pid: int) -> None:

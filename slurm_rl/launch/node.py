@@ -39,6 +39,7 @@ import time
 import warnings
 from pathlib import Path
 
+from slurm_rl.fsio import remove_temp_files_of
 from slurm_rl.launch import forkserver
 
 USAGE = "usage: python -m slurm_rl.launch.node RUN_DIR   (one srun task per node that holds ranks)"
@@ -117,8 +118,8 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def kill_descendants() -> int:
-    """SIGKILL every process below this one (until none is left, at most a few rounds); how many."""
+def kill_descendants() -> set[int]:
+    """SIGKILL every process below this one (until none is left, at most a few rounds); their pids."""
     killed: set[int] = set()
     for _ in range(5):
         pids = [p for p in descendants(os.getpid()) if p not in killed]
@@ -130,7 +131,7 @@ def kill_descendants() -> int:
                 killed.add(pid)
             except ProcessLookupError:
                 pass
-    return len(killed)
+    return killed
 
 
 def _exit_code(code: int) -> int:
@@ -193,10 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         procs = {p.pid: r for r, p in fresh.items()}
     else:
         procs = {_fork_rank(run_dir, envs[r]): r for r in ranks}
+    rank_pids = set(procs)
     code = wait_for_ranks(procs)
     left = kill_descendants()
     if left:
-        _log(f"killed {left} processes left below this task (as Slurm does at a step's end)")
+        _log(f"killed {len(left)} processes left below this task (as Slurm does at a step's end)")
+    if code != 0:  # what a killed rank (or its coordinator) was writing: the temp files named by their pids
+        remove_temp_files_of(run_dir, left | rank_pids)
     return code
 
 
