@@ -278,29 +278,45 @@ def test_timeout_kills_the_worker_and_the_pool_goes_on(user_pkg: str) -> None:
         assert runner.score(_samples(["r"] * 4)).values == [0.5] * 4  # the hung worker was replaced
 
 
+_GATED = '''
+import os, time
+
+
+def gated(prompt, response, answer, extra):
+    """Says it is scoring, then scores once the gate file exists."""
+    open(f"entered.{os.getpid()}", "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists("gate") and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return 1.0
+'''
+
 _SIGNALLED = '''
-import os, signal, subprocess, sys, threading, time
+import glob, os, signal, subprocess, sys, threading, time
 
 
 def main() -> None:
     got = []
     signal.signal(signal.SIGUSR1, lambda *a: got.append("usr1"))
     from slurm_rl.rewards import RewardRunner, RewardSample
-    runner = RewardRunner(name="exact", workers=2)
-    samples = [RewardSample(i, "p", "a", "a", {}) for i in range(40000)]
+    runner = RewardRunner(fn="gated_reward:gated", workers=2)
+    samples = [RewardSample(i, "p", "a", "a", {}) for i in range(8)]
 
     def stop_signals() -> None:  # Slurm's --signal (sbatch/train.sh: USR1), submitit's USR2, preemption's TERM
-        time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while not glob.glob("entered.*") and time.monotonic() < deadline:  # a worker is inside the reward
+            time.sleep(0.005)
         for pid in subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split():
             for p in [pid] + subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split():
                 for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
                     os.kill(int(p), sig)
         os.kill(os.getpid(), signal.SIGUSR1)
+        open("gate", "w").close()
 
     threading.Thread(target=stop_signals).start()
     result = runner.score(samples)
     runner.close()
-    print(sum(result.values), result.errors, got)
+    print(sum(result.values), result.errors, got, len(glob.glob("entered.*")) > 0)
 
 
 if __name__ == "__main__":
@@ -310,13 +326,16 @@ if __name__ == "__main__":
 
 def test_stop_signals_to_every_process_leave_the_workers_scoring(tmp_path: Path) -> None:
     """A rank asked to checkpoint (USR1 / USR2 / TERM to every process of the step) keeps scoring:
-    its reward workers never see those signals; the rank still gets its own."""
+    its reward workers, signalled while inside the reward function, never see those signals; the rank
+    still gets its own."""
     script = tmp_path / "signalled.py"
     script.write_text(_SIGNALLED)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    (tmp_path / "gated_reward.py").write_text(_GATED)
+    repo = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["40000.0", "0", "['usr1']"], proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.split() == ["8.0", "0", "['usr1']", "True"], proc.stdout + proc.stderr[-2000:]
 
 
 def test_auto_routes_by_data_source_as_verl_does() -> None:
