@@ -6,6 +6,7 @@ as a user runs it from the directory holding ``models/`` and ``data/``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,18 +17,12 @@ from pathlib import Path
 import pytest
 from cli_command import CLI
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pq = pytest.importorskip("pyarrow.parquet")
-pa = pytest.importorskip("pyarrow")
-
-from safetensors import safe_open  # noqa: E402
+for _module in ("torch", "transformers", "pyarrow"):  # found, not imported: each test imports what it uses
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"needs {_module}", allow_module_level=True)
 
 from slurm_rl.config import load_config  # noqa: E402
-from slurm_rl.engines.hf_checkpoint import model_config_from_dir  # noqa: E402
 from slurm_rl.inputs import input_problems  # noqa: E402
-from slurm_rl.toy.checkpoint import QWEN25_05B, write_checkpoint_of_shapes  # noqa: E402
-from slurm_rl.toy.tokenizer import CHAT_TEMPLATE, train_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # writes a 1 GB checkpoint; the CLI imports torch and transformers
 
@@ -77,6 +72,13 @@ def conversion_snippet() -> str:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A directory as the example's comments leave it: ``models/...`` and ``data/gsm8k``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from slurm_rl.toy.checkpoint import QWEN25_05B, write_checkpoint_of_shapes
+    from slurm_rl.toy.tokenizer import CHAT_TEMPLATE, train_tokenizer
+
     root = tmp_path_factory.mktemp("gsm8k_example")
     texts = [r["question"] + SUFFIX for rows in ROWS.values() for r in rows]
     train_tokenizer(root / "tokenizer", texts, chat_template=CHAT_TEMPLATE)
@@ -104,6 +106,11 @@ def test_conversion_snippet_writes_chat_prompts_with_gsm8k_answers(workdir: dict
 
 
 def test_checkpoint_has_qwen25_05b_architecture_and_size(workdir: dict) -> None:
+    import torch
+    from safetensors import safe_open
+
+    from slurm_rl.engines.hf_checkpoint import model_config_from_dir
+
     path = workdir["root"] / MODEL
     cfg = model_config_from_dir(path)
     assert (cfg.architecture, cfg.hidden_size, cfg.num_layers, cfg.num_attention_heads) == (

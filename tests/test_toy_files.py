@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:  # found, not imported: the tests that load with it import it
+    pytest.skip("needs transformers", allow_module_level=True)
 
 from safetensors import safe_open  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from slurm_rl.toy.checkpoint import (  # noqa: E402
     QWEN25_05B, make_checkpoint, make_model, meta_model_shapes, write_checkpoint_of_shapes)
@@ -60,6 +60,8 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tokenizer_round_trip(tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     assert (tok.pad_token, tok.bos_token, tok.eos_token) == ("<pad>", "<bos>", "<eos>")
@@ -82,6 +84,8 @@ def test_tokenizer_round_trip(tokenizer_dir: Path) -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_checkpoint_loads_with_same_logits(arch: str, tmp_path: Path, tokenizer_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     kwargs = {**SMALL, **ARCH_KWARGS[arch]}
     directory = make_checkpoint(tmp_path / arch, arch, seed=3, tokenizer_dir=tokenizer_dir, **kwargs)
     model = make_model(arch, seed=3, **kwargs)
@@ -133,6 +137,8 @@ def test_checkpoint_loads_with_same_logits(arch: str, tmp_path: Path, tokenizer_
 
 
 def test_sharded_checkpoint(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
     directory = make_checkpoint(tmp_path / "sharded", "qwen2", max_shard_size="40KB",
                                 dtype=torch.bfloat16, **SMALL)
     index = json.loads((directory / "model.safetensors.index.json").read_text())
@@ -155,6 +161,8 @@ SMALL_QWEN25 = {**QWEN25_05B, "hidden_size": 112, "num_attention_heads": 14,
 
 @pytest.mark.parametrize("fill", ["zeros", "random"])
 def test_checkpoint_of_shapes(fill: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
     directory = write_checkpoint_of_shapes(tmp_path / "shapes", SMALL_QWEN25, fill=fill,
                                            max_shard_bytes=40_000)
     # what save_pretrained writes for a real model of the same config
@@ -231,6 +239,8 @@ def test_task_datasets(task: str, tmp_path: Path) -> None:
 
 
 def test_make_toy_files_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     spec = importlib.util.spec_from_file_location("make_toy_files", REPO / "tools" / "make_toy_files.py")
     assert spec is not None and spec.loader is not None
     cli = importlib.util.module_from_spec(spec)
