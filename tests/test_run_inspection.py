@@ -105,18 +105,66 @@ def test_gantt_bars_match_epochs_and_acks(scripted_run: tuple[Path, str]) -> Non
     assert len(rows) <= 2 + 8
 
 
-def test_summary_collapses_repeated_iterations_and_json_keeps_everything(tmp_path: Path) -> None:
-    """The same two placements in every iteration: the summary shows them once."""
-    run_dir = tmp_path / "repeat"
+@pytest.fixture(scope="module")
+def followed_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A live 4-iteration run, followed by ``inspect --follow`` while it runs: the same two placements
+    in every iteration (the second from half-way through each rollout), about a second per iteration.
+    Its dir, the follower's lines (all, and those read while the run still ran) and exit code."""
+    tmp = tmp_path_factory.mktemp("followed")
+    run_dir = tmp / "repeat"
     cfg = emulated_config(run_dir, iterations=4)
+    cfg["emulated"]["rollout_s_per_token"] = 4.0e-5
     start = {"actor": "0-1", "rollout": "2-5", "inference": "6-7"}
     cfg["scheduler"] = {"policy": "scripted", "script": [
         step for k in range(4) for step in (
             {"at_iteration": k, "placement": start},
             {"at_iteration": k, "at_phase": "rollout", "at_rollout_fraction": 0.5,
              "placement": {"actor": "0-1", "rollout": "2-3", "inference": "6-7"}})]}
-    proc = _cli("run", str(write_config(tmp_path / "r.yaml", cfg)), "--no-inspect")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = subprocess.Popen([*CLI, "run", str(write_config(tmp / "r.yaml", cfg)), "--no-inspect"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    follow = None
+    seen_all: list[str] = []
+    seen_while_running: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "config.yaml").exists():
+            assert time.monotonic() < deadline, "the run dir was never prepared"
+            time.sleep(0.05)
+        follow = subprocess.Popen([*CLI, "inspect", "--follow", str(run_dir), "--interval", "0.3"], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def read() -> None:
+            assert follow is not None and follow.stdout is not None
+            for line in follow.stdout:
+                if "iterations " in line and run.poll() is None:
+                    seen_while_running.append(line)
+                seen_all.append(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        run_out, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, run_out
+        follow.wait(timeout=60)  # it ends by itself once the coordinator says finished
+        reader.join(timeout=10)
+    finally:
+        for p in (run, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+    return {"run_dir": run_dir, "all": seen_all, "while_running": seen_while_running, "code": follow.returncode,
+            "stderr": follow.stderr.read() if follow.stderr else ""}
+
+
+def test_follow_shows_progress_of_a_live_run_and_exits_when_it_ends(followed_run: dict) -> None:
+    assert followed_run["code"] == 0, "".join(followed_run["all"][-20:]) + followed_run["stderr"]
+    progressing = [ln for ln in followed_run["while_running"] if "state running" in ln and "iterations 4/4" not in ln]
+    assert any(f"iterations {k}/4" in ln for ln in progressing for k in range(1, 4)), "".join(
+        followed_run["while_running"])
+    assert "the run finished; stopped following" in "".join(followed_run["all"][-3:])
+
+
+def test_summary_collapses_repeated_iterations_and_json_keeps_everything(followed_run: dict) -> None:
+    """The same two placements in every iteration: the summary shows them once."""
+    run_dir = followed_run["run_dir"]
     records = epoch_records(run_dir)
     groups = collapse_epochs(records)
     assert len(records) == 2 * 4 and [its for its, _ in groups] == [[0, 1, 2, 3]]  # two epochs per iteration
@@ -129,46 +177,6 @@ def test_summary_collapses_repeated_iterations_and_json_keeps_everything(tmp_pat
     assert len(doc["epochs"]) == len(records) and len(doc["metrics"]) == 4
     assert {"facts", "components", "switch", "timeline", "metrics_summary", "missing"} <= set(doc)
     assert doc["switch"]["latency_s"]["p50"] is not None
-
-
-def test_follow_shows_progress_of_a_live_run_and_exits_when_it_ends(tmp_path: Path) -> None:
-    run_dir = tmp_path / "live"
-    cfg = emulated_config(run_dir, iterations=6)
-    cfg["emulated"]["rollout_s_per_token"] = 4.0e-5  # about a second per iteration
-    run = subprocess.Popen([*CLI, "run", str(write_config(tmp_path / "l.yaml", cfg)),
-                            "--no-inspect"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "config.yaml").exists():
-            assert time.monotonic() < deadline, "the run dir was never prepared"
-            time.sleep(0.05)
-        follow = subprocess.Popen([*CLI, "inspect", "--follow", str(run_dir),
-                                   "--interval", "0.3"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
-        seen_while_running: list[str] = []
-
-        def read() -> None:
-            assert follow.stdout is not None
-            for line in follow.stdout:
-                if "iterations " in line and run.poll() is None:
-                    seen_while_running.append(line)
-                seen_all.append(line)
-
-        seen_all: list[str] = []
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        run_out, _ = run.communicate(timeout=300)
-        assert run.returncode == 0, run_out
-        follow.wait(timeout=60)  # it ends by itself once the coordinator says finished
-        reader.join(timeout=10)
-    finally:
-        for p in (run, locals().get("follow")):
-            if p is not None and p.poll() is None:
-                p.kill()
-    assert follow.returncode == 0, "".join(seen_all[-20:]) + (follow.stderr.read() if follow.stderr else "")
-    progressing = [ln for ln in seen_while_running if "state running" in ln and "iterations 6/6" not in ln]
-    assert any(f"iterations {k}/6" in ln for ln in progressing for k in range(1, 6)), "".join(seen_while_running)
-    assert "the run finished; stopped following" in "".join(seen_all[-3:])
 
 
 def test_compare_static_and_scripted(tmp_path: Path, scripted_run: tuple[Path, str]) -> None:
