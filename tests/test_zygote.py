@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 
 from slurm_rl.launch import zygote
-from zygotes import REPO, start_zygotes, stop_zygotes
+from slurm_rl.launch.forkserver import ignored_signals
+from zygotes import REPO, caller_ignoring, start_zygotes, stop_zygotes
 
 PROBE = '''
 import json, os, signal, sys
 print(json.dumps({"pid": os.getpid(), "name": __name__, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
                   "leader": os.getsid(0) == os.getpid(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
                   "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
-                  "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}), flush=True)
+                  "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                  "ignored": [l for l in open("/proc/self/status") if l.startswith("SigIgn")][0].split()[1]}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 line = sys.stdin.readline()
 sys.exit(int(line or 0))
@@ -79,17 +81,28 @@ def probe(directory: Path, env: dict[str, str], code: str, monkeypatch: pytest.M
     return proc, seen, err.read_text(), rc
 
 
-def test_a_forked_module_sees_what_a_fresh_interpreter_sees(probe_zygote, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("caller_ignores", [(), (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)],
+                         ids=["caller-default", "caller-ignores-int-quit-hup"])
+def test_a_forked_module_sees_what_a_fresh_interpreter_sees(probe_zygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caller_ignores: tuple[int, ...]) -> None:
+    """Signal dispositions included: what the caller ignores, a fresh interpreter inherits ignored (and Python
+    then installs no SIGINT handler); the rest are at their defaults."""
     directory, env = probe_zygote
-    forked, seen, err, rc = probe(directory, env, "7", monkeypatch, tmp_path, True)
-    fresh, seen_fresh, err_fresh, rc_fresh = probe(directory, env, "7", monkeypatch, tmp_path, False)
+    with caller_ignoring(caller_ignores):
+        forked, seen, err, rc = probe(directory, env, "7", monkeypatch, tmp_path, True)
+        fresh, seen_fresh, err_fresh, rc_fresh = probe(directory, env, "7", monkeypatch, tmp_path, False)
+        caller = ignored_signals()  # ours and what we inherited (a background job of a shell: SIGINT, SIGQUIT)
+    assert set(caller_ignores) <= caller
     assert isinstance(forked, zygote.ZygoteProcess) and isinstance(fresh, subprocess.Popen)
     assert rc == rc_fresh == 7
     assert err == err_fresh == "to stderr\n"
     assert seen["env"]["PROBE_VAR"] == "x"
-    for key in ("name", "argv", "cwd", "leader", "sigterm_default", "sigint", "mask"):
+    for key in ("name", "argv", "cwd", "leader", "sigterm_default", "sigint", "mask", "ignored"):
         assert seen[key] == seen_fresh[key], key
+    ignored = int(seen["ignored"], 16)
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        assert bool(ignored & (1 << (sig - 1))) == (sig in caller), sig
+    assert seen["sigint"] == (signal.SIGINT not in caller)
     assert seen["name"] == "__main__" and seen["argv"] == ["a", "b c"] and seen["leader"] and seen["cwd"] == str(tmp_path)
     assert {k: v for k, v in seen["env"].items() if k != zygote.ENV} == \
            {k: v for k, v in seen_fresh["env"].items() if k != zygote.ENV}

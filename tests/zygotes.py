@@ -14,6 +14,7 @@ everything they forked spent in all (``zygote_cpu_s``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,17 @@ DEVICES = ("emulated", "cpu")
 START_TIMEOUT_S = 60.0  # until a zygote has made its socket (before its imports)
 zygotes_key = pytest.StashKey[tuple[Path, list[subprocess.Popen]]]()
 _usage_offsets = pytest.StashKey[dict[str, int]]()
+
+
+@contextlib.contextmanager
+def caller_ignoring(signals: tuple[int, ...]) -> Iterator[None]:
+    """This process ignores ``signals`` meanwhile (as a shell's background job ignores SIGINT and SIGQUIT)."""
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def zygote_cpu_s(config: pytest.Config) -> float:

@@ -18,7 +18,7 @@ warm interpreter:
 What a forked rank gets, as ``python -m slurm_rl.worker RUN_DIR`` would have: its own session
 (``setsid``: ``LocalJob.kill`` SIGKILLs each rank's process group), fds 1 and 2 on its log file
 and stdin on ``/dev/null``, ``os.environ`` exactly the rank's environment (``SLURM_RL_RANK``...),
-default signal dispositions and an empty signal mask, reseeded ``random`` and numpy,
+default signal dispositions (but the signals the launcher ignores stay ignored, as across exec) and an empty signal mask, reseeded ``random`` and numpy,
 ``sys.argv`` of the worker and ``slurm_rl.worker.__main__`` as ``__main__``; its exit runs
 ``threading``'s shutdown and the ``atexit`` handlers, like an interpreter's. What differs: the
 ``cmdline`` and ``environ`` of ``/proc/PID`` show the fork server's (find a rank's process by its
@@ -102,6 +102,13 @@ REAL_MODULES = (
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
                    signal.SIGQUIT, signal.SIGALRM)
 IGNORED_BY_SERVER = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+RESET_SIGNALS = (signal.SIGINT, *DEFAULT_SIGNALS)
+
+
+def ignored_signals() -> frozenset[int]:
+    """Which of :data:`RESET_SIGNALS` this process ignores now: what a process it started would inherit
+    ignored across ``exec`` (a shell's background job ignores SIGINT and SIGQUIT, ``nohup`` SIGHUP)."""
+    return frozenset(sig for sig in RESET_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -168,7 +175,8 @@ class ForkServer:
         exits once every rank ended). Raises :class:`LaunchError` when a rank could not be started."""
         assert self.proc.stdin is not None
         deadline = time.monotonic() + START_TIMEOUT_S
-        data = b"".join((json.dumps({"rank": rank, "env": env, "log": str(log)}) + "\n").encode()
+        ignored = sorted(ignored_signals())  # what a rank started by us as a fresh process would inherit ignored
+        data = b"".join((json.dumps({"rank": rank, "env": env, "log": str(log), "ignored": ignored}) + "\n").encode()
                         for rank, env, log in requests)
         fd = self.proc.stdin.fileno()
         os.set_blocking(fd, False)  # the server reads once it has imported: do not block past the deadline
@@ -399,14 +407,16 @@ def drain(fd: int) -> None:
         pass
 
 
-def become_fresh(env: dict[str, str]) -> None:
-    """In a forked child: what a fresh interpreter starts with: default signal dispositions, an empty
+def become_fresh(env: dict[str, str], ignored: frozenset[int] = frozenset()) -> None:
+    """In a forked child: what a fresh interpreter started by the caller starts with: default signal
+    dispositions but for the signals the caller ignored (``ignored``, see :func:`ignored_signals`: an
+    ignored signal stays ignored across ``exec``, and Python then leaves SIGINT ignored too), an empty
     signal mask, ``env`` as the environment, reseeded ``random`` and numpy."""
     import random
 
     for sig in DEFAULT_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in ignored else signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.environ.clear()
     os.environ.update(env)
@@ -482,7 +492,7 @@ def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], 
         return {"rank": rank, "error": f"fork failed: {exc}"}
     if pid == 0:
         os.close(sync_r)
-        _run_rank(run_dir, request["env"], log_fd, sync_w, own_fds)
+        _run_rank(run_dir, request["env"], frozenset(request.get("ignored", ())), log_fd, sync_w, own_fds)
     os.close(log_fd)
     os.close(sync_w)
     os.read(sync_r, 1)  # EOF once the child has its own session (a kill of its group reaches it)
@@ -491,7 +501,8 @@ def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], 
     return {"rank": rank, "pid": pid}
 
 
-def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_fds: tuple[int, ...]) -> NoReturn:
+def _run_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int], log_fd: int, sync_w: int,
+              own_fds: tuple[int, ...]) -> NoReturn:
     """The forked child: become ``python -m slurm_rl.worker RUN_DIR`` and run the rank."""
 
     def run() -> int:
@@ -503,7 +514,7 @@ def _run_rank(run_dir: str, env: dict[str, str], log_fd: int, sync_w: int, own_f
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        become_fresh(env)
+        become_fresh(env, ignored)
         return run_as_worker(run_dir)
 
     exit_like_an_interpreter(run)

@@ -71,7 +71,7 @@ def _log(msg: str) -> None:
           flush=True)
 
 
-def _fork_rank(run_dir: str, env: dict[str, str]) -> int:
+def _fork_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -79,7 +79,7 @@ def _fork_rank(run_dir: str, env: dict[str, str]) -> int:
         return pid
 
     def run() -> int:
-        forkserver.become_fresh(env)
+        forkserver.become_fresh(env, ignored)
         return forkserver.run_as_worker(run_dir)
 
     forkserver.exit_like_an_interpreter(run)
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         _log(str(exc))
         return 2
+    ignored = forkserver.ignored_signals()  # what srun's task inherited: each rank, as a fresh process, would
     for sig in forkserver.IGNORED_BY_SERVER:
         signal.signal(sig, signal.SIG_IGN)
     become_subreaper()
@@ -190,10 +191,15 @@ def main(argv: list[str] | None = None) -> int:
          f"{time.process_time() - cpu0:.2f}s CPU ({time.monotonic() - wall0:.2f}s wall)")
     if forkserver.cuda_touched():
         _log("an import loaded the CUDA driver: starting each rank as a fresh process")
-        fresh = {r: subprocess.Popen([sys.executable, "-m", "slurm_rl.worker", run_dir], env=envs[r]) for r in ranks}
+        def as_inherited() -> None:  # in the child before exec: not the signals this task ignores for itself
+            for sig in forkserver.IGNORED_BY_SERVER:
+                signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+
+        fresh = {r: subprocess.Popen([sys.executable, "-m", "slurm_rl.worker", run_dir], env=envs[r],
+                                     preexec_fn=as_inherited) for r in ranks}
         procs = {p.pid: r for r, p in fresh.items()}
     else:
-        procs = {_fork_rank(run_dir, envs[r]): r for r in ranks}
+        procs = {_fork_rank(run_dir, envs[r], ignored): r for r in ranks}
     rank_pids = set(procs)
     code = wait_for_ranks(procs)
     left = kill_descendants()

@@ -14,7 +14,7 @@ With ``SLURM_RL_ZYGOTE`` set, the local launcher asks the zygote of its run's ``
 to fork ``python -m slurm_rl.launch.forkserver RUN_DIR`` (and the local mux launcher asks the
 ``emulated`` one for its group scheduler). The forked process is what ``python -m MODULE ARGS``
 would have been: the caller's stdin, stdout and stderr (passed over the socket), environment and
-working directory, a session of its own, default signal dispositions, reseeded ``random`` and
+working directory, a session of its own, default signal dispositions (the caller's ignored signals stay ignored), reseeded ``random`` and
 numpy, the module run as ``__main__``. Its parent is the zygote, which reports its exit code back
 to the caller. Only a process that leads its own session is forked so (one that shares its
 caller's process group, as rank 0's coordinator does, could not join it from the zygote's session:
@@ -229,8 +229,10 @@ def _forked(module: str, args: list[str], device: str, env: dict[str, str], stdi
             fds.append(theirs[-1])
         else:
             fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2))
+        from slurm_rl.launch.forkserver import ignored_signals
+
         request = {"module": module, "argv": list(args), "env": env, "cwd": os.getcwd(), "key": interpreter_key(env),
-                   "tie": tie}
+                   "tie": tie, "ignored": sorted(ignored_signals())}
         socket.send_fds(conn, [json.dumps(request).encode()], fds)
         reply = json.loads(conn.recv(MAX_MESSAGE) or b'{"refused": "the zygote closed the connection"}')
     except (OSError, ValueError) as exc:
@@ -436,7 +438,7 @@ def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoRet
             if fd > 2:
                 os.close(fd)
         os.chdir(request["cwd"])
-        become_fresh(request["env"])
+        become_fresh(request["env"], frozenset(request.get("ignored", ())))
         sys.argv = [request["module"], *request["argv"]]
         warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package", category=RuntimeWarning)
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
