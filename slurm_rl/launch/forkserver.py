@@ -18,7 +18,8 @@ warm interpreter:
 What a forked rank gets, as ``python -m slurm_rl.worker RUN_DIR`` would have: its own session
 (``setsid``: ``LocalJob.kill`` SIGKILLs each rank's process group), fds 1 and 2 on its log file
 and stdin on ``/dev/null``, ``os.environ`` exactly the rank's environment (``SLURM_RL_RANK``...),
-default signal dispositions (but the signals the launcher ignores stay ignored, as across exec) and an empty signal mask, reseeded ``random`` and numpy,
+default signal dispositions (the signals the launcher ignores stay ignored, as across ``exec``) and
+an empty signal mask, reseeded ``random`` and numpy,
 ``sys.argv`` of the worker and ``slurm_rl.worker.__main__`` as ``__main__``; its exit runs
 ``threading``'s shutdown and the ``atexit`` handlers, like an interpreter's. What differs: the
 ``cmdline`` and ``environ`` of ``/proc/PID`` show the fork server's (find a rank's process by its
