@@ -360,7 +360,7 @@ class AlgorithmSection:
     # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | package.module:function (gae needs a critic)
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: r - group mean (Dr. GRPO)
-    gamma: float = 1.0  # discount of reinforce_plus_plus's returns (1.0 only: outcome rewards, per-sample advantages)
+    gamma: float = 1.0  # discount of reinforce_plus_plus's returns (below 1: per-token advantages)
     clip_eps: float = 0.2  # PPO ratio clip (verl: actor.clip_ratio)
     clip_ratio_low: Optional[float] = None  # lower clip, default clip_eps
     clip_ratio_high: Optional[float] = None  # upper clip, default clip_eps (DAPO clip-higher: above clip_ratio_low)

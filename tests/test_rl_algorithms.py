@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from slurm_rl.rl.advantages import ADV_ESTIMATORS, compute_advantages, estimator_problems
+from slurm_rl.rl.advantages import (ADV_ESTIMATORS, compute_advantages, compute_token_advantages,
+                                      estimator_problems, needs_token_advantages, token_level_rewards)
 from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_loss
 
 
@@ -164,8 +165,34 @@ def test_estimator_problems_name_the_key_and_what_is_allowed() -> None:
     assert value == "gae" and "critic" in allowed
     [(key, value, allowed)] = estimator_problems(Algo(adv_estimator="nosuchmodule_x:f"))
     assert "does not import" in allowed
-    [(key, value, _)] = estimator_problems(Algo(adv_estimator="reinforce_plus_plus", gamma=0.99))
-    assert (key, value) == ("algorithm.gamma", 0.99)
+    assert estimator_problems(Algo(adv_estimator="reinforce_plus_plus", gamma=0.99)) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(("gamma", "kl_in_reward"), [(0.9, False), (1.0, True), (0.5, True)])
+def test_reinforce_plus_plus_per_token_equals_verls(gamma: float, kl_in_reward: bool, seed: int) -> None:
+    """gamma < 1, or a KL penalty on every token in the reward: verl's returns differ token by token;
+    ours, built from the same token-level rewards, equal them on every token."""
+    rewards, groups, lengths, tlr, mask = outcome_batch(seed)
+    kl = None
+    if kl_in_reward:
+        rng = np.random.default_rng(100 + seed)
+        kl = [rng.uniform(-0.5, 1.0, n) for n in lengths]
+        for i, k in enumerate(kl):
+            tlr[i, :len(k)] -= 0.2 * torch.from_numpy(k)  # verl: token_level_scores - beta * kld
+    algo = Algo(adv_estimator="reinforce_plus_plus", gamma=gamma, use_kl_in_reward=kl_in_reward)
+    assert needs_token_advantages("reinforce_plus_plus", algo)
+    assert not needs_token_advantages("grpo", algo) and not needs_token_advantages("reinforce_plus_plus", Algo())
+    ours = compute_token_advantages("reinforce_plus_plus", token_level_rewards(rewards, lengths, kl, 0.2), algo)
+    ref = verl_rpp(tlr, mask, gamma)
+    assert [len(a) for a in ours] == lengths.tolist()
+    for i, a in enumerate(ours):  # advantages are O(1): compare on that scale
+        assert np.allclose(a, ref[i, :len(a)].numpy(), atol=1e-9), (i, a, ref[i])
+    assert len({round(float(x), 9) for x in ours[int(np.argmax(lengths))]}) > 1  # not one number per sample
+    with pytest.raises(ValueError, match="per-token advantages"):
+        compute_advantages("reinforce_plus_plus", rewards, groups, lengths, algo)
+    with pytest.raises(ValueError, match="one advantage per sample"):
+        compute_token_advantages("grpo", token_level_rewards(rewards, lengths), algo)
 
 
 def verl_vanilla(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, low: float, high: float,
@@ -440,3 +467,40 @@ def test_adaptive_kl_ctrl_is_verls_controller_and_resumes_from_the_metrics() -> 
     assert kl_coef_of_iteration(rows, 3, fixed) == 0.05
     with pytest.raises(LookupError, match="iteration 6"):
         kl_coef_of_iteration(rows, 7, ctrl)
+
+
+def test_actor_batch_carries_per_token_advantages_into_the_trainers_layout() -> None:
+    """REINFORCE++ with gamma 0.9 and the k1 KL in the reward: the actor batch's ``token_advantages``
+    are verl's, built from the batch's own rewards and log-probs (its ``advantage`` their mean); the
+    trainer sample holds them at the response's next-token positions. GRPO's batch carries none."""
+    from types import SimpleNamespace
+
+    from slurm_rl.data.actor_batch import make_actor_batch
+    from slurm_rl.data.emulated import make_fake_inference, make_fake_prompts, make_fake_rollouts
+    from slurm_rl.worker.real_compute import RealCompute
+
+    inference = make_fake_inference(make_fake_rollouts(make_fake_prompts(2, 3, (4, 9), seed=0), 4, (1, 12), seed=1))
+    algo = Algo(adv_estimator="reinforce_plus_plus", gamma=0.9, use_kl_in_reward=True, kl_penalty="k1",
+                kl_ctrl=SimpleNamespace(kl_coef=0.05))
+    batch = make_actor_batch(inference, algo).to_pylist()
+    responses = [row["response_ids"] for row in batch]
+    width = max(map(len, responses))
+    mask = torch.zeros(len(batch), width, dtype=torch.float64)
+    tlr = torch.zeros(len(batch), width, dtype=torch.float64)
+    for i, row in enumerate(batch):
+        n = len(row["response_ids"])
+        mask[i, :n] = 1
+        tlr[i, :n] = -0.05 * (torch.tensor(row["old_logprobs"], dtype=torch.float64)
+                              - torch.tensor(row["ref_logprobs"], dtype=torch.float64))  # verl: - beta * kld (k1)
+        tlr[i, n - 1] += row["reward"]
+    ref = verl_rpp(tlr, mask, 0.9)
+    for i, row in enumerate(batch):
+        n = len(row["response_ids"])
+        assert np.allclose(row["token_advantages"], ref[i, :n].numpy(), atol=1e-6)  # float32 of O(1) values
+        assert row["advantage"] == pytest.approx(float(ref[i, :n].mean()), abs=1e-6)
+    row = batch[0]
+    sample = RealCompute._sample(row)
+    start = len(row["prompt_ids"]) - 1
+    assert sample["advantages"][start:start + len(row["response_ids"])] == row["token_advantages"]
+    assert sum(abs(a) for a in sample["advantages"][:start]) == 0 and len(sample["advantages"]) == len(sample["loss_mask"])
+    assert all(r["token_advantages"] is None for r in make_actor_batch(inference, Algo()).to_pylist())

@@ -198,13 +198,13 @@ def test_training_is_identical_with_and_without_scaling(tmp_path: Path) -> None:
     the static run of the same config (fp32, same seeds, ``train.minibatch_order: index``).
 
     The runs use the options whose terms span the data parallel ranks (every other real run here
-    uses GRPO with a token mean): REINFORCE++'s advantages whitened over each mini-batch, each
-    sequence's token mean averaged over the step's sequences, clip-higher, the k2 KL loss and the
-    entropy bonus (its mean entropy recorded per iteration)."""
+    uses GRPO with a token mean): REINFORCE++'s discounted returns (gamma 0.9: an advantage per token)
+    whitened over each mini-batch, each sequence's token mean averaged over the step's sequences,
+    clip-higher, the k2 KL loss and the entropy bonus (its mean entropy recorded per iteration)."""
     results = {}
     for policy in ("static", "auto"):
         cfg = cpu_config(tmp_path / policy, policy, iterations=3)
-        cfg["algorithm"] |= {"adv_estimator": "reinforce_plus_plus", "loss_agg_mode": "seq-mean-token-mean",
+        cfg["algorithm"] |= {"adv_estimator": "reinforce_plus_plus", "gamma": 0.9, "loss_agg_mode": "seq-mean-token-mean",
                              "clip_ratio_high": 0.28, "kl_loss_type": "k2", "entropy_coeff": 0.01}
         results[policy] = run(tmp_path, policy, cfg)
     dps = {policy: [[p["dp"] for p in m["plan"]] for m in read_metrics(d)] for policy, d in results.items()}

@@ -10,18 +10,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slurm_rl.data.schemas import ACTOR_BATCH
-from slurm_rl.rl.advantages import compute_advantages
+from slurm_rl.rl.advantages import (compute_advantages, compute_token_advantages, needs_token_advantages,
+                                      token_level_rewards)
 from slurm_rl.rl.formulas import LOG_RATIO_CLAMP, kl_estimate
 
 
+def kl_per_token(old_logprobs: list[list[float]], ref_logprobs: list[list[float]], kind: str) -> list[np.ndarray]:
+    """Per sample, the ``kind`` KL estimate of each response token between the policy's log-probs and
+    the reference's (verl's ``apply_kl_penalty`` before it scales by the coefficient); empty where
+    either is missing."""
+    return [kl_estimate(np.asarray(old, np.float64), np.asarray(ref, np.float64), kind) if old and ref
+            else np.zeros(0) for old, ref in zip(old_logprobs, ref_logprobs)]
+
+
 def kl_in_reward(old_logprobs: list[list[float]], ref_logprobs: list[list[float]], kind: str) -> np.ndarray:
-    """Per sample, the sum over its response of the ``kind`` KL estimate between the rollout's
-    log-probs and the reference's (verl's ``apply_kl_penalty`` before it scales by the coefficient)."""
-    out = np.zeros(len(old_logprobs))
-    for i, (old, ref) in enumerate(zip(old_logprobs, ref_logprobs)):
-        if old and ref:
-            out[i] = float(np.sum(kl_estimate(np.asarray(old, np.float64), np.asarray(ref, np.float64), kind)))
-    return out
+    """Per sample, the sum over its response of :func:`kl_per_token`."""
+    return np.array([float(np.sum(k)) for k in kl_per_token(old_logprobs, ref_logprobs, kind)], np.float64)
 
 
 def old_logprobs(inference: pa.Table) -> pa.ChunkedArray:
@@ -59,6 +63,24 @@ def mismatch(old: list[list[float]], sampled: list[list[float]]) -> tuple[list[f
     return kls, worst
 
 
+def _kl_coef(algorithm: Any, kl_coef: float | None) -> float:
+    return float(algorithm.kl_ctrl.kl_coef if kl_coef is None else kl_coef)
+
+
+def token_advantages(inference: pa.Table, name: str, algorithm: Any, kl_coef: float | None) -> list[np.ndarray]:
+    """Per-token advantages (``algorithm.gamma < 1``, or a KL penalty per token in the reward) from the
+    token-level rewards verl builds: the reward on the last response token, less the KL coefficient
+    times each token's KL under ``algorithm.use_kl_in_reward``."""
+    lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
+    reward = inference.column("reward").to_numpy().astype(np.float64)
+    kl = None
+    if getattr(algorithm, "use_kl_in_reward", False):
+        kl = kl_per_token(old_logprobs(inference).to_pylist(), inference.column("ref_logprobs").to_pylist(),
+                          algorithm.kl_penalty)
+    return compute_token_advantages(name, token_level_rewards(reward, lengths, kl, _kl_coef(algorithm, kl_coef)
+                                                              if kl is not None else 0.0), algorithm)
+
+
 def scores(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = None) -> np.ndarray:
     """What the estimator sees per sample: the reward, less ``kl_coef`` (default ``kl_ctrl.kl_coef``;
     the iteration's under an adaptive ``kl_ctrl``) times the response's KL (old log-probs against the
@@ -68,17 +90,25 @@ def scores(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = N
         return reward
     kl = kl_in_reward(old_logprobs(inference).to_pylist(), inference.column("ref_logprobs").to_pylist(),
                       algorithm.kl_penalty)
-    return reward - float(algorithm.kl_ctrl.kl_coef if kl_coef is None else kl_coef) * kl
+    return reward - _kl_coef(algorithm, kl_coef) * kl
 
 
 def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = None) -> pa.Table:
     """ACTOR_BATCH of one cut mini-batch (whole groups): ``advantage`` by ``algorithm.adv_estimator``
     (:mod:`slurm_rl.rl.advantages`; GRPO with verl's defaults when ``algorithm`` is None) from
-    :func:`scores`; the ``reward`` column keeps the reward itself."""
+    :func:`scores`, or per token (``token_advantages``; ``advantage`` then holds their mean) where the
+    estimator gives them (:func:`~slurm_rl.rl.advantages.needs_token_advantages`); the ``reward``
+    column keeps the reward itself."""
     name = getattr(algorithm, "adv_estimator", "grpo")
-    lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
-    adv = compute_advantages(name, scores(inference, algorithm, kl_coef), inference.column("group_id").to_numpy(),
-                             lengths, algorithm).astype(np.float32)
+    per_token = pa.nulls(inference.num_rows, pa.list_(pa.float32()))
+    if needs_token_advantages(name, algorithm):
+        tokens = token_advantages(inference, name, algorithm, kl_coef)
+        adv = np.array([float(t.mean()) if len(t) else 0.0 for t in tokens], np.float32)  # for the metrics
+        per_token = pa.array([t.astype(np.float32) for t in tokens], pa.list_(pa.float32()))
+    else:
+        lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
+        adv = compute_advantages(name, scores(inference, algorithm, kl_coef), inference.column("group_id").to_numpy(),
+                                 lengths, algorithm).astype(np.float32)
     old = old_logprobs(inference)
     weights = pa.nulls(inference.num_rows, pa.list_(pa.float32()))
     if getattr(algorithm, "rollout_is", "none") == "truncated":
@@ -95,6 +125,7 @@ def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float 
             "values": inference.column("values"),
             "rollout_is_weights": weights,
             "advantage": pa.array(adv),
+            "token_advantages": per_token,
             "reward": inference.column("reward"),
             "weight_version": inference.column("weight_version"),
         },

@@ -132,7 +132,8 @@ ACTOR_BATCH = _schema(
         pa.field("ref_logprobs", LOGPROBS, nullable=False),
         pa.field("values", LOGPROBS, nullable=True),
         pa.field("rollout_is_weights", LOGPROBS, nullable=True),  # per token; null: algorithm.rollout_is none
-        pa.field("advantage", pa.float32(), nullable=False),
+        pa.field("advantage", pa.float32(), nullable=False),  # per sample (the mean of token_advantages where set)
+        pa.field("token_advantages", LOGPROBS, nullable=True),  # per response token; null: one per sample
         pa.field("reward", pa.float32(), nullable=False),
         pa.field("weight_version", pa.int64(), nullable=False),
     ],

@@ -10,8 +10,11 @@ sample is the whole result:
   (Dr. GRPO).
 - ``rloo``: ``n / (n - 1) * (r - mean_g)``, the reward minus the mean of the other samples of its
   group (a group of one keeps its reward).
-- ``reinforce_plus_plus``: the discounted return per token (``gamma``; only ``1.0`` here, see
-  :func:`estimator_problems`), whitened over every response token of the batch.
+- ``reinforce_plus_plus``: the discounted return per token (``gamma``), whitened over every response
+  token of the batch. With ``gamma = 1`` and no KL in the reward that is one number per sample; with
+  ``gamma < 1`` or ``algorithm.use_kl_in_reward`` (a KL penalty on every token) the returns differ
+  from token to token: :func:`needs_token_advantages` says so and :func:`compute_token_advantages`
+  gives one array per sample (the actor batch's ``token_advantages``).
 - ``reinforce_plus_plus_baseline``: ``r - mean_g``, then whitened over every response token of the
   batch.
 
@@ -33,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ADV_ESTIMATORS", "AdvantageFn", "adv_estimator", "compute_advantages", "estimator_problems",
-           "register_adv_est", "whiten"]
+__all__ = ["ADV_ESTIMATORS", "AdvantageFn", "adv_estimator", "compute_advantages", "compute_token_advantages",
+           "discounted_returns", "estimator_problems", "needs_token_advantages", "register_adv_est",
+           "token_level_rewards", "whiten"]
 
 AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], np.ndarray]
 """``(rewards, groups, response_lengths, algorithm config) -> advantages``, one per sample."""
@@ -94,9 +98,9 @@ def rloo(rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray, config: A
 
 @register_adv_est("reinforce_plus_plus")
 def reinforce_plus_plus(rewards: np.ndarray, groups: np.ndarray, lengths: np.ndarray, config: Any) -> np.ndarray:
-    gamma = float(getattr(config, "gamma", 1.0))
-    if gamma != 1.0:
-        raise ValueError(f"reinforce_plus_plus: gamma {gamma} needs per-token advantages; only 1.0 is supported")
+    if needs_token_advantages("reinforce_plus_plus", config):
+        raise ValueError(f"reinforce_plus_plus: gamma {getattr(config, 'gamma', 1.0)} or a KL in the reward gives "
+                         "per-token advantages: use compute_token_advantages")
     return whiten(rewards.astype(np.float64), lengths)
 
 
@@ -136,10 +140,6 @@ def estimator_problems(algorithm: Any) -> list[tuple[str, Any, str]]:
             adv_estimator(name)
         except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
             return [("algorithm.adv_estimator", name, f"{FN_FORM}; it does not import: {type(exc).__name__}: {exc}")]
-    gamma = getattr(algorithm, "gamma", 1.0)
-    if name == "reinforce_plus_plus" and gamma != 1.0:
-        return [("algorithm.gamma", gamma, "1.0 with reinforce_plus_plus (a discount needs per-token advantages, "
-                                           "which the actor batch does not carry yet)")]
     return []
 
 
@@ -152,4 +152,60 @@ def compute_advantages(name: str, rewards: np.ndarray, groups: np.ndarray, lengt
         raise ValueError(f"algorithm.adv_estimator {name!r} returned {out.shape} values "
                          f"({'finite' if np.all(np.isfinite(out)) else 'not all finite'}); expected "
                          f"{len(rewards)} finite advantages, one per sample")
+    return out
+
+
+TOKEN_LEVEL = ("reinforce_plus_plus",)
+"""Estimators whose advantage may differ between the tokens of a response (from ``gamma`` or a
+per-token KL penalty in the reward); the others use the response's summed reward, as verl's do."""
+
+
+def needs_token_advantages(name: str, algorithm: Any) -> bool:
+    """Whether ``name`` under ``algorithm`` gives per-token advantages (else one per sample)."""
+    return name in TOKEN_LEVEL and (float(getattr(algorithm, "gamma", 1.0)) != 1.0
+                                    or bool(getattr(algorithm, "use_kl_in_reward", False)))
+
+
+def token_level_rewards(rewards: np.ndarray, lengths: np.ndarray, kl: list[np.ndarray] | None = None,
+                        kl_coef: float = 0.0) -> list[np.ndarray]:
+    """verl's ``token_level_rewards`` per sample: the outcome reward on the last response token, less
+    ``kl_coef`` times each token's KL estimate (``kl``, one array per sample) when given."""
+    out = []
+    for i, n in enumerate(np.asarray(lengths, dtype=np.int64)):
+        r = np.zeros(int(n), np.float64)
+        if n:
+            r[-1] = float(rewards[i])
+        if kl is not None:
+            r -= kl_coef * np.asarray(kl[i], np.float64)[:n]
+        out.append(r)
+    return out
+
+
+def discounted_returns(token_rewards: list[np.ndarray], gamma: float) -> list[np.ndarray]:
+    """Per token, ``sum_k>=t gamma**(k-t) r_k`` over the response (verl's REINFORCE++ returns)."""
+    out = []
+    for r in token_rewards:
+        g = np.zeros_like(r)
+        running = 0.0
+        for t in range(len(r) - 1, -1, -1):
+            running = r[t] + gamma * running
+            g[t] = running
+        out.append(g)
+    return out
+
+
+def compute_token_advantages(name: str, token_rewards: list[np.ndarray], config: Any) -> list[np.ndarray]:
+    """Per-token advantages of one mini-batch by a :data:`TOKEN_LEVEL` estimator: REINFORCE++'s
+    discounted returns whitened over every response token of the batch (verl's ``masked_whiten``)."""
+    if name not in TOKEN_LEVEL:
+        raise ValueError(f"algorithm.adv_estimator {name!r} gives one advantage per sample, not per token")
+    returns = discounted_returns(token_rewards, float(getattr(config, "gamma", 1.0)))
+    flat = np.concatenate(returns) if returns else np.zeros(0)
+    whitened = whiten(flat, np.ones(len(flat), np.int64))
+    out, start = [], 0
+    for g in returns:
+        out.append(whitened[start:start + len(g)])
+        start += len(g)
+    if not all(np.all(np.isfinite(a)) for a in out):
+        raise ValueError(f"algorithm.adv_estimator {name!r} gave advantages that are not all finite")
     return out

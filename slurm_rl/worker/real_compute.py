@@ -451,8 +451,10 @@ class RealCompute:
             return out
 
         mask = place([1.0] * len(response))
+        per_token = row.get("token_advantages")
+        advantages = place(per_token) if per_token is not None else [row["advantage"] * m for m in mask]
         sample = {"input_ids": prompt + response, "loss_mask": mask, "old_logprobs": place(row["old_logprobs"]),
-                  "ref_logprobs": place(row["ref_logprobs"]), "advantages": [row["advantage"] * m for m in mask]}
+                  "ref_logprobs": place(row["ref_logprobs"]), "advantages": advantages}
         if row.get("rollout_is_weights") is not None:
             sample["rollout_is_weights"] = place(row["rollout_is_weights"])
         return sample
