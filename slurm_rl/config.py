@@ -77,6 +77,7 @@ REWARD_ON_ERROR = typing.get_args(RewardOnError)
 REWARD_NAMES = typing.get_args(RewardName)
 PRECISIONS = typing.get_args(Precision)
 RECOMPUTE = typing.get_args(Recompute)
+ATTENTION_BACKENDS = ("sdpa", "local")  # actor.attention_backend (slurm_rl.engines.actor.attention, which imports torch)
 OLD_LOGPROBS = typing.get_args(OldLogprobs)
 ROLLOUT_IS = typing.get_args(RolloutIs)
 
@@ -314,6 +315,9 @@ class ActorSection:
     warm_joiners: bool = True
     precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 when runtime.device is cuda, else fp32)
     recompute: str = "none"  # none | selective | full: activation recomputation (memory for compute)
+    # the core attention: sdpa (torch's scaled_dot_product_attention: fused kernels, no s x s scores
+    # kept) | local (megatron-core's unfused DotProductAttention)
+    attention_backend: str = "sdpa"
     # megatron-core tensor parallelism: ranks per model replica; each TP group (tensor_parallel
     # consecutive actor ranks) lies inside one node; the actor's DP size is its ranks / tensor_parallel
     tensor_parallel: int = 1
@@ -956,6 +960,7 @@ def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:
     a, s = root.actor, root.scheduler
     _choice(issues, "actor.precision", a.precision, PRECISIONS)
     _choice(issues, "actor.recompute", a.recompute, RECOMPUTE)
+    _choice(issues, "actor.attention_backend", a.attention_backend, ATTENTION_BACKENDS)
     if a.pipeline_parallel != 1:
         issues.append(ConfigIssue("actor.pipeline_parallel", a.pipeline_parallel,
                                   "1 (pipeline parallelism is not supported yet; use actor.tensor_parallel)"))

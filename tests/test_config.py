@@ -890,7 +890,8 @@ def test_engine_sections_match_the_engine_types() -> None:
     engine = {k: v for k, v in defaults(ModelConfig).items() if k in MODEL_SIZE_KEYS}
     assert set(MODEL_SIZE_KEYS) <= set(defaults(ModelSection))
     assert model_sizes(ModelSection()) == engine | {"vocab_size": None}  # null: the tokenizer's
-    layout = {"precision": "auto", "recompute": "none", "tensor_parallel": 1,  # the model's build, not the optimizer's
+    layout = {"precision": "auto", "recompute": "none", "attention_backend": "sdpa",  # the model's build, not the optimizer's
+              "tensor_parallel": 1,
               "tensor_parallel_choices": dataclasses.MISSING, "pipeline_parallel": 1,
               "ppo_epochs": 1}  # the protocol's passes over an iteration
     assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True} | layout

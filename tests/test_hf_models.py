@@ -34,13 +34,13 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _actor(path: Path) -> tuple[Any, Any]:
+def _actor(path: Path, attention: str = "sdpa") -> tuple[Any, Any]:
     from slurm_rl.engines.actor.model import build_gpt_model, init_local_process_group
     from slurm_rl.engines.hf_checkpoint import load_into_megatron, model_config_from_dir
 
     init_local_process_group()
     cfg = model_config_from_dir(path)
-    model = build_gpt_model(cfg, seed=0, initialize=False)
+    model = build_gpt_model(cfg, seed=0, initialize=False, attention=attention)
     load_into_megatron(model, path, cfg)
     return model, cfg
 
@@ -49,14 +49,15 @@ def _batch(vocab: int) -> torch.Tensor:
     return torch.randint(3, vocab, (3, 48), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_actor_logprobs_equal_transformers(checkpoints: dict[str, Path], arch: str) -> None:
+@pytest.mark.parametrize(("arch", "attention"), [*((a, "sdpa") for a in sorted(ARCHS)), ("qwen2", "local")])
+def test_actor_logprobs_equal_transformers(checkpoints: dict[str, Path], arch: str, attention: str) -> None:
+    """Either core attention (qwen2's GQA, one KV head for two query heads, under both)."""
     from transformers import AutoModelForCausalLM
 
     from slurm_rl.engines.actor.model import token_logprobs
     from slurm_rl.engines.rollout.hf import score_sequences
 
-    actor, cfg = _actor(checkpoints[arch])
+    actor, cfg = _actor(checkpoints[arch], attention)
     assert cfg.architecture == arch
     assert (cfg.qkv_bias, cfg.qk_norm, cfg.head_dim) == (arch == "qwen2", arch == "qwen3", 48 if arch == "qwen3" else 32)
     assert (cfg.rope_scaling or {}).get("rope_type") == ("llama3" if arch == "llama" else None)

@@ -77,6 +77,13 @@ def test_recompute_bad() -> None:
     assert issue_line(["actor.recompute=all"], "actor.recompute", "all").endswith("one of none, selective, full")
 
 
+def test_attention_backend_good_and_bad() -> None:
+    assert load("actor.attention_backend=local").actor.attention_backend == "local"
+    assert load().actor.attention_backend == "sdpa"
+    assert issue_line(["actor.attention_backend=flash"], "actor.attention_backend", "flash").endswith(
+        "one of sdpa, local")
+
+
 def test_tensor_parallel_good_and_bad() -> None:
     assert load("actor.tensor_parallel=2").actor.tensor_parallel == 2
     assert load("actor.tensor_parallel=4").actor.tensor_parallel == 4

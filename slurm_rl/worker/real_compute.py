@@ -189,7 +189,8 @@ class RealCompute:
         initial = sorted(cfg.placement.components["actor"].ranks)
         self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device,
                                     checkpoint=self.checkpoint, tp=cfg.actor.tensor_parallel,
-                                    precision=actor_precision(cfg), recompute=cfg.actor.recompute)
+                                    precision=actor_precision(cfg), recompute=cfg.actor.recompute,
+                                    attention=cfg.actor.attention_backend)
         self.warm_s = 0.0
         if cfg.actor.warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
             self.warm_s = self.trainer.warm()

@@ -168,7 +168,7 @@ def _process_groups(tp_group: Any | None) -> Any:
 
 def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
                     tp_group: Any | None = None, initialize: bool = True,
-                    precision: str = "fp32", recompute: str = "none") -> "GPTModel":
+                    precision: str = "fp32", recompute: str = "none", attention: str = "sdpa") -> "GPTModel":
     """Build the megatron-core GPTModel for ``cfg`` with weights determined by ``seed``.
 
     Initialisation is done on CPU from a generator seeded with ``seed`` (the global torch RNG
@@ -177,7 +177,8 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     the TP 1 model of the same seed, so the initial model does not depend on the TP size; logits
     are gathered over TP (``parallel_output=False``). ``initialize=False`` skips weight
     initialisation (a skeleton whose weights are about to be overwritten, e.g. by a reshard or a
-    checkpoint load). ``precision`` is the parameters' dtype (fp32 | bf16).
+    checkpoint load). ``precision`` is the parameters' dtype (fp32 | bf16); ``attention`` the core
+    attention (:mod:`slurm_rl.engines.actor.attention`: sdpa | local).
     """
     import torch.distributed as dist
 
@@ -194,7 +195,9 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     tp_size = tp_group.size() if tp_group is not None else 1
     if not device.startswith("cpu"):
         ensure_cuda_rng_tracker(seed, tp_group.rank() if tp_group is not None else 0)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.qk_norm)
+    from .attention import use_attention
+
+    spec = use_attention(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.qk_norm), attention)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTModel(
@@ -213,7 +216,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
             parallel_output=False,
         )
     if initialize and tp_size > 1:
-        _copy_tp_shard(model, build_gpt_model(cfg, seed, "cpu"), tp_size, tp_group.rank())
+        _copy_tp_shard(model, build_gpt_model(cfg, seed, "cpu", attention=attention), tp_size, tp_group.rank())
     if cfg.rope_scaling:
         model.rotary_pos_emb.inv_freq = rope_inv_freq(cfg)
     return model.to(device)

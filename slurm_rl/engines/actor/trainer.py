@@ -86,9 +86,9 @@ class ActorTrainer:
                  ranks: Sequence[int], group_cache: GroupCache, seed: int,
                  device: str = "cpu", stay_warm: bool = False,
                  checkpoint: str | None = None, tp: int = 1, precision: str = "fp32",
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", attention: str = "sdpa") -> None:
         self.tp = int(tp)
-        self.precision, self.recompute = precision, recompute
+        self.precision, self.recompute, self.attention = precision, recompute, attention
         check_dp_size(batch_cfg, Layout(tuple(ranks), self.tp).dp)
         self.model_cfg, self.optim_cfg, self.batch_cfg = model_cfg, optim_cfg, batch_cfg
         self.group_cache = group_cache
@@ -199,7 +199,7 @@ class ActorTrainer:
         tp_group = tp_group if tp_group is not None else self.tp_group
         model = build_gpt_model(self.model_cfg, self.seed, self.device, tp_group=tp_group if tp > 1 else None,
                                 initialize=initialize and not load, precision=self.precision,
-                                recompute=self.recompute)
+                                recompute=self.recompute, attention=self.attention)
         if load:
             from slurm_rl.engines.hf_checkpoint import load_into_megatron
 

@@ -1,0 +1,60 @@
+"""The actor's core attention: ``torch.nn.functional.scaled_dot_product_attention`` in megatron-core's
+local layer spec (``actor.attention_backend: sdpa``, the default), or megatron-core's own unfused
+``DotProductAttention`` (``local``).
+
+megatron-core's local spec computes attention as two batched matmuls around a softmax, materialising
+the ``[batch * heads, s, s]`` score matrix (in a process-wide scratch buffer) and its probabilities;
+SDPA picks a fused kernel (flash / memory-efficient on cuda, the fused flash kernel on cpu) that
+does not. :class:`SDPAttention` is a drop-in ``core_attention`` submodule: the same constructor (its
+per-partition head counts and softmax scale come from ``DotProductAttention``'s) and the same
+``forward`` contract (query ``[sq, b, np, hn]``, key and value ``[sk, b, ng, hn]``, a boolean mask
+``[b, 1, sq, sk]`` with True = masked; out ``[sq, b, np * hn]``). Transformer Engine's spec would be
+the third backend where ``transformer_engine`` imports; this venv has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+from slurm_rl.config import ATTENTION_BACKENDS
+
+
+
+class SDPAttention(DotProductAttention):
+    """megatron-core's ``core_attention`` computed by ``scaled_dot_product_attention``."""
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, attn_mask_type: AttnMaskType | None = None,
+                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("SDPAttention: packed sequences and attention bias are not supported")
+        sq, b = query.shape[0], query.shape[1]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
+        scale = self.softmax_scale * (self.layer_number if self.config.apply_query_key_layer_scaling else 1)
+        mask, causal = None, False
+        if attention_mask is None:
+            causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
+        else:
+            # True = attend; a row whose every key is masked (a query on left padding) attends to
+            # itself so its output stays finite: the loss masks those positions out
+            mask = ~attention_mask
+            sk = mask.shape[-1]
+            mask = mask | torch.eye(mask.shape[-2], sk, dtype=torch.bool, device=mask.device)
+        dropout = self.attention_dropout.p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                             scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+def use_attention(spec: Any, backend: str) -> Any:
+    """``spec`` (a megatron-core GPT layer spec) with the core attention of ``backend``."""
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"actor.attention_backend {backend!r}: expected one of {', '.join(ATTENTION_BACKENDS)}")
+    if backend == "sdpa":
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
