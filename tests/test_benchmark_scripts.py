@@ -87,3 +87,20 @@ def test_bench_memory_prints_a_line_per_configuration() -> None:
         assert 0 < row["rss_start_gib"] <= row["rss_after_build_gib"] <= row["peak_rss_gib"]
         assert row["model"] == "tiny" and row["batch"] == 2 and row["seq"] == 16
     assert rows[0]["loss"] == rows[1]["loss"]  # recompute leaves the step's loss unchanged
+
+
+@pytest.mark.slow  # imports torch, megatron-core and transformers, trains two tiny models a few steps
+def test_bench_step_prints_ours_against_plain_pytorch_per_attention() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_step.py"), "--models", "quickstart",
+                           "--precision", "fp32", "--samples", "4", "--response-max", "64", "--reps", "1",
+                           "--threads", "1", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["model"], r["precision"], r["attention"]) for r in rows] == [
+        ("quickstart", "fp32", "sdpa"), ("quickstart", "fp32", "local")]
+    for row in rows:
+        assert row["device"] == "cpu" and row["packing"] is False and 0 <= row["padding_fraction"] < 1
+        assert row["ours_tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
+        assert row["ratio"] == pytest.approx(row["reference_step_s"] / row["ours_step_s"], rel=0.01)
+        assert set(row["breakdown_s"]) == {"forward", "backward", "optimizer", "host_syncs"}
+        assert all(v >= 0 for v in row["breakdown_s"].values())

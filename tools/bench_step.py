@@ -1,0 +1,227 @@
+"""The actor's training step against plain PyTorch training of the same model; one JSON line per configuration.
+
+    .venv/bin/python tools/bench_step.py [--device cpu|cuda] [--models quickstart,qwen2.5-0.5b]
+                                         [--precision fp32,bf16] [--attention sdpa,local] [--reps 3] [--json]
+
+Ours: :class:`slurm_rl.engines.actor.trainer.ActorTrainer` (megatron-core GPT, our flat-buffer AdamW with
+the fp32 master, grad-norm clip, bf16 refresh), one DP rank, ``train.micro_batch_size`` micro-batches padded
+to their longest row, the GRPO-style token-mean loss of the actor. Reference: ``transformers``' model of the
+same configuration (SDPA attention) with ``torch.optim.AdamW`` (``fused`` on cuda, ``foreach`` on cpu) and
+``clip_grad_norm_``, the same samples, micro-batches and loss, parameters in the same precision (a bf16
+reference trains its bf16 parameters directly, with no fp32 master: the usual plain-PyTorch baseline).
+
+Samples: a prompt of ``--prompt-len`` tokens and a long-tailed response length (log-normal, median
+``--response-median``, capped at ``--response-max``), as RL rollouts are. ``padding_fraction``: the share of
+the tokens computed that are padding (micro-batches padded to their longest row); ``packing`` is false
+(packed micro-batches are not implemented yet).
+
+Figures per line: ``ours_tokens_per_s`` / ``reference_tokens_per_s`` (real tokens, not padding, per second
+of a whole step, best of ``--reps`` after a warm-up step), ``ratio`` = ours / reference, ``breakdown_s`` of
+our step measured piece by piece on the same model (``forward``, ``backward``: forward+backward less
+forward; ``optimizer``: clip + AdamW + refresh; ``host_syncs``: the step less the three), and on cuda
+``mfu`` (6 x parameters x real tokens per second / the GPU's dense bf16 or fp32 peak, ``--peak-tflops``) and
+peak memory. The ``qwen2.5-0.5b`` shapes keep Qwen2.5-0.5B's widths (896 hidden, 14 heads, 2 KV groups,
+4864 FFN, 151936 vocabulary) with ``--cpu-layers`` layers on cpu (24 on cuda): a 24-layer cpu step takes
+minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from slurm_rl.engines.model_config import ModelConfig  # noqa: E402
+
+QUICKSTART = dict(vocab_size=64, hidden_size=64, num_layers=2, num_attention_heads=2, num_query_groups=2,
+                  ffn_hidden_size=256, max_position_embeddings=256)
+"""The quickstart's model (``tools/make_toy_files.py`` defaults: llama, 64 wide, 2 layers, 2 heads)."""
+
+
+def model_config(name: str, device: str, cpu_layers: int, max_len: int) -> ModelConfig:
+    if name == "quickstart":
+        return ModelConfig(**{**QUICKSTART, "max_position_embeddings": max(256, max_len)})
+    if name == "qwen2.5-0.5b":
+        return ModelConfig(architecture="qwen2", vocab_size=151936, hidden_size=896,
+                           num_layers=24 if device == "cuda" else cpu_layers, num_attention_heads=14,
+                           num_query_groups=2, ffn_hidden_size=4864, max_position_embeddings=max(4096, max_len),
+                           qkv_bias=True, tie_word_embeddings=True, rotary_base=1e6, norm_epsilon=1e-6)
+    raise SystemExit(f"--models: unknown model {name!r} (quickstart, qwen2.5-0.5b)")
+
+
+def make_samples(n: int, vocab: int, prompt_len: int, median: int, cap: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` trainer samples: prompt + a log-normal response length, advantages +-1, the loss on the response."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(min(cap, max(1, round(math.exp(math.log(median) + 0.8 * float(torch.randn(1, generator=g)))))))
+        ids = torch.randint(3, vocab, (prompt_len + length,), generator=g).tolist()
+        width = len(ids) - 1
+        mask = [0.0] * (prompt_len - 1) + [1.0] * length
+        adv = 1.0 if i % 2 else -1.0
+        out.append({"input_ids": ids, "loss_mask": mask, "old_logprobs": [0.0] * width, "advantages": [adv * m for m in mask]})
+    return out
+
+
+def padding_fraction(samples: list[dict[str, Any]], micro: int) -> float:
+    computed = real = 0
+    for i in range(0, len(samples), micro):
+        rows = samples[i:i + micro]
+        longest = max(len(s["input_ids"]) for s in rows)
+        computed += longest * len(rows)
+        real += sum(len(s["input_ids"]) for s in rows)
+    return 1.0 - real / computed
+
+
+def pg_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The policy-gradient term of the actor's loss at ratio 1 (old log-probs = detached current ones)."""
+    ratio = torch.exp(logprobs - logprobs.detach())
+    return -batch["advantages"].to(logprobs.device) * ratio
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def best_of(fn, reps: int, device: str) -> float:
+    fn()  # warm-up
+    best = math.inf
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def ours(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, precision: str, attention: str,
+         device: str, reps: int) -> dict[str, Any]:
+    from slurm_rl.engines.actor.groups import GroupCache
+    from slurm_rl.engines.actor.microbatch import BatchConfig, collate, split_microbatches
+    from slurm_rl.engines.actor.model import init_local_process_group, token_logprobs_and_entropy
+    from slurm_rl.engines.actor.optimizer import OptimConfig
+    from slurm_rl.engines.actor.trainer import ActorTrainer
+
+    init_local_process_group()
+    batch_cfg = BatchConfig(global_batch_size=len(samples), micro_batch_size=micro)
+    trainer = ActorTrainer(cfg, OptimConfig(lr=1e-6), batch_cfg, [0], GroupCache(), seed=0, device=device,
+                           precision=precision, attention=attention)
+    step_s = best_of(lambda: trainer.train_step(samples, pg_loss), reps, device)
+    batches = [collate(mb) for mb in split_microbatches(samples, batch_cfg)]
+    model = trainer.model
+
+    def forward() -> None:
+        with torch.no_grad():
+            for b in batches:
+                token_logprobs_and_entropy(model, b["input_ids"].to(device), b["attention_mask"].to(device), entropy=False)
+
+    def forward_backward() -> None:
+        trainer.flat.zero_grad()
+        for b in batches:
+            lp, _ = token_logprobs_and_entropy(model, b["input_ids"].to(device), b["attention_mask"].to(device),
+                                               entropy=False)
+            (pg_loss(lp, b) * b["loss_mask"].to(device)).sum().backward()
+
+    fwd_s = best_of(forward, reps, device)
+    fb_s = best_of(forward_backward, reps, device)
+    opt_s = best_of(lambda: trainer.optimizer.step(1e-6), reps, device)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    return {"step_s": step_s, "params": sum(p.numel() for p in model.parameters()), "peak_bytes": peak,
+            "breakdown_s": {"forward": fwd_s, "backward": max(0.0, fb_s - fwd_s), "optimizer": opt_s,
+                            "host_syncs": max(0.0, step_s - fb_s - opt_s)}}
+
+
+def reference(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, precision: str, device: str,
+              reps: int) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from slurm_rl.engines.actor.microbatch import BatchConfig, collate, split_microbatches
+    from slurm_rl.engines.convert import hf_config
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation="sdpa").to(device=device, dtype=dtype)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, **({"fused": True} if device == "cuda" else {"foreach": True}))
+    batches = [collate(mb) for mb in split_microbatches(samples, BatchConfig(global_batch_size=len(samples),
+                                                                             micro_batch_size=micro))]
+    tokens = sum(float(b["loss_mask"].sum()) for b in batches)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for b in batches:
+            ids, att = b["input_ids"].to(device), b["attention_mask"].to(device)
+            logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+            lp = torch.gather(logits, -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+            ((pg_loss(lp, b) * b["loss_mask"].to(device)).sum() / tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    step_s = best_of(step, reps, device)
+    return {"step_s": step_s, "peak_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--models", default="quickstart,qwen2.5-0.5b")
+    p.add_argument("--precision", default="fp32,bf16")
+    p.add_argument("--attention", default="sdpa,local")
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--response-median", type=int, default=96)
+    p.add_argument("--response-max", type=int, default=512)
+    p.add_argument("--cpu-layers", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense peak for the precision")
+    p.add_argument("--json", action="store_true", help="JSON lines only (else also a line per row on stderr)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in args.models.split(","):
+        cfg = model_config(name, args.device, args.cpu_layers, args.prompt_len + args.response_max)
+        samples = make_samples(args.samples, cfg.vocab_size, args.prompt_len, args.response_median,
+                               args.response_max, seed=1)
+        real = sum(sum(s["loss_mask"]) for s in samples)
+        for precision in args.precision.split(","):
+            ref = reference(cfg, samples, args.micro_batch, precision, args.device, args.reps)
+            for attention in args.attention.split(","):
+                got = ours(cfg, samples, args.micro_batch, precision, attention, args.device, args.reps)
+                row = {"device": args.device, "model": name, "layers": cfg.num_layers, "params": got["params"],
+                       "precision": precision, "attention": attention, "samples": len(samples),
+                       "micro_batch_size": args.micro_batch, "tokens_per_step": real,
+                       "packing": False, "padding_fraction": round(padding_fraction(samples, args.micro_batch), 4),
+                       "ours_step_s": round(got["step_s"], 4), "reference_step_s": round(ref["step_s"], 4),
+                       "ours_tokens_per_s": round(real / got["step_s"], 1),
+                       "reference_tokens_per_s": round(real / ref["step_s"], 1),
+                       "ratio": round(ref["step_s"] / got["step_s"], 3),
+                       "breakdown_s": {k: round(v, 4) for k, v in got["breakdown_s"].items()},
+                       "threads": torch.get_num_threads()}
+                if args.device == "cuda":
+                    row["peak_bytes"], row["reference_peak_bytes"] = got["peak_bytes"], ref["peak_bytes"]
+                    if args.peak_tflops:
+                        row["mfu"] = round(6 * got["params"] * real / got["step_s"] / (args.peak_tflops * 1e12), 4)
+                print(json.dumps(row), flush=True)
+                if not args.json:
+                    print(f"{name} {precision} {attention}: ours {row['ours_tokens_per_s']:.0f} tok/s, reference "
+                          f"{row['reference_tokens_per_s']:.0f} tok/s (x{row['ratio']}), padding "
+                          f"{row['padding_fraction']:.0%}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
