@@ -32,9 +32,9 @@ def world() -> None:
     init_local_process_group()
 
 
-def _trainer(zero1: bool) -> ActorTrainer:
+def _trainer(zero1: bool, attention: str = "sdpa") -> ActorTrainer:
     optim = dataclasses.replace(OPTIM, zero1=zero1)
-    return ActorTrainer(MODEL, optim, BATCH, [0], GroupCache(timeout=30.0), seed=7)
+    return ActorTrainer(MODEL, optim, BATCH, [0], GroupCache(timeout=30.0), seed=7, attention=attention)
 
 
 def _state(trainer: ActorTrainer) -> dict[str, Any]:
@@ -54,13 +54,14 @@ def _device_tensors(trainer: ActorTrainer) -> list[torch.Tensor]:
             trainer.flat.data, trainer.flat.grad, opt.exp_avg, opt.exp_avg_sq]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["replicated", "zero1"])
+@pytest.fixture(scope="module", params=[(False, "local"), (True, "sdpa")], ids=["replicated", "zero1"])
 def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The same STEPS steps without parking and with park/unpark around every step."""
-    zero1 = request.param
-    ref = _trainer(zero1)
+    """The same STEPS steps without parking and with park/unpark around every step (the replicated
+    optimizer with megatron-core's unfused attention, ZeRO-1 with SDPA)."""
+    zero1, attention = request.param
+    ref = _trainer(zero1, attention)
     ref_metrics = [ref.train_step(make_batch(s, BATCH.global_batch_size)) for s in range(STEPS)]
-    trainer = _trainer(zero1)
+    trainer = _trainer(zero1, attention)
     objects = [id(trainer.model), id(trainer.optimizer), id(trainer.flat),
                *map(id, _device_tensors(trainer))]
     out: dict[str, Any] = {"metrics": [], "figures": [], "rng_restored": [], "scratch": []}
@@ -76,7 +77,7 @@ def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
     out["same_objects"] = objects == [id(trainer.model), id(trainer.optimizer), id(trainer.flat),
                                       *map(id, _device_tensors(trainer))]
     out.update(ref_metrics=ref_metrics, ref=_state(ref), got=_state(trainer), trainer=trainer,
-               numel=trainer.flat.numel if trainer.flat is not None else 0)
+               numel=trainer.flat.numel if trainer.flat is not None else 0, attention=attention)
     return out
 
 
@@ -101,8 +102,12 @@ def test_park_figures_and_idempotence(runs: dict[str, Any]) -> None:
         assert park_again == {"bytes": 0.0, "device_bytes": 0.0, "scratch_bytes": 0.0,
                               "seconds": 0.0}
         assert unpark_again == {"bytes": 0.0, "device_bytes": 0.0, "seconds": 0.0}
-    # megatron's attention scratch buffer: made again by every step, dropped by every park
-    assert all(nbytes > 0 for nbytes in runs["scratch"])
+    # megatron's unfused attention keeps its scores in a scratch buffer: made again by every step, dropped
+    # by every park; SDPA keeps none
+    if runs["attention"] == "local":
+        assert all(nbytes > 0 for nbytes in runs["scratch"]), runs["scratch"]
+    else:
+        assert runs["scratch"] == [0] * len(runs["scratch"])
 
 
 def test_parked_actor_frees_storage_and_refuses_work(runs: dict[str, Any]) -> None:
