@@ -104,3 +104,16 @@ def test_bench_step_prints_ours_against_plain_pytorch_per_attention() -> None:
         assert row["ratio"] == pytest.approx(row["reference_step_s"] / row["ours_step_s"], rel=0.01)
         assert set(row["breakdown_s"]) == {"forward", "backward", "optimizer", "host_syncs"}
         assert all(v >= 0 for v in row["breakdown_s"].values())
+
+
+@pytest.mark.slow  # imports torch and megatron-core, profiles two tiny models' steps
+def test_profile_step_counts_operators_and_host_syncs_per_depth() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "profile_step.py"), "--layers", "1,3", "--samples", "4",
+                           "--response-max", "32", "--threads", "1", "--top", "5"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    one, three = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert (one["layers"], three["layers"]) == (1, 3) and one["device"] == "cpu"
+    assert three["param_tensors"] > one["param_tensors"] and three["ops_per_step"] > one["ops_per_step"]
+    assert one["host_syncs"] > 0 and len(one["top"]) == len(one["most_called"]) == 5
+    assert all(t["self_cpu_s"] >= 0 and t["calls"] > 0 for t in one["top"])
