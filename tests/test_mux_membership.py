@@ -126,9 +126,9 @@ def test_add_admits_a_job_that_enters_the_rotation_next_meta_iteration(joined_gr
     assert [e["job"] for e in joined] == ["c"]
     first_c = t["rollout"].index(("c", 0))
     assert ("a", 0) in t["rollout"][:first_c] and ("b", 0) in t["rollout"][:first_c], t
-    # one cyclic order on both pools: every pool serves the members in the same order. b leaves once c's
-    # first rollout turn is granted, so whether b gets a second turn first is timing (seen both ways on cpu:
-    # a member not ready when its turn comes is passed over, the group is work-conserving)
+    # one cyclic order on both pools: every pool serves the members in the same order. Where c enters the
+    # rotation before b (a, c, b), b -- removed once c's first rollout turn is granted -- may leave before its
+    # second turn: a, c (seen on cpu)
     orders = {pool: [j for j, k in t[pool] if k == 1][:3] for pool in ("rollout", "train")}
     assert orders["rollout"] == orders["train"], t
     assert orders["rollout"] in (["a", "b", "c"], ["a", "c", "b"], ["a", "c"]), t
