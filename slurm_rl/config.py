@@ -316,7 +316,7 @@ class ActorSection:
     precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 when runtime.device is cuda, else fp32)
     recompute: str = "none"  # none | selective | full: activation recomputation (memory for compute)
     # the core attention: sdpa (torch's scaled_dot_product_attention: fused kernels, no s x s scores
-    # kept) | local (megatron-core's unfused DotProductAttention)
+    # kept; its cuda kernels not run on a GPU yet) | local (megatron-core's unfused DotProductAttention)
     attention_backend: str = "sdpa"
     # megatron-core tensor parallelism: ranks per model replica; each TP group (tensor_parallel
     # consecutive actor ranks) lies inside one node; the actor's DP size is its ranks / tensor_parallel

@@ -73,12 +73,12 @@ def token_advantages(inference: pa.Table, name: str, algorithm: Any, kl_coef: fl
     times each token's KL under ``algorithm.use_kl_in_reward``."""
     lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
     reward = inference.column("reward").to_numpy().astype(np.float64)
-    kl = None
+    kl, coef = None, 0.0
     if getattr(algorithm, "use_kl_in_reward", False):
         kl = kl_per_token(old_logprobs(inference).to_pylist(), inference.column("ref_logprobs").to_pylist(),
                           algorithm.kl_penalty)
-    return compute_token_advantages(name, token_level_rewards(reward, lengths, kl, _kl_coef(algorithm, kl_coef)
-                                                              if kl is not None else 0.0), algorithm)
+        coef = _kl_coef(algorithm, kl_coef)
+    return compute_token_advantages(name, token_level_rewards(reward, lengths, kl, coef), algorithm)
 
 
 def scores(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = None) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Protocol
 from slurm_rl.errors import LaunchError  # the launch family; importable from here as before
 from slurm_rl.fsio import remove_temp_files_of
 from slurm_rl.launch import forkserver as _forkserver
+from slurm_rl.launch.proctable import process_stats
 
 
 @dataclass(frozen=True)
@@ -215,19 +216,7 @@ def _wait_until_gone(pgids: list[int], timeout_s: float) -> None:
     """Until no live (non-zombie) process is left in the process groups ``pgids``, at most ``timeout_s``."""
     groups, deadline = set(pgids), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
-            if fields[0] != "Z" and int(fields[2]) in groups:
-                alive = True
-                break
-        if not alive:
+        if not any(fields[0] != "Z" and int(fields[2]) in groups for _, fields in process_stats()):
             return
         time.sleep(0.01)
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from slurm_rl.fsio import remove_temp_files_of
 from slurm_rl.launch import forkserver
+from slurm_rl.launch.proctable import process_stats
 
 USAGE = "usage: python -m slurm_rl.launch.node RUN_DIR   (one srun task per node that holds ranks)"
 
@@ -102,14 +103,8 @@ def become_subreaper() -> bool:
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` (read from /proc)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    for pid, fields in process_stats():
+        children.setdefault(int(fields[1]), []).append(pid)
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -173,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         _log(str(exc))
         return 2
-    ignored = forkserver.ignored_signals()  # what srun's task inherited: each rank, as a fresh process, would
+    ignored = forkserver.ignored_signals()  # inherited from srun: a rank started as a fresh process would keep them
     for sig in forkserver.IGNORED_BY_SERVER:
         signal.signal(sig, signal.SIG_IGN)
     become_subreaper()

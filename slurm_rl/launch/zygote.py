@@ -15,8 +15,8 @@ to fork ``python -m slurm_rl.launch.forkserver RUN_DIR`` (and the local mux laun
 ``emulated`` one for its group scheduler). The forked process is what ``python -m MODULE ARGS``
 would have been: the caller's stdin, stdout and stderr (passed over the socket), environment and
 working directory, a session of its own, default signal dispositions (the caller's ignored signals
-stay ignored), reseeded ``random`` and numpy, the module run as ``__main__``. Its parent is the zygote, which reports its exit code back
-to the caller. Only a process that leads its own session is forked so (one that shares its
+stay ignored), reseeded ``random`` and numpy, the module run as ``__main__``. Its parent is the
+zygote, which reports its exit code back to the caller. Only a process that leads its own session is forked so (one that shares its
 caller's process group, as rank 0's coordinator does, could not join it from the zygote's session:
 rank 0 starts it through ``exec`` below, whose small process stays in rank 0's group).
 

@@ -4,8 +4,8 @@ local layer spec (``actor.attention_backend: sdpa``, the default), or megatron-c
 
 megatron-core's local spec computes attention as two batched matmuls around a softmax, materialising
 the ``[batch * heads, s, s]`` score matrix (in a process-wide scratch buffer) and its probabilities;
-SDPA picks a fused kernel (flash / memory-efficient on cuda, the fused flash kernel on cpu) that
-does not. :class:`SDPAttention` is a drop-in ``core_attention`` submodule: the same constructor (its
+SDPA picks a fused kernel that does not (the fused flash kernel on cpu, measured here; flash /
+memory-efficient on cuda, which has not run on a GPU yet). :class:`SDPAttention` is a drop-in ``core_attention`` submodule: the same constructor (its
 per-partition head counts and softmax scale come from ``DotProductAttention``'s) and the same
 ``forward`` contract (query ``[sq, b, np, hn]``, key and value ``[sk, b, ng, hn]``, a boolean mask
 ``[b, 1, sq, sk]`` with True = masked; out ``[sq, b, np * hn]``). Transformer Engine's spec would be
@@ -22,7 +22,6 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
 from slurm_rl.config import ATTENTION_BACKENDS
-
 
 
 class SDPAttention(DotProductAttention):
