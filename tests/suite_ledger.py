@@ -132,6 +132,7 @@ class Ledger:
         self.tests: dict[str, dict[str, Any]] = {}
         self.outcomes: dict[str, int] = {}
         self.wall0 = time.monotonic()
+        self.time0 = time.time()
         self.cpu0, self.steal0 = machine_cpu_s()
         self.kernel0 = kernel_threads_cpu_s()
         self.doc: dict[str, Any] | None = None
@@ -139,6 +140,10 @@ class Ledger:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         entry = self.tests.setdefault(report.nodeid, {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed"})
         entry["wall_s"] += report.duration
+        # when it ran (seconds since the session started) and where: the suite's timeline
+        entry.setdefault("started_s", round(report.start - self.time0, 2))
+        entry["ended_s"] = round(report.stop - self.time0, 2)
+        entry["worker"] = getattr(report, "worker_id", None)  # xdist's (gw0, ...); None without xdist
         entry["cpu_s"] += dict(report.user_properties).get(_CPU_KEY, 0.0)
         if report.failed:
             entry["outcome"] = "failed"
