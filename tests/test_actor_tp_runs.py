@@ -3,7 +3,9 @@
 * under ``auto`` the actor grows to TP 2 x DP 2 inside every iteration and shrinks back, and trains
   exactly as the static TP 2 run of the same config (fp32, ``train.minibatch_order: index``);
 * a run whose scripted epoch switches TP 2 -> 1 at iteration 1 ends as the same run stopped at
-  iteration 1 and resumed with ``actor.tensor_parallel=1`` from its checkpoint.
+  iteration 1 and resumed with ``actor.tensor_parallel=1`` from its checkpoint;
+* with no inference component and a KL loss, the actor's leader scores the reference policy itself
+  (the frozen initial weights), in the static, auto, scripted and resumed runs alike.
 
 Losses are compared on the scale of their O(1) terms and parameters relative to each tensor's
 largest entry (``identity``); the emulated backend runs the same placements and protocol.
@@ -22,6 +24,7 @@ from resume_helpers import BACKENDS, cli, start_run, wait_until
 from shared_runs import launch, shared_root, shared_run
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
+from slurm_rl.data.reader import StageReader
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume.stop import request_stop
 from toy_data import TOY_DATA, TOY_REWARD
@@ -31,14 +34,15 @@ PLACEMENT = {"actor": "0-1", "rollout": "2-3"}
 
 
 def tp_config(backend: str, run_dir: Path, policy: str) -> dict:
-    """4 ranks, actor TP 2 on 0-1 and rollout 2-3 (no reference model: kl_coef 0); 128 samples in 4
-    mini-batches per iteration, 32 running requests per rollout rank, so auto gives the actor the
-    rollout ranks for the last mini-batch (TP 2 x DP 2)."""
+    """4 ranks, actor TP 2 on 0-1 and rollout 2-3 (no inference ranks: a KL loss makes the actor's
+    leader score the reference); 128 samples in 4 mini-batches per iteration, 32 running requests per
+    rollout rank, so auto gives the actor the rollout ranks for the last mini-batch (TP 2 x DP 2)."""
     if backend == "emulated":
         cfg = emulated_config(run_dir, gpus_per_node=4, iterations=ITERATIONS)
         cfg["scheduler"] = {"policy": policy, "max_running_requests": 32}
         cfg["train"].update(rollout_batch_size=32, group_size=4, global_batch_size=32, micro_batch_size=8)
         cfg.setdefault("actor", {})
+        cfg["algorithm"] = {"kl_coef": 0.05}  # the leader's scoring costs inference time (the cost model's)
     else:
         cfg = {
             "cluster": {"num_nodes": 1, "gpus_per_node": 4},
@@ -50,7 +54,7 @@ def tp_config(backend: str, run_dir: Path, policy: str) -> dict:
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
             "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"fn": TOY_REWARD},
             "actor": {"lr": 1.0e-3},
-            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.0},
+            "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},  # no inference ranks: the actor's leader scores the reference
             "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},
         }
     cfg["cluster"]["auto_scheduler"] = policy in ("auto", "plan")
@@ -97,6 +101,25 @@ def test_tp2_under_auto_trains_as_the_static_tp2_run(backend: str, tmp_path_fact
         assert len(_losses(runs["static"])) == 4 * ITERATIONS
         assert_losses_match(_losses(runs["auto"]), _losses(runs["static"]))
         assert_params_match(runs["auto"], runs["static"], rtol=1e-5)
+    _check_reference_scored_by_the_leader(runs["auto"], backend)
+
+
+def _check_reference_scored_by_the_leader(run_dir: Path, backend: str) -> None:
+    """The reference log-probs in the actor batches (cut by the leader, rank 0) are scored, not the
+    old (here the rollout's sampled) ones copied. On cpu they are the initial policy's: iteration 0
+    samples with the initial weights, so they equal the old ones up to float noise; later the policy
+    has moved and they differ, and the KL they give is counted. Emulated: the cost model's draws."""
+    diffs = []
+    for k in range(ITERATIONS):
+        batch = StageReader(run_dir, k, "actor_batch", [0], timeout_s=5).read_all()
+        diffs.append(max(abs(a - b) for ref, lp in zip(batch.column("ref_logprobs").to_pylist(),
+                                                       batch.column("old_logprobs").to_pylist())
+                         for a, b in zip(ref, lp)))
+    if backend == "cpu":
+        assert diffs[0] <= 1e-5 < diffs[-1], diffs
+        assert read_metrics(run_dir)[-1]["kl"] > 0.0
+    else:
+        assert min(diffs) > 1e-3, diffs
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

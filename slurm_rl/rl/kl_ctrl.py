@@ -16,6 +16,12 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 COEF_KEY, KL_KEY = "kl_ctrl/kl_coef", "kl_ctrl/current_kl"
 
 
+def uses_reference(algorithm: Any) -> bool:
+    """Whether ``algorithm`` weighs a KL to the reference policy: as a loss (``kl_coef > 0``) or in
+    the reward (``use_kl_in_reward``). Without one, the reference log-probs are never read."""
+    return float(getattr(algorithm, "kl_coef", 0.0) or 0.0) > 0.0 or bool(getattr(algorithm, "use_kl_in_reward", False))
+
+
 def adaptive_update(value: float, current_kl: float, n_steps: int, target_kl: float, horizon: int) -> float:
     """verl's ``AdaptiveKLController.update``: the next coefficient."""
     proportional_error = min(max(current_kl / target_kl - 1.0, -0.2), 0.2)

@@ -64,7 +64,8 @@ class Compute(Protocol):
         """This rank's rollout engine for iteration ``k`` (weights of version ``k``)."""
 
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
-        """Reference logprobs of ``rollouts``: (INFERENCE rows, ready at)."""
+        """Reference logprobs of ``rollouts``: (INFERENCE rows, ready at). Called by an inference
+        rank, or by the actor's leader where no inference component is placed and a KL is weighed."""
 
     def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
                 ) -> dict[str, Any]:

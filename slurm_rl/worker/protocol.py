@@ -64,7 +64,7 @@ from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics, read_metrics, reward_faults
 from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.formulas import k3
-from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration
+from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration, uses_reference
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
@@ -125,8 +125,9 @@ def mean_k3(old: list[list[float]], ref: list[list[float]]) -> float | None:
 
 
 def without_reference(rollouts: pa.Table, rank: int) -> pa.Table:
-    """INFERENCE rows for a run without an inference component: the KL term is taken against the
-    rollout policy itself (reference logprobs = sampled logprobs)."""
+    """INFERENCE rows for a run without an inference component and without a KL term to weigh
+    (:func:`~slurm_rl.rl.kl_ctrl.uses_reference` false): the reference log-probs are never read, so
+    the sampled ones fill the column."""
     return inference_table(rollouts, rollouts.column("sampled_logprobs"), rank)
 
 
@@ -471,6 +472,10 @@ class _Cutter:
         self.it = it
         self.source = source
         self.follower = StageFollower(it.p.run_dir, it.k, source)
+        # No inference component, yet a KL to weigh: this rank (the actor's leader) scores the
+        # reference policy itself, as verl's and RLinf's actor workers do without a separate one.
+        self.scores_reference = source == ROLLOUTS_STAGE and uses_reference(it.p.cfg.algorithm)
+        self.scoring: list[tuple[float, pa.Table]] = []  # scored here: (ready at, rows) in arrival order
         self.buffer: list[pa.Table] = []  # received, not cut yet
         self.group_rows: dict[int, int] = {}  # samples received per group not cut yet
         self.complete: list[int] = []  # complete groups in completion order
@@ -509,10 +514,21 @@ class _Cutter:
                                 f"iteration {k - 1}'s row of {run_dir / 'metrics.jsonl'} (the adaptive kl_ctrl's input)")
         return kl_coef_of_iteration(read_metrics(run_dir), k, al.kl_ctrl)
 
+    def _receive(self, table: pa.Table, now: float) -> None:
+        """A shard of the followed stage: straight to the buffer, or first scored by the reference."""
+        if self.scores_reference:
+            self.scoring.append(self.it.p.compute.score(self.it.k, table, now, 1)[::-1])
+        else:
+            self._take(without_reference(table, self.it.rank) if self.source == ROLLOUTS_STAGE else table)
+
+    def _land(self, now: float) -> float | None:
+        """Buffer the shards scored by ``now`` (in order); when the next one is due, else None."""
+        while self.scoring and self.scoring[0][0] <= now:
+            self._take(self.scoring.pop(0)[1])
+        return self.scoring[0][0] if self.scoring else None
+
     def _take(self, table: pa.Table) -> None:
         """Buffer a shard; count the samples of each group (a group is ready once complete)."""
-        if self.source == ROLLOUTS_STAGE:
-            table = without_reference(table, self.it.rank)
         self.buffer.append(table)
         self.received += table.num_rows
         if not self.whole_groups:
@@ -588,10 +604,11 @@ class _Cutter:
         if self.cut >= self.it.minibatches:
             return None
         for _, _, table in self.follower.poll():
-            self._take(table)
+            self._receive(table, now)
+        scored_at = self._land(time.time())
         replay = self.cut >= self.per_pass  # a later pass (actor.ppo_epochs) over the first pass's mini-batches
         if not replay and self.ready_rows < self.gbs:
-            return None
+            return scored_at
         if not self.previous_done(now):
             return self.prev_end if self.prev_end is not None else now + self.it.p.poll
         assert rt.epoch is not None

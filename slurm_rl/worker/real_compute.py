@@ -405,8 +405,8 @@ class RealCompute:
 
     # -- inference ------------------------------------------------------------------------------
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
-        if self.ref is None:
-            raise ProtocolError(f"rank {self.rank}: inference in iteration {k} without a reference scorer")
+        if self.ref is None:  # the actor's leader of a run without inference ranks: built on first use
+            self.ref = self._reference_scorer()
         prompts = rollouts.column("prompt_ids").to_pylist()
         responses = rollouts.column("response_ids").to_pylist()
         sequences = [p + r for p, r in zip(prompts, responses)]
