@@ -63,6 +63,7 @@ Precision = Literal["auto", "fp32", "bf16"]  # the actor's compute precision (au
 Recompute = Literal["none", "selective", "full"]  # the actor's activation recomputation (megatron-core)
 OldLogprobs = Literal["actor", "rollout"]  # where the policy's pre-update log-probs come from
 RolloutIs = Literal["none", "truncated"]  # the rollout/actor mismatch correction
+FilterMetric = Literal["acc", "score", "seq_reward"]  # what DAPO's dynamic sampling compares within a group
 
 DEVICES = typing.get_args(Device)
 ON_RANK_FAILURE = typing.get_args(OnRankFailure)
@@ -80,6 +81,7 @@ RECOMPUTE = typing.get_args(Recompute)
 ATTENTION_BACKENDS = ("sdpa", "local")  # actor.attention_backend (slurm_rl.engines.actor.attention, which imports torch)
 OLD_LOGPROBS = typing.get_args(OldLogprobs)
 ROLLOUT_IS = typing.get_args(RolloutIs)
+FILTER_METRICS = typing.get_args(FilterMetric)
 
 # Scheduler defaults (documented in slurm_rl.scheduler.defaults, which re-exports them)
 POLICY = "static"
@@ -358,6 +360,17 @@ class KlCtrlSection:
 
 
 @dataclass
+class FilterGroupsSection:
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): groups whose responses all have the
+    same ``metric`` teach GRPO nothing and are dropped; more prompts (``data.gen_batch_size`` per
+    generation batch) are drawn until ``train.rollout_batch_size`` groups are kept (``slurm_rl.rl.filter_groups``)."""
+
+    enable: bool = False
+    metric: str = "acc"  # acc / score: the reward function's score (without overlong shaping) | seq_reward: the reward
+    max_num_gen_batches: int = 0  # generation batches per iteration before the run fails (0: no limit)
+
+
+@dataclass
 class AlgorithmSection:
     """Advantage estimator and actor loss (verl's names; ``slurm_rl.rl.advantages``, ``slurm_rl.rl.losses``)."""
 
@@ -382,6 +395,7 @@ class AlgorithmSection:
     old_logprobs: Optional[str] = None
     rollout_is: str = "none"  # none | truncated: weight each token by min(pi_actor / pi_rollout, rollout_is_cap)
     rollout_is_cap: float = 2.0  # the truncation of rollout_is (verl's rollout_is_threshold)
+    filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
 
 
 @dataclass
@@ -396,6 +410,7 @@ class DataSection:
     max_prompt_length: Optional[int] = None  # tokens; longer prompts are dropped (or an error, see overlong)
     overlong: str = "drop"  # drop | error
     shuffle: bool = True  # a new order every epoch, drawn from runtime.seed
+    gen_batch_size: Optional[int] = None  # prompts per generation batch of algorithm.filter_groups (null: train.rollout_batch_size)
 
 
 @dataclass
@@ -881,7 +896,8 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _positive(issues, "algorithm", al, "temperature")
     _positive(issues, "algorithm", al, "clip_eps", "kl_coef", "entropy_coeff", allow_zero=True)
     _validate_algorithm(al, issues)
-    _positive(issues, "data", root.data, "max_prompt_length")
+    _positive(issues, "data", root.data, "max_prompt_length", "gen_batch_size")
+    _validate_filter_groups(root, issues)
     _positive(issues, "reward", root.reward, "timeout_s", "workers")
     ob = root.reward.overlong_buffer
     if ob.enable and not 0 < ob.len <= ro.max_new_tokens:
@@ -901,6 +917,26 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
         _choice(issues, "reward.name", root.reward.name, REWARD_NAMES)
     if root.eval.every and not root.data.val_files:
         issues.append(ConfigIssue("eval.every", root.eval.every, "0, or data.val_files set (the prompts to evaluate)"))
+
+
+def _validate_filter_groups(root: RootSchema, issues: list[ConfigIssue]) -> None:
+    """DAPO's dynamic sampling: its keys, and what it needs of the batch, the policy and the group."""
+    fg, t = root.algorithm.filter_groups, root.train
+    _choice(issues, "algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
+    _positive(issues, "algorithm.filter_groups", fg, "max_num_gen_batches", allow_zero=True)
+    if not fg.enable:
+        return
+    if t.group_size > 0 and t.global_batch_size % t.group_size:
+        issues.append(ConfigIssue("train.global_batch_size", t.global_batch_size, (
+            f"a multiple of train.group_size ({t.group_size}) with algorithm.filter_groups.enable: "
+            "mini-batches of whole groups (a group is kept or dropped whole)")))
+    if root.scheduler.policy != POLICY:
+        issues.append(ConfigIssue("algorithm.filter_groups.enable", True, (
+            f"false, or scheduler.policy static (here {root.scheduler.policy}): auto and plan size the rollout for "
+            "one generation batch and would release its ranks before the next one is drawn")))
+    if root.mux.group_dir is not None:
+        issues.append(ConfigIssue("algorithm.filter_groups.enable", True,
+                                  "false inside a co-execution group (its rollout turn ends with one generation batch)"))
 
 
 def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:

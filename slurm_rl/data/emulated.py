@@ -65,18 +65,20 @@ def _concat_lists(a: pa.ListArray, b: pa.ListArray) -> pa.ListArray:
 
 
 def make_fake_prompts(
-    iteration: int, n_prompts: int, prompt_len: LengthSpec, seed: int, *, vocab_size: int = 32000
+    iteration: int, n_prompts: int, prompt_len: LengthSpec, seed: int, *, vocab_size: int = 32000,
+    first_index: int = 0,
 ) -> pa.Table:
-    """``n_prompts`` random prompts of ``iteration`` (PROMPTS schema)."""
-    rng = np.random.default_rng([seed, iteration])
+    """``n_prompts`` random prompts of ``iteration`` (PROMPTS schema), prompt indices from ``first_index``
+    (a later generation batch of dynamic sampling: its own draws)."""
+    rng = np.random.default_rng([seed, iteration] if first_index == 0 else [seed, iteration, first_index])
     lengths = _lengths(prompt_len, rng, n_prompts)
-    idx = np.arange(n_prompts, dtype=np.int32)
+    idx = np.arange(first_index, first_index + n_prompts, dtype=np.int32)
     return pa.table(
         {
             "group_id": pa.array(iteration * ID_STRIDE + idx.astype(np.int64)),
             "prompt_index": pa.array(idx),
             "prompt_ids": _ragged_ints(lengths, rng, vocab_size),
-            "prompt_text": pa.array([f"prompt {iteration}/{i}" for i in range(n_prompts)]),
+            "prompt_text": pa.array([f"prompt {iteration}/{i}" for i in idx]),
             "task": pa.array(["synthetic"] * n_prompts),
             "answer": pa.nulls(n_prompts, pa.string()),
             "metadata_json": pa.nulls(n_prompts, pa.string()),

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["SUFFIXES", "DataFileError", "DataSpec", "PromptDataset", "PromptRow",
-           "check_data_files", "data_position", "iteration_rows", "read_rows", "val_rows"]
+           "check_data_files", "data_position", "iteration_rows", "read_rows", "stream_rows", "val_rows"]
 
 SUFFIXES: tuple[str, ...] = (".jsonl", ".parquet")
 OVERLONG: tuple[str, ...] = ("drop", "error")
@@ -475,17 +475,26 @@ def _check_position(iteration: int, n: int, size: int) -> None:
 def iteration_rows(dataset: PromptDataset | Sequence[PromptRow], seed: int, iteration: int, n: int,
                    shuffle: bool) -> list[PromptRow]:
     """The ``n`` prompts of ``iteration``: global positions ``p = iteration*n + j`` in a stream of
-    epochs; epoch ``p // len`` visits the rows in the order of a permutation drawn from
-    ``numpy.random.default_rng([seed, epoch])`` (file order when ``shuffle`` is false).
+    epochs (:func:`stream_rows`).
 
     A pure function of ``(rows, seed, iteration, n, shuffle)``."""
     rows = dataset.rows if isinstance(dataset, PromptDataset) else dataset
+    _check_position(iteration, n, len(rows))
+    return stream_rows(rows, seed, iteration * n, n, shuffle)
+
+
+def stream_rows(dataset: PromptDataset | Sequence[PromptRow], seed: int, start: int, n: int,
+                shuffle: bool) -> list[PromptRow]:
+    """The ``n`` prompts at stream positions ``start .. start + n - 1``: epoch ``p // len`` visits the
+    rows in the order of a permutation drawn from ``numpy.random.default_rng([seed, epoch])`` (file
+    order when ``shuffle`` is false). A pure function of ``(rows, seed, start, n, shuffle)``."""
+    rows = dataset.rows if isinstance(dataset, PromptDataset) else dataset
     size = len(rows)
-    _check_position(iteration, n, size)
+    _check_position(start, n, size)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"seed: got {seed!r}; allowed: an integer >= 0")
     out: list[PromptRow] = []
-    pos, end = iteration * n, iteration * n + n
+    pos, end = start, start + n
     while pos < end:
         epoch, offset = divmod(pos, size)
         take = min(end - pos, size - offset)
@@ -495,11 +504,12 @@ def iteration_rows(dataset: PromptDataset | Sequence[PromptRow], seed: int, iter
     return out
 
 
-def data_position(iteration: int, n: int, size: int) -> dict[str, int]:
+def data_position(iteration: int, n: int, size: int, consumed: int | None = None) -> dict[str, int]:
     """Where ``iteration`` starts in the prompt stream: ``{"epoch", "offset", "consumed"}``
-    (``consumed`` prompts before it, ``offset`` of them in its epoch)."""
+    (``consumed`` prompts before it: ``iteration * n`` unless given, as dynamic sampling draws more;
+    ``offset`` of them in its epoch)."""
     _check_position(iteration, n, size)
-    consumed = iteration * n
+    consumed = iteration * n if consumed is None else consumed
     return {"epoch": consumed // size, "offset": consumed % size, "consumed": consumed}
 
 

@@ -57,8 +57,10 @@ class Compute(Protocol):
     def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
         """Build, park or wake the engines of the roles ``new`` gives this rank; figures for the ack."""
 
-    def requests(self, k: int) -> pa.Table:
-        """The requests of iteration ``k`` (PENDING rows; the same table on every rank)."""
+    def requests(self, k: int, batch: int = 0, position: int | None = None) -> pa.Table:
+        """The requests of generation batch ``batch`` of iteration ``k`` (PENDING rows; the same table
+        on every rank), its first prompt at stream position ``position`` (None: ``k *
+        train.rollout_batch_size``); batches after the first only under ``algorithm.filter_groups``."""
 
     def decoder(self, k: int) -> Decoder:
         """This rank's rollout engine for iteration ``k`` (weights of version ``k``)."""

@@ -42,9 +42,16 @@ class EmulatedDecoder:
         self.batch = DecodeBatch(compute.cost, compute.rollout_tp, compute.max_running)
         self.rows: dict[int, pa.Table] = {}  # running sample id -> its request row
         self.lengths = iteration_lengths(compute.lengths, compute.scheduler_seed, k, compute.samples)
+        self.more: dict[int, np.ndarray] = {}  # dynamic sampling's later generation batches: their own draws
 
     def _length(self, sid: int) -> int:
-        return int(self.lengths[sid - self.k * ID_STRIDE])
+        block, i = divmod(sid - self.k * ID_STRIDE, len(self.lengths))
+        if block == 0:
+            return int(self.lengths[i])
+        if block not in self.more:
+            rng = random.Random(f"{self.c.scheduler_seed}/{self.k}/{block}")
+            self.more[block] = np.asarray(self.c.lengths.sample(rng, len(self.lengths)), dtype=np.int64)
+        return int(self.more[block][i])
 
     def free_slots(self) -> int:
         return self.batch.free_slots
@@ -108,9 +115,12 @@ class EmulatedCompute:
     def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
         return {}
 
-    def requests(self, k: int) -> pa.Table:
+    def requests(self, k: int, batch: int = 0, position: int | None = None) -> pa.Table:
+        from slurm_rl.rl.filter_groups import prompts_per_batch
+
         cfg = self.cfg
-        prompts = fake.make_fake_prompts(k, cfg.train.rollout_batch_size, cfg.emulated.prompt_len, cfg.runtime.seed)
+        n = prompts_per_batch(cfg)  # synthetic prompts: a batch's own, whatever its stream position
+        prompts = fake.make_fake_prompts(k, n, cfg.emulated.prompt_len, cfg.runtime.seed, first_index=batch * n)
         return fake.make_fake_requests(prompts, cfg.train.group_size, seed=cfg.runtime.seed, weight_version=k)
 
     def decoder(self, k: int) -> EmulatedDecoder:

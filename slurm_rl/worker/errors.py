@@ -7,7 +7,7 @@ from __future__ import annotations
 from slurm_rl.control.status import CoordinatorStatus
 from slurm_rl.errors import WaitTimeout, WorkerError
 
-__all__ = ["CoordinatorFailed", "NoProgressTimeout", "ProtocolError", "WorkerError"]
+__all__ = ["CoordinatorFailed", "DynamicSamplingExhausted", "NoProgressTimeout", "ProtocolError", "WorkerError"]
 
 
 class CoordinatorFailed(WorkerError, RuntimeError):
@@ -24,6 +24,11 @@ class CoordinatorFailed(WorkerError, RuntimeError):
 class ProtocolError(WorkerError, RuntimeError):
     """A rank reached a state the protocol rules out (work left over or unfinished, a role
     without its engine); names the rank and the iteration."""
+
+
+class DynamicSamplingExhausted(WorkerError, RuntimeError):
+    """``algorithm.filter_groups.max_num_gen_batches`` generation batches kept too few groups (verl
+    raises too); names the iteration, the groups kept and needed, and the metric."""
 
 
 class NoProgressTimeout(WorkerError, WaitTimeout):

@@ -63,11 +63,13 @@ from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics, read_metrics, reward_faults
 from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
+from slurm_rl.rl.filter_groups import (DRAWN_KEY, group_metric, keeps, prompts_before, prompts_per_batch,
+                                        read_rounds, write_rounds)
 from slurm_rl.rl.formulas import k3
 from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration, uses_reference
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
-from slurm_rl.worker.errors import CoordinatorFailed, NoProgressTimeout, ProtocolError
+from slurm_rl.worker.errors import CoordinatorFailed, DynamicSamplingExhausted, NoProgressTimeout, ProtocolError
 from slurm_rl.worker.pool_gate import PhaseGate, PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
 
@@ -131,8 +133,17 @@ def without_reference(rollouts: pa.Table, rank: int) -> pa.Table:
     return inference_table(rollouts, rollouts.column("sampled_logprobs"), rank)
 
 
+def generation_complete(run_dir: Path, k: int, samples: int, filtering: bool, batch_samples: int) -> bool:
+    """Every request of iteration ``k`` is in some producer's rollouts manifest: its ``samples``, or
+    under dynamic sampling those of every generation batch opened, once no more will open."""
+    if not filtering:
+        return rollout_complete(run_dir, k, samples)
+    opened, closed = read_rounds(run_dir, k)
+    return closed and rollout_complete(run_dir, k, opened * batch_samples)
+
+
 def rollout_complete(run_dir: Path, k: int, samples: int) -> bool:
-    """Every request of iteration ``k`` is in some producer's rollouts manifest."""
+    """At least ``samples`` rows of iteration ``k`` are in the producers' rollouts manifests."""
     path = expected_path(run_dir, k, ROLLOUTS_STAGE)
     if not path.exists():
         return False
@@ -152,6 +163,9 @@ class IterationProtocol:
         self.cfg, self.info, self.paths, self.compute = cfg, info, paths, compute
         self.run_dir = paths.run_dir
         self.samples_per_iteration = cfg.train.rollout_batch_size * cfg.train.group_size
+        # DAPO's dynamic sampling: generation batches of this many prompts until enough groups are kept
+        self.filtering = bool(cfg.algorithm.filter_groups.enable)
+        self.batch_prompts = prompts_per_batch(cfg)
         self.poll = cfg.runtime.poll_interval_s
         self.timeout = cfg.runtime.wait_timeout_s
         self.max_running = int(cfg.scheduler.max_running_requests)
@@ -278,7 +292,12 @@ class _Rollout:
         self.next_done_check = 0.0
         self.ticket_rows = max(1, self.p.max_running // 8)
         self.cursor = 0  # next chunk of the iteration's requests to try to claim
-        self._requests: pa.Table | None = None
+        self._batches: list[pa.Table] = []  # the requests of each generation batch fetched so far
+        self.batch_rows = self.p.batch_prompts * self.p.cfg.train.group_size
+        self.chunks_per_batch = math.ceil(self.batch_rows / self.ticket_rows)
+        self.opened, self.closed = 1, not self.p.filtering  # generation batches open; no more to come
+        self.next_rounds_check = 0.0
+        self._position: int | None = None  # dynamic sampling: stream position of the iteration's first prompt
 
     @property
     def held(self) -> int:
@@ -304,16 +323,44 @@ class _Rollout:
         rest = merged.slice(n)
         self.queue, self.queued = ([rest] if rest.num_rows else []), rest.num_rows
 
-    def _claim_initial(self, want: int) -> int:
+    def _stream_position(self) -> int:
+        """Dynamic sampling: where iteration ``k``'s prompts start (the prompts the iterations before
+        drew, from their metrics rows: written by their leaders before this iteration began)."""
+        if self._position is None:
+            k, run_dir, per = self.it.k, self.p.run_dir, self.p.cfg.train.rollout_batch_size
+            if k > 0:
+                self.it.rt.wait_for(lambda: any(r.get("iteration") == k - 1 for r in read_metrics(run_dir)),
+                                    f"iteration {k - 1}'s row of {run_dir / 'metrics.jsonl'} (the prompts it drew)")
+            self._position = prompts_before(read_metrics(run_dir), k, per)
+        return self._position
+
+    def _batch_open(self, b: int, now: float) -> bool:
+        """Whether generation batch ``b`` is open (batch 0 always; later ones once the leader opens them)."""
+        if b < self.opened:
+            return True
+        if self.closed or now < self.next_rounds_check:
+            return False
+        self.next_rounds_check = now + CLAIM_EVERY_S
+        self.opened, self.closed = read_rounds(self.p.run_dir, self.it.k)
+        return b < self.opened
+
+    def _requests_of(self, b: int) -> pa.Table:
+        while len(self._batches) <= b:
+            n = len(self._batches)
+            position = self._stream_position() + n * self.p.batch_prompts if self.p.filtering else None
+            self._batches.append(self.p.compute.requests(self.it.k, n, position))
+        return self._batches[b]
+
+    def _claim_initial(self, want: int, now: float) -> int:
         """Claim chunks of the iteration's requests (one exclusive marker file per chunk:
         exactly one rank wins each chunk, and every rank tries each chunk in order, so none is
-        skipped); returns the rows claimed."""
-        if self._requests is None:
-            self._requests = self.p.compute.requests(self.it.k)
-        n_chunks = math.ceil(self._requests.num_rows / self.ticket_rows)
+        skipped), generation batch by generation batch as they open; returns the rows claimed."""
         got = 0
-        while got < want and self.cursor < n_chunks:
+        while got < want:
             c = self.cursor
+            b, i = divmod(c, self.chunks_per_batch)
+            if not self._batch_open(b, now):
+                break
             self.cursor += 1
             try:
                 fd = os.open(self.it.claims_dir / f"claim-{c:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -321,7 +368,7 @@ class _Rollout:
                 continue
             os.write(fd, str(self.it.rank).encode())
             os.close(fd)
-            chunk = self._requests.slice(c * self.ticket_rows, self.ticket_rows)
+            chunk = self._requests_of(b).slice(i * self.ticket_rows, self.ticket_rows)
             self._take(chunk)
             got += chunk.num_rows
         return got
@@ -330,7 +377,7 @@ class _Rollout:
         want = self.p.max_running + self.ticket_rows - self.held
         if self.held > self.p.max_running or want <= 0:
             return
-        want -= self._claim_initial(want)
+        want -= self._claim_initial(want, now)
         if want <= 0 or now < self.next_claim:
             return
         got = claim_pending(self.p.run_dir, self.it.k, self.it.rank, max_rows=want)  # migrated requests
@@ -356,7 +403,7 @@ class _Rollout:
             self.out.append(finished)
 
     def _all_finished(self) -> bool:
-        return rollout_complete(self.p.run_dir, self.it.k, self.it.samples)
+        return generation_complete(self.p.run_dir, self.it.k, self.it.samples, self.p.filtering, self.batch_rows)
 
     def skip(self) -> None:
         """Nothing left to do here (the iteration's rollout ended elsewhere): an empty manifest."""
@@ -496,6 +543,14 @@ class _Cutter:
         self.group_size = it.p.cfg.train.group_size
         self.gbs = it.p.cfg.train.global_batch_size
         self.whole_groups = self.gbs % self.group_size == 0
+        # DAPO's dynamic sampling (rl.filter_groups): groups classified as they complete
+        self.filtering = it.p.filtering
+        self.group_values: dict[int, list[float]] = {}  # the metric of each response received, per group
+        self.kept_groups = 0  # complete groups whose responses differ (cut or not, beyond the need too)
+        self.dropped: set[int] = set()  # complete groups whose responses all had the same metric
+        self.groups_done = 0  # complete groups, kept or dropped
+        self.opened, self.closed = 1, not self.filtering  # generation batches opened; generation closed
+        self.scan = 0  # index order under filtering: the next prompt index to look at
         self.per_pass = it.samples // self.gbs  # mini-batches of one pass; it.minibatches counts every pass
         self.passes: list[pa.Table] = []  # the first pass's actor batches, kept for the later ones
         self.boundary_at: float | None = None
@@ -534,12 +589,51 @@ class _Cutter:
         if not self.whole_groups:
             self.ready_rows += table.num_rows
             return
-        for g in table.column("group_id").to_pylist():
+        values = self._metric(table) if self.filtering else None
+        for i, g in enumerate(table.column("group_id").to_pylist()):
             n = self.group_rows.get(g, 0) + 1
             self.group_rows[g] = n
+            if values is not None:
+                self.group_values.setdefault(g, []).append(values[i])
             if n == self.group_size:
-                self.complete.append(g)
-                self.ready_rows += n
+                if values is not None and not keeps(self.group_values.pop(g)):
+                    self.dropped.add(g)
+                    del self.group_rows[g]
+                else:
+                    self.kept_groups += 1
+                    self.complete.append(g)
+                    self.ready_rows += n
+                self.groups_done += 1
+        if self.filtering:
+            self._decide_generation()
+
+    def _metric(self, table: pa.Table) -> list[float]:
+        cfg = self.it.p.cfg
+        lengths = pc.list_value_length(table.column("response_ids")).to_pylist()
+        return group_metric(table.column("reward").to_pylist(), lengths, cfg.algorithm.filter_groups.metric,
+                            cfg.reward.overlong_buffer, cfg.rollout.max_new_tokens)
+
+    def _decide_generation(self) -> None:
+        """Dynamic sampling: close generation once enough groups are kept; else, once every group of
+        the open generation batches is complete, open the next one (or fail at the configured limit)."""
+        if self.closed:
+            return
+        p, k = self.it.p, self.it.k
+        wanted = p.cfg.train.rollout_batch_size
+        if self.kept_groups >= wanted:
+            self.closed = True
+        elif self.groups_done >= self.opened * p.batch_prompts:
+            fg = p.cfg.algorithm.filter_groups
+            if fg.max_num_gen_batches and self.opened >= fg.max_num_gen_batches:
+                raise DynamicSamplingExhausted(
+                    f"iteration {k}: dynamic sampling kept {self.kept_groups} of the {wanted} groups it needs after "
+                    f"{self.opened} generation batches of {p.batch_prompts} prompts (algorithm.filter_groups."
+                    f"max_num_gen_batches = {fg.max_num_gen_batches}); the other groups' responses all had the same "
+                    f"{fg.metric}: raise the limit (0: none), or check that the reward tells the responses apart")
+            self.opened += 1
+        else:
+            return
+        write_rounds(p.run_dir, k, self.opened, self.closed)
 
     @property
     def grouped(self) -> int:
@@ -551,6 +645,17 @@ class _Cutter:
         n = self.gbs // self.group_size
         if not self.it.p.index_order:
             return self.complete[:n] if len(self.complete) >= n else None
+        if self.filtering:  # the next n kept groups in index order, once every group before them is complete
+            done, take, i = set(self.complete), [], self.scan
+            while len(take) < n:
+                g = self.it.k * ID_STRIDE + i
+                if g in done:
+                    take.append(g)
+                elif g not in self.dropped:
+                    return None
+                i += 1
+            self.scan = i  # the caller cuts these groups now
+            return take
         base = self.it.k * ID_STRIDE + self.cut * n
         want = [base + i for i in range(n)]
         done = set(self.complete)
@@ -575,6 +680,9 @@ class _Cutter:
             mask = pc.is_in(merged.column("group_id"), value_set=pa.array(take, pa.int64()))
             batch, rest = merged.filter(mask), merged.filter(pc.invert(mask))
             batch = batch.take(pc.sort_indices(batch.column("sample_id")))
+            if self.dropped:  # dynamic sampling: the dropped groups' rows leave the buffer too
+                rest = rest.filter(pc.invert(pc.is_in(rest.column("group_id"),
+                                                      value_set=pa.array(sorted(self.dropped), pa.int64()))))
         self.buffer = [rest] if rest.num_rows else []
         self.ready_rows -= batch.num_rows
         return batch
@@ -600,8 +708,18 @@ class _Cutter:
         status = read_coordinator_status(self.it.p.paths)
         return status is not None and (status.checked_at or 0.0) >= self.boundary_at
 
+    @property
+    def drained(self) -> bool:
+        """Every shard of the followed stage is received: under dynamic sampling the generation batch
+        that filled the need may end after the last mini-batch was cut, and its groups still count."""
+        return not self.filtering or (self.follower.complete and not self.scoring)
+
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         if self.cut >= self.it.minibatches:
+            if not self.drained:  # classified for the metrics row, never trained
+                for _, _, table in self.follower.poll():
+                    self._take(table)
+                self._land(math.inf)
             return None
         for _, _, table in self.follower.poll():
             self._receive(table, now)
@@ -637,7 +755,7 @@ class _Cutter:
         self.last_actor = actor
         self.cut += 1
         self.prev_end = None if seconds is None else now + seconds
-        if self.cut == self.per_pass:
+        if self.cut == self.per_pass and not self.filtering:  # dynamic sampling leaves kept groups untrained
             left = sum(t.num_rows for t in self.buffer)
             if left:
                 raise ProtocolError(
@@ -842,7 +960,7 @@ class _Iteration:
             self.report_due = self.last_report + REPORT_EVERY_S  # do not sleep past a change
 
     def _finished(self) -> bool:
-        return (self.actor.done and (self.cutter is None or self.cutter.cut >= self.minibatches)
+        return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
                 and all(part is None or part.done for part in (self.rollout, self.inference)))
 
     def run(self) -> None:
@@ -949,6 +1067,9 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "tp", "seconds", "resharded")} for e in c.plan],
         }
+        if self.p.filtering:  # DAPO's dynamic sampling: the prompts drawn set the next iteration's data position
+            row.update({DRAWN_KEY: c.opened * self.p.batch_prompts, "num_gen_batches": c.opened,
+                        "filter_groups/kept_groups": c.kept_groups, "filter_groups/dropped_groups": len(c.dropped)})
         if c.kl_coef is not None:  # the KL in the reward: its coefficient and what an adaptive kl_ctrl steers
             row[COEF_KEY] = c.kl_coef
             row[KL_KEY] = float(np.mean(c.current_kl)) if c.current_kl else 0.0

@@ -269,14 +269,15 @@ class RealCompute:
             self._dataset = PromptDataset.load(self.cfg.data.train_files, data_spec(self.cfg), self.tok)
         return self._dataset
 
-    def requests(self, k: int) -> pa.Table:
-        from slurm_rl.rl.dataset import iteration_rows
+    def requests(self, k: int, batch: int = 0, position: int | None = None) -> pa.Table:
+        from slurm_rl.rl.dataset import stream_rows
+        from slurm_rl.rl.filter_groups import prompts_per_batch
 
-        g = self.cfg.train.group_size
-        prompts = iteration_rows(self.dataset(), self.seed, k, self.cfg.train.rollout_batch_size,
-                                 self.cfg.data.shuffle)
+        g, n = self.cfg.train.group_size, prompts_per_batch(self.cfg)
+        start = k * self.cfg.train.rollout_batch_size if position is None else position
+        prompts = stream_rows(self.dataset(), self.seed, start, n, self.cfg.data.shuffle)
         rows = []
-        for p_idx, prompt in enumerate(prompts):
+        for p_idx, prompt in enumerate(prompts, start=batch * n):
             meta = json.dumps({"answer": prompt.answer, "extra": prompt.extra, "source": prompt.source,
                                "prompt": prompt.raw_prompt}, default=str)
             for j in range(g):
@@ -523,9 +524,16 @@ class RealCompute:
             return
         per_iteration = self.cfg.train.rollout_batch_size * self.cfg.train.group_size
         iteration = self.trainer.consumed_samples // per_iteration
+        consumed = None
+        if self.cfg.algorithm.filter_groups.enable:  # dynamic sampling drew more: the metrics rows say how many
+            from slurm_rl.metrics import read_metrics
+            from slurm_rl.rl.filter_groups import prompts_before
+
+            consumed = prompts_before(read_metrics(self.run_dir), iteration, self.cfg.train.rollout_batch_size)
         self.trainer.data_state = {"iteration": iteration, "files": list(self.cfg.data.train_files),
                                    "fingerprint": self.dataset().fingerprint,
-                                   **data_position(iteration, self.cfg.train.rollout_batch_size, len(self.dataset().rows))}
+                                   **data_position(iteration, self.cfg.train.rollout_batch_size,
+                                                   len(self.dataset().rows), consumed)}
         parked = self.trainer.parked  # a group member waits at the gate parked
         if parked:
             self.trainer.unpark()
