@@ -79,9 +79,9 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
             for m in read_metrics(run_dir)]
 
 
-def assert_same_outcome(got: Path, ref: Path) -> None:
+def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS) -> None:
     a, b = outcome(got), outcome(ref)
-    assert [m["iteration"] for m in a] == list(range(ITERATIONS)), a
+    assert [m["iteration"] for m in a] == list(range(iterations)), a
     for x, y in zip(a, b):
         assert {k: v for k, v in x.items() if k not in ("losses", "kl_coef")} == {
             k: v for k, v in y.items() if k not in ("losses", "kl_coef")}
