@@ -106,7 +106,8 @@ def test_kept_groups_are_trained_and_the_data_stream_follows_on(backend: str, tm
     assert dropped_seen > 0  # the filter had something to do
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow  # both computes: the quick loop has the emulated resume checks of test_resume
+@pytest.mark.parametrize("backend", ["emulated", "cpu"])
 def test_stopped_dapo_run_resumes_drawing_the_same_prompts(backend: str, tmp_path_factory, tmp_path: Path) -> None:
     reference = dapo_run(tmp_path_factory, backend)
     run_dir = tmp_path / "run"
