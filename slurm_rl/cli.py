@@ -241,7 +241,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
              "precision": actor_precision(cfg), "recompute": cfg.actor.recompute}
     written = cfg.raw["runtime"]["device"]
     run = {"device": cfg.runtime.device, "device_setting": written, "policy": cfg.scheduler.policy,
-           "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg)}
+           "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode}
     if args.json:
         print(json.dumps({**doc, **run, "actor": actor}))
         return EXIT_OK
@@ -251,10 +251,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                          if written == "auto" else "")
           + f"; scheduling {run['policy']} (cluster.auto_scheduler {str(run['auto_scheduler']).lower()})")
     print(f"  model: {model['architecture']}, {model['parameters'] / 1e6:.2f}M parameters ({model['source']})")
-    for name, comp in doc["components"].items():
-        from slurm_rl.inspect.epoch_log import compress_ranks
+    from slurm_rl.inspect.epoch_log import compress_ranks
 
+    for name, comp in doc["components"].items():
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
+    print(f"  mode: {run['mode']}" + ("" if run["mode"] == "disaggregated" else
+                                      " (shared ranks time-slice their components: rollout, inference, then training)"))
+    for roles, ranks in cfg.placement.ranks_by_roles().items():
+        print(f"    ranks {compress_ranks(ranks):<12} {', '.join(roles) or 'idle'}")
     choices = actor["tensor_parallel_choices"]
     also = f" (choices {', '.join(map(str, choices))})" if len(choices) > 1 else ""
     print(f"  actor: tensor_parallel {actor['tensor_parallel']}{also}, precision {actor['precision']}"

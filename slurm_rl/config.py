@@ -972,6 +972,20 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
         issues.append(ConfigIssue("algorithm.rollout_is_cap", al.rollout_is_cap, "a number > 0"))
 
 
+def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]:
+    """Collocated components (ranks shared, time-sliced) are refused under auto and plan, which move
+    whole ranks between components (a scripted run follows its steps' placements)."""
+    from slurm_rl.inspect.epoch_log import compress_ranks
+
+    shared = [r for r in range(placement.world_size) if len(placement.roles_of(r)) > 1]
+    if not shared or root.scheduler.policy not in DYNAMIC_POLICIES:
+        return []
+    return [ConfigIssue("cluster.component_placement", dict(root.cluster.component_placement), (
+        f"components on separate ranks under scheduler.policy {root.scheduler.policy} (it moves whole ranks "
+        f"between components, and ranks {compress_ranks(shared)} are shared): collocated components need "
+        "scheduler.policy static (cluster.auto_scheduler: false)"))]
+
+
 def _old_logprobs_problems(al: AlgorithmSection, placement: Placement) -> list[ConfigIssue]:
     """What the placement cannot compute of ``algorithm.old_logprobs`` (resolved) and ``rollout_is``."""
     placed = "inference" in placement.components
@@ -1284,6 +1298,7 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
         if typed.algorithm.old_logprobs is None:  # the actor's where inference ranks can score them
             typed.algorithm.old_logprobs = "actor" if "inference" in placement.components else "rollout"
         issues.extend(_old_logprobs_problems(typed.algorithm, placement))
+        issues.extend(_shared_rank_problems(typed, placement))
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
     assert placement is not None

@@ -131,6 +131,22 @@ class Placement:
             raise IndexError(f"rank {rank} is outside the world of {self.world_size} ranks")
         return self._roles[rank]
 
+    @property
+    def mode(self) -> str:
+        """RLinf's names: ``disaggregated`` (no rank serves two components), ``collocated`` (every rank
+        in use serves every component), else ``hybrid``."""
+        used = [r for r in self._roles if r]
+        if all(len(r) == 1 for r in used):
+            return "disaggregated"
+        return "collocated" if all(len(r) == len(self.components) for r in used) else "hybrid"
+
+    def ranks_by_roles(self) -> dict[tuple[str, ...], list[int]]:
+        """The ranks serving each combination of components (``()``: idle ranks), in rank order."""
+        out: dict[tuple[str, ...], list[int]] = {}
+        for rank, roles in enumerate(self._roles):
+            out.setdefault(roles, []).append(rank)
+        return out
+
     def ranks_on_slot(self, slot: int) -> tuple[int, ...]:
         """Global ranks that own accelerator slot ``slot``."""
         return tuple(r for r, slots in enumerate(self.slots_of_rank) if slot in slots)

@@ -379,7 +379,7 @@ def test_unknown_engine_key_is_refused_at_launch_with_exit_2(tmp_path: Path) -> 
 
 def test_a_placement_the_policy_cannot_start_from_is_refused_before_a_launch(tmp_path: Path) -> None:
     """``auto`` with actor and inference on one rank: refused by validate (exit 2), not by the
-    coordinator once the ranks have started."""
+    coordinator once the ranks have started (collocated components need the static policy)."""
     import yaml
 
     from emulated_configs import emulated_config
@@ -391,8 +391,9 @@ def test_a_placement_the_policy_cannot_start_from_is_refused_before_a_launch(tmp
     proc = subprocess.run([*CLI, "validate", str(tmp_path / "c.yaml")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "cluster.component_placement: got {'actor,inference': '0', 'rollout': '1'}; allowed: rank 0 assigned " \
-           "to both actor and inference" in proc.stderr
+    assert "cluster.component_placement: got {'actor,inference': '0', 'rollout': '1'}; allowed: components on " \
+           "separate ranks under scheduler.policy auto" in proc.stderr
+    assert "ranks 0 are shared): collocated components need scheduler.policy static" in proc.stderr
 
 
 def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:

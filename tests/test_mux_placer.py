@@ -167,15 +167,18 @@ def test_a_config_that_cannot_join_a_group_is_refused(cluster: Path) -> None:
     assert p.kind == "refused" and "serve rollout and actor/inference" in p.reason, p.reason
 
 
-def test_colocated_is_predicted_but_falls_back_while_runs_cannot_share_slots(cluster: Path) -> None:
-    p = placer.place(BALANCED, cluster, name="b", slo=2.0, capacity=cap(16), queued=lambda ids: None, dry_run=True)
-    assert p.predicted == "colocated" and p.kind == "new", p.reason
-    assert "cannot share its slots" in p.fallbacks[0] and "not carried out" in p.reason
+def test_colocated_falls_back_for_a_job_whose_policy_cannot_share_slots(cluster: Path) -> None:
+    """Under auto the job's ranks move between components: it cannot run co-located (static can), nor
+    join a group (members are static), and a new group of its own is a group too: refused."""
+    p = placer.place(BALANCED, cluster, name="b", slo=2.0, capacity=cap(16), queued=lambda ids: None, dry_run=True,
+                     overrides=["cluster.auto_scheduler=true", "scheduler.policy=auto",
+                                "cluster.component_placement={actor: 0-1, rollout: 2-5, inference: 6-7}"])
+    assert p.predicted == "colocated" and p.kind == "refused", p.reason
+    assert "cannot share its slots: cluster.component_placement" in p.reason, p.reason
 
 
-def test_a_colocated_choice_is_submitted_with_shared_slots(cluster: Path, fake_slurm: list[list[str]],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(placer, "colocated_problem", lambda *a: None)  # as if the runtime took shared slots
+def test_a_colocated_choice_is_submitted_with_shared_slots(cluster: Path, fake_slurm: list[list[str]]) -> None:
+    """A static job time-slices shared slots: the placer submits it co-located."""
     p = placer.place(BALANCED, cluster, name="b", slo=2.0, capacity=cap(16), queued=lambda ids: None)
     assert p.kind == "colocated" and p.group == "b-colocated", p.reason
     (args,) = fake_slurm

@@ -97,7 +97,8 @@ def check_setup(cfg: Config) -> None:
     """Refuse an initial placement the configured policy cannot schedule (names the problems)."""
     pcfg = policy_config(cfg)
     problems = setup_problems(_ranks(cfg.placement), range(cfg.placement.world_size), pcfg,
-                              cfg.train.global_batch_size, cfg.train.micro_batch_size)
+                              cfg.train.global_batch_size, cfg.train.micro_batch_size,
+                              allow_shared=cfg.scheduler.policy == "static")
     if problems:
         raise ValueError(f"cluster.component_placement cannot be scheduled by policy "
                          f"{cfg.scheduler.policy!r}: " + "; ".join(problems))

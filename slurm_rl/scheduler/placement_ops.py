@@ -114,13 +114,14 @@ def with_actor_tp(state: SchedState, decision: Decision | None) -> Decision | No
 
 def placement_problems(placement: Mapping[str, Sequence[int]], world: Sequence[int],
                        cfg: PolicyConfig, global_batch_size: int, micro_batch_size: int,
-                       allow_empty_actor: bool = False, actor_tp: int | None = None) -> list[str]:
+                       allow_empty_actor: bool = False, actor_tp: int | None = None,
+                       allow_shared: bool = False) -> list[str]:
     """Why a placement is not usable (empty list when it is).
 
-    Checks: no rank held twice, no rank outside the allocation, rollout splits into whole
-    instances, and the actor (or no ranks, when ``allow_empty_actor``) is usable at
-    tensor-parallel size ``actor_tp`` (default: ``cfg.actor_ranks_per_instance``): see
-    :func:`actor_tp_problems`.
+    Checks: no rank held twice (unless ``allow_shared``: collocated components, time-sliced by the
+    static policy), no rank outside the allocation, rollout splits into whole instances, and the
+    actor (or no ranks, when ``allow_empty_actor``) is usable at tensor-parallel size ``actor_tp``
+    (default: ``cfg.actor_ranks_per_instance``): see :func:`actor_tp_problems`.
     """
     problems: list[str] = []
     world_set = set(world)
@@ -129,8 +130,9 @@ def placement_problems(placement: Mapping[str, Sequence[int]], world: Sequence[i
         for r in ranks:
             if r not in world_set:
                 problems.append(f"{comp}: rank {r} is outside the allocation {sorted(world_set)}")
-            if r in owner:
-                problems.append(f"rank {r} assigned to both {owner[r]} and {comp}")
+            if r in owner and not allow_shared:
+                problems.append(f"rank {r} assigned to both {owner[r]} and {comp} (components share ranks "
+                                "only under scheduler.policy static, which time-slices them)")
             owner[r] = comp
     rollout = tuple(placement.get("rollout", ()))
     if len(rollout) % cfg.rollout_ranks_per_instance:
@@ -183,10 +185,11 @@ def take_groups(available: Sequence[Sequence[int]], need: int) -> tuple[Ranks, i
 
 
 def setup_problems(initial: Mapping[str, Sequence[int]], world: Sequence[int], cfg: PolicyConfig,
-                   global_batch_size: int, micro_batch_size: int) -> list[str]:
+                   global_batch_size: int, micro_batch_size: int, allow_shared: bool = False) -> list[str]:
     """Why an initial placement cannot be scheduled (empty list when it can): the
     ``placement_problems`` plus the needs of the policy options."""
-    problems = placement_problems(initial, world, cfg, global_batch_size, micro_batch_size)
+    problems = placement_problems(initial, world, cfg, global_batch_size, micro_batch_size,
+                                  allow_shared=allow_shared)
     actor = tuple(initial.get("actor", ()))
     if cfg.use_pre_process_policy and len(actor) % cfg.rollout_ranks_per_instance:
         problems.append(

@@ -489,6 +489,9 @@ class _Inference:
     def step(self, now: float) -> float | None:
         if self.done:
             return None
+        rollout = self.it.rollout
+        if rollout is not None and not rollout.done:
+            return None  # collocated with this rank's rollout: its inference phase comes after it
         index = self.ranks.index(self.it.rank)
         for producer, seq, table in self.follower.poll():
             if (producer * 1_000_003 + seq) % len(self.ranks) == index:
@@ -727,6 +730,8 @@ class _Cutter:
         replay = self.cut >= self.per_pass  # a later pass (actor.ppo_epochs) over the first pass's mini-batches
         if not replay and self.ready_rows < self.gbs:
             return scored_at
+        if self.it.collocated and not (self.follower.complete and not self.scoring):
+            return scored_at  # collocated: training starts once the rollout (and inference) phase has ended
         if not self.previous_done(now):
             return self.prev_end if self.prev_end is not None else now + self.it.p.poll
         assert rt.epoch is not None
@@ -884,6 +889,9 @@ class _Iteration:
         self.start_inference = sorted(start.ranks_of("inference"))
         start_actor = sorted(start.ranks_of("actor"))
         self.leader = start_actor[0] if start_actor else p.actor_ranks[0]
+        # Collocated: an actor rank that also serves rollout or inference time-slices them, phase by
+        # phase (rollout, then inference, then training), as verl's and RLinf's collocated modes do.
+        self.collocated = bool(set(start_actor) & (set(self.start_rollout) | set(self.start_inference)))
         rt.counters.update({"rollout_finished": 0, "rollout_running": 0, "migrated_out": 0, "inference_done": 0,
                             "actor_minibatches_done": 0, "actor_busy": False, "boundary_at": None})
         self.claims_dir = stage_dir(p.run_dir, k, REQUESTS_STAGE)

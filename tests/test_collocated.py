@@ -1,0 +1,85 @@
+"""Collocated placement (RLinf's ``actor,rollout,inference: all``): every rank serves every component
+and time-slices them within an iteration — rollout, then inference, then training.
+
+A collocated run on 2 ranks, stopped at iteration 2 and resumed, ends as the uninterrupted
+disaggregated reference run of the resume tests (actor 0-1, rollout 2, inference 3) on both computes:
+the same prompts, samples, rewards and, on cpu, per-step losses and final weights. No mini-batch
+starts before the iteration's last response is generated and scored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from resume_helpers import BACKENDS, assert_same_outcome, cli, run_config, start_run, wait_until
+from slurm_rl.control.epochs import EpochStore
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.data.layout import stage_dir
+from slurm_rl.data.manifest import ProducerManifest
+from slurm_rl.data.reader import StageReader
+from slurm_rl.metrics import read_metrics
+from slurm_rl.resume.stop import request_stop
+from emulated_configs import write_config
+
+COLLOCATED = {"actor,rollout,inference": "0-1"}
+
+
+def collocated_config(backend: str, run_dir: Path) -> dict:
+    cfg = run_config(backend, run_dir, keep_iterations=10)
+    cfg["cluster"].update(gpus_per_node=2, component_placement=dict(COLLOCATED))
+    return cfg
+
+
+def check_phases_in_order(run_dir: Path, k: int) -> None:
+    """In iteration ``k`` every response was generated before any was scored, and every one was
+    scored (its inference shard written) before the first mini-batch was stamped."""
+    rollouts = StageReader(run_dir, k, "rollouts", None, timeout_s=5).read_all()
+    last_generated = max(rollouts.column("t_end").to_pylist())
+    stage = stage_dir(run_dir, k, "inference")
+    shards = [s for m in sorted(stage.glob("manifest-*.json"))
+              for s in ProducerManifest.load(m, iteration=k, stage="inference",
+                                             producer_rank=int(m.stem.split("-")[1])).shards]
+    assert min(s.created_at for s in shards) >= last_generated, k
+    plan = json.loads((stage_dir(run_dir, k, "actor_batch") / "plan.json").read_text())
+    assert min(m["start_at"] for m in plan["minibatches"]) >= max(s.created_at for s in shards), k
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backend: str, reference,
+                                                                          tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(collocated_config(backend, run_dir)))
+    proc = start_run(config)
+    wait_until("the run dir", lambda: (run_dir / "control").is_dir())
+    assert request_stop(run_dir, "test", at_iteration=2)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 3, out  # EXIT_STOPPED
+    assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
+    resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_same_outcome(run_dir, reference(backend))
+    for epoch in EpochStore(RunPaths(run_dir)).all():
+        assert epoch.ranks_of("actor") == epoch.ranks_of("rollout") == epoch.ranks_of("inference") == [0, 1]
+    for k in range(4):
+        check_phases_in_order(run_dir, k)
+
+
+def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> None:
+    cfg = collocated_config("emulated", tmp_path / "run")
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "mode: collocated" in proc.stdout and "ranks 0-1" in proc.stdout, proc.stdout
+    assert "actor, rollout, inference" in proc.stdout
+    cfg["cluster"].update(gpus_per_node=4, component_placement={"actor,rollout": "0-1", "inference": "2-3"})
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 0 and "mode: hybrid" in proc.stdout, proc.stdout + proc.stderr
+    # the dynamic policies move whole ranks between components: refused before anything starts
+    cfg["cluster"]["auto_scheduler"], cfg["scheduler"]["policy"] = True, "auto"
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cluster.component_placement" in proc.stderr and "need scheduler.policy static" in proc.stderr
