@@ -4,7 +4,8 @@ and time-slices them within an iteration — rollout, then inference, then train
 A collocated run on 2 ranks, stopped at iteration 2 and resumed, ends as the uninterrupted
 disaggregated reference run of the resume tests (actor 0-1, rollout 2, inference 3) on both computes:
 the same prompts, samples, rewards and, on cpu, per-step losses and final weights. No mini-batch
-starts before the iteration's last response is generated and scored.
+starts before the iteration's last response is generated and scored. A whole job on one rank and a
+hybrid placement (actor and rollout shared, inference apart) run every iteration too.
 """
 
 from __future__ import annotations
@@ -34,16 +35,18 @@ def collocated_config(backend: str, run_dir: Path) -> dict:
     return cfg
 
 
-def check_phases_in_order(run_dir: Path, k: int) -> None:
-    """In iteration ``k`` every response was generated before any was scored, and every one was
-    scored (its inference shard written) before the first mini-batch was stamped."""
+def check_phases_in_order(run_dir: Path, k: int, shared_inference: bool = True) -> None:
+    """In iteration ``k`` every response was generated before any was scored (where the inference
+    ranks also decode), and every one was scored (its inference shard written) before the first
+    mini-batch was stamped."""
     rollouts = StageReader(run_dir, k, "rollouts", None, timeout_s=5).read_all()
     last_generated = max(rollouts.column("t_end").to_pylist())
     stage = stage_dir(run_dir, k, "inference")
     shards = [s for m in sorted(stage.glob("manifest-*.json"))
               for s in ProducerManifest.load(m, iteration=k, stage="inference",
                                              producer_rank=int(m.stem.split("-")[1])).shards]
-    assert min(s.created_at for s in shards) >= last_generated, k
+    if shared_inference:
+        assert min(s.created_at for s in shards) >= last_generated, k
     plan = json.loads((stage_dir(run_dir, k, "actor_batch") / "plan.json").read_text())
     assert min(m["start_at"] for m in plan["minibatches"]) >= max(s.created_at for s in shards), k
 
@@ -83,3 +86,27 @@ def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> No
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cluster.component_placement" in proc.stderr and "need scheduler.policy static" in proc.stderr
+
+
+@pytest.mark.parametrize(("backend", "slots", "placement", "mode"), [
+    ("emulated", 1, {"actor,rollout,inference": 0}, "collocated"),
+    pytest.param("cpu", 1, {"actor,rollout,inference": 0}, "collocated", marks=pytest.mark.slow),
+    ("emulated", 3, {"actor,rollout": "0-1", "inference": 2}, "hybrid"),
+])
+def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, placement: dict, mode: str,
+                                                     tmp_path: Path) -> None:
+    """A whole job on one rank (RLinf's single-GPU example), and a hybrid one: every iteration trains
+    every sample, after its responses are generated and scored."""
+    cfg = run_config(backend, tmp_path / "run", keep_iterations=10)
+    cfg["cluster"].update(gpus_per_node=slots, component_placement=placement)
+    proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = read_metrics(tmp_path / "run")
+    per_iteration = cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]
+    assert [m["samples"] for m in metrics] == [per_iteration] * len(metrics) and len(metrics) == 4
+    if backend == "cpu":
+        assert all(len(m["losses"]) == 2 for m in metrics)
+    for k in range(4):  # hybrid: the inference rank scores as responses stream in, the actor waits for it
+        check_phases_in_order(tmp_path / "run", k, shared_inference=mode == "collocated")
+    validate = cli("validate", str(tmp_path / "c.yaml"))
+    assert f"mode: {mode}" in validate.stdout, validate.stdout
