@@ -455,11 +455,16 @@ def exec_module(module: str, args: list[str], device: str = "cpu") -> NoReturn:
     process (with its fds, environment and working directory; tied to it: SIGKILL this process and
     the zygote kills the child; the signals a user or Slurm sends are relayed; this process exits as
     the child did), else ``exec`` of a fresh interpreter (silently: the output is the module's alone)."""
+    # A signal that arrives while the child is being forked waits (blocked) until the relay is in
+    # place, so it reaches the child too rather than killing this process alone.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED_SIGNALS)
     proc = _forked(module, args, device, dict(os.environ), None, None, None, new_session=True, tie=True, quiet=True)
     if proc is None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED_SIGNALS)
         os.execv(sys.executable, [sys.executable, "-m", module, *args])
     for sig in RELAYED_SIGNALS:
         signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED_SIGNALS)
     code = proc.wait()
     if code < 0:  # killed by a signal: so are we, as the caller of a fresh interpreter would see it
         signal.signal(-code, signal.SIG_DFL)
