@@ -21,6 +21,7 @@ import sys
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
+import itertools  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,15 +70,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif _module_fixture_user(item):  # one worker builds the module's fixture (a vLLM engine, a model)
             item.add_marker(pytest.mark.xdist_group(f"module:{item.module.__name__}"))
     # Modules with integration or Slurm tests first, serial tests last: the workers take tests in
-    # this order, so the short ones fill the gaps at the end. A module moves as a whole (its module
-    # fixtures are built once without xdist too); the sort is stable, so every worker agrees.
-    heavy = {item.module.__name__ for item in items
-             if item.get_closest_marker("slow") or item.get_closest_marker("slurm")}
+    # this order, so the short ones fill the gaps at the end. Modules with Slurm tests (they mostly
+    # wait on Slurm: requeues, job starts) alternate with the other heavy ones, so their waits overlap
+    # with computing work and none of them is left to run alone before the serial tests. A module moves
+    # as a whole (its module fixtures are built once without xdist too); the sort is stable, so every
+    # worker agrees.
+    modules = list(dict.fromkeys(item.module.__name__ for item in items))
+    slurm = [m for m in modules if any(i.get_closest_marker("slurm") for i in items if i.module.__name__ == m)]
+    heavy = [m for m in modules if m not in slurm
+             and any(i.get_closest_marker("slow") for i in items if i.module.__name__ == m)]
+    order = [m for pair in itertools.zip_longest(slurm, heavy) for m in pair if m is not None]
+    position = {m: i for i, m in enumerate(order)}
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, int]:
         if item.get_closest_marker("serial") is not None:
-            return 2
-        return 0 if item.module.__name__ in heavy else 1
+            return 2, 0
+        name = item.module.__name__
+        return (0, position[name]) if name in position else (1, 0)
 
     items.sort(key=rank)
     return (yield)

@@ -4,7 +4,8 @@ and time-slices them within an iteration — rollout, then inference, then train
 A collocated run on 2 ranks, stopped at iteration 2 and resumed, ends as the uninterrupted
 disaggregated reference run of the resume tests (actor 0-1, rollout 2, inference 3) on both computes:
 the same prompts, samples, rewards and, on cpu, per-step losses and final weights. No mini-batch
-starts before the iteration's last response is generated and scored. A whole job on one rank and a
+starts before the iteration's last response is generated and scored, and the weight sync moves no
+bytes (each rank's engines take its own replica of the actor). A whole job on one rank and a
 hybrid placement (actor and rollout shared, inference apart) run every iteration too.
 """
 
@@ -70,6 +71,9 @@ def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backen
         assert epoch.ranks_of("actor") == epoch.ranks_of("rollout") == epoch.ranks_of("inference") == [0, 1]
     for k in range(4):
         check_phases_in_order(run_dir, k)
+    if backend == "cpu":  # both ranks hold the whole actor (TP 1): their engines took their own weights
+        assert [m["sync_bytes"] for m in read_metrics(run_dir)] == [0] * 4
+        assert all(m["sync_bytes"] > 0 for m in read_metrics(reference(backend)))
 
 
 def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """The placer across groups on the local Slurm cluster, for real: two groups run (``sbatch
-sbatch/mux.sh``); ``slurm-rl mux place`` puts a third job directly into one of them, a fourth into a
-new group it submits with sbatch, and refuses a fifth with its reason (exit 2); every placed job
-runs to its end, producing and training each sample once, and ``slurm-rl inspect DIR`` shows the
-decisions."""
+sbatch/mux.sh``); ``slurm-rl mux place`` puts a third job directly into one of them, runs a fourth
+(an SLO no group keeps) co-located on 2 GPUs of its own, its components sharing them, through
+``sbatch sbatch/train.sh``, and refuses a fifth with its reason (exit 2); every placed job runs to its
+end, producing and training each sample once, and ``slurm-rl inspect DIR`` shows the decisions."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ import pytest
 import yaml
 
 from emulated_configs import write_config
+from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.grants import GroupPaths
+from slurm_rl.control.paths import RunPaths
+from slurm_rl.metrics import read_metrics
 from slurm_rl.mux.membership import group_state
 from resume_helpers import wait_until
 from test_mux_live import job_config
@@ -70,27 +73,34 @@ def test_place_direct_new_and_refused_on_slurm(slurm_cluster, tmp_path: Path) ->
     fourth = place("d", 1.1)
     assert fourth.returncode == 0, fourth.stderr
     d = json.loads(fourth.stdout)
-    assert d["kind"] == "new" and d["action"]["submitted"] and d["action"]["sbatch_job"], d
-    fifth = place("e", 1.1)  # likewise, and no GPU is left: refused with the reason
+    # ... and its components time-slice 2 GPUs of its own (its policy is static) for less than a new group's 3
+    assert d["kind"] == "colocated" and d["action"]["submitted"] and d["action"]["sbatch_job"], d
+    assert d["action"]["gpus"] == 2 and "cluster.component_placement={'actor,inference,rollout': '0-1'}" \
+        in d["action"]["sbatch_args"], d["action"]
+    fifth = place("e", 1.1)  # likewise, and too few GPUs are left: refused with the reason
     assert fifth.returncode == 2, (fifth.stdout, fifth.stderr)
-    assert "capacity" in fifth.stdout + fifth.stderr and "0 of 9" in fifth.stdout + fifth.stderr, fifth.stdout
+    assert "capacity" in fifth.stdout + fifth.stderr and "1 of 9" in fifth.stdout + fifth.stderr, fifth.stdout
 
     slurm_ids.append(str(d["action"]["sbatch_job"]))
     for job_id in slurm_ids:
         wait_until(f"Slurm job {job_id} to end", lambda: slurm_cluster.job_gone(job_id), TIMEOUT_S)
     log = [json.loads(line) for line in (cluster / "placements.jsonl").read_text().splitlines()]
-    assert [(r["job"], r["kind"]) for r in log] == [("c", "direct"), ("d", "new"), ("e", "refused")], log
+    assert [(r["job"], r["kind"]) for r in log] == [("c", "direct"), ("d", "colocated"), ("e", "refused")], log
     assert all(r.get("reason") for r in log)
     c_group = cluster / Path(c["group"]).name
-    d_group = Path(d["action"]["group_dir"])
-    for group_dir, name in ((c_group, "c"), (d_group, "d"), (cluster / "g1", "a"), (cluster / "g2", "b")):
+    for group_dir, name in ((c_group, "c"), (cluster / "g1", "a"), (cluster / "g2", "b")):
         assert group_state(group_dir)[0] == "finished", (group_dir, name)
         check_every_sample_once(GroupPaths(group_dir).job_dir(name), jobs[name])
+    d_run = Path(d["action"]["run_dir"])  # the co-located run, through sbatch/train.sh
+    assert len(read_metrics(d_run)) == jobs["d"]["train"]["num_iterations"]
+    check_every_sample_once(d_run, jobs["d"])
+    assert all(e.ranks_of("actor") == e.ranks_of("rollout") == e.ranks_of("inference") == [0, 1]
+               for e in EpochStore(RunPaths(d_run)).all())
     shown = subprocess.run([*CLI, "inspect", str(cluster)], capture_output=True,
                            text=True, cwd=REPO, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    for word in ("direct", "new", "refused", f"submitted as Slurm job {d['action']['sbatch_job']}"):
+    for word in ("direct", "colocated", "refused", f"submitted as Slurm job {d['action']['sbatch_job']}"):
         assert word in shown.stdout, shown.stdout
     as_json = subprocess.run([*CLI, "inspect", "--json", str(cluster)],
                              capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
-    assert "capacity" in as_json.stdout and "0 of 9" in as_json.stdout, as_json.stdout
+    assert "capacity" in as_json.stdout and "1 of 9" in as_json.stdout, as_json.stdout

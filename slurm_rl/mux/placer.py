@@ -372,9 +372,11 @@ def _act_new(cluster_dir: Path, p: Placement, groups: Sequence[LiveGroup], confi
 
 
 def colocated_overrides(cfg: Config, slots: int) -> list[str]:
-    """Overrides putting every component of ``cfg`` on slots ``0..slots-1`` (RLinf's ``"actor,rollout: 0-N"``)."""
+    """Overrides putting every component of ``cfg`` on slots ``0..slots-1`` (RLinf's ``"actor,rollout: 0-N"``)
+    of one node of ``slots`` accelerators: the run's world is those ranks, no idle one."""
     comps = ",".join(c for c in ("actor", "inference", "rollout") if c in cfg.placement.components)
-    return [f"cluster.component_placement={{'{comps}': '{_range(list(range(slots)))}'}}"]
+    return [f"cluster.component_placement={{'{comps}': '{_range(list(range(slots)))}'}}",
+            "cluster.num_nodes=1", f"cluster.gpus_per_node={slots}"]
 
 
 def colocated_problem(config: Path, overrides: Sequence[str], cfg: Config, slots: int) -> str | None:

@@ -138,9 +138,10 @@ class RecordingCompute:
             self._pending_reshard = None
             self.span("reshard", called, called + seconds, epoch=epoch)
 
-    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
+                     in_place: bool = False) -> dict[str, Any]:
         start = time.time()
-        figures = self.inner.sync_weights(k, src, ranks, gather)
+        figures = self.inner.sync_weights(k, src, ranks, gather, in_place=in_place)
         self.span("sync", start, time.time(), iteration=k)
         return figures
 

@@ -74,9 +74,11 @@ class Compute(Protocol):
         """Move the actor's state from ranks ``old`` (TP ``old_tp``) to ``new`` (TP ``new_tp``) in
         place (called by their union)."""
 
-    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
+                     in_place: bool = False) -> dict[str, Any]:
         """Weights of version ``k`` from actor rank ``src`` to the rollout ranks (called by ``ranks`` and
-        by ``gather``: the TP group of ``src``, whose shards ``src`` gathers first)."""
+        by ``gather``: the TP group of ``src``, whose shards ``src`` gathers first); ``in_place``: a
+        collocated actor rank's engines take its own full replica instead (no collective)."""
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         """Seconds a mini-batch takes (reshard ``old`` -> ``new`` included), when known in advance."""

@@ -139,7 +139,8 @@ class EmulatedCompute:
         received = nbytes // max(1, len(joiners)) if self.rank in joiners else 0
         return {"bytes_moved": nbytes, "bytes_received": received, "seconds": self.cost.transfer_seconds(nbytes)}
 
-    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
+                     in_place: bool = False) -> dict[str, Any]:
         return {}
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:

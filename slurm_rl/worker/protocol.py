@@ -230,15 +230,20 @@ class IterationProtocol:
         rollout = sorted(start.ranks_of("rollout"))
         # the inference ranks score the iteration's actor weights too (algorithm.old_logprobs: actor)
         scorers = sorted(start.ranks_of("inference")) if self.cfg.algorithm.old_logprobs == "actor" else []
-        ranks = sorted({self.actor_ranks[0], *rollout, *scorers}) if rollout else []
+        # Collocated at actor TP 1, every actor rank holds the full weights: its own engines take them in
+        # place, and the broadcast goes from the source to the ranks outside the actor only.
+        local = set(self.actor_ranks) if self.actor_tp == 1 else {self.actor_ranks[0]}
+        receivers = {*rollout, *scorers} if rollout else set()
+        ranks = sorted({self.actor_ranks[0], *(receivers - local)}) if rollout else []
+        in_place = self.info.rank in receivers and self.info.rank not in ranks
         gather = self.actor_ranks[:self.actor_tp] if rollout else []  # the source's TP group
-        if self.info.rank in ranks:
+        if self.info.rank in ranks or in_place:
             fault_point("weight_sync", rank=self.info.rank, iteration=iteration)
         sync = {}
-        if self.info.rank in ranks or self.info.rank in gather:
+        if self.info.rank in ranks or self.info.rank in gather or in_place:
             with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {ranks}", self.info,
                             start.epoch, iteration):
-                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks, gather)
+                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks, gather, in_place=in_place)
         if rollout and self.info.rank == rollout[0] and eval_due(self.cfg.eval.every, iteration):
             figures = self.compute.evaluate(iteration)  # the weights v{iteration} just received
             if figures is not None:

@@ -383,11 +383,23 @@ class RealCompute:
             record_reward_faults(self.run_dir, k, self.rank, *self._reward_faults[k])
         return [float(v) for v in result.values]
 
-    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None) -> dict[str, Any]:
+    def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
+                     in_place: bool = False) -> dict[str, Any]:
         """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations),
-        in the actor's compute dtype; under TP ``src`` first gathers the shards of its TP group ``gather``."""
+        in the actor's compute dtype; under TP ``src`` first gathers the shards of its TP group ``gather``.
+        ``in_place``: this rank holds a full replica of the actor (collocated, TP 1) and its engines take
+        its own weights, with no collective."""
         from slurm_rl.engines.convert import megatron_to_hf
         from slurm_rl.engines.weight_sync import broadcast_weights
+
+        if in_place:
+            t0 = time.perf_counter()
+            own = list(megatron_to_hf(self.trainer.full_parameters(), self.model_cfg))
+            if self.engine is not None:
+                self.engine.update_weights(own, version=k)
+            if self.policy is not None:
+                self.policy.load_weights(own)
+            return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
         full = self.trainer.full_parameters() if self.rank in (gather or [src]) else None
         named = list(megatron_to_hf(full, self.model_cfg)) if self.rank == src and full is not None else None
