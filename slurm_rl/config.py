@@ -330,6 +330,12 @@ class ActorSection:
     # passes over an iteration's mini-batches (verl's actor.ppo_epochs): pass e > 1 retrains them in order
     # with the same advantages and old log-probs once the first pass is done; the LR schedule counts each sample once
     ppo_epochs: int = 1
+    # RLinf's keys: on a rank that the actor shares with the rollout or inference (collocated), park
+    # the actor's state in host memory while that rank decodes and scores; any of them parks all three
+    # (weights, gradients and optimizer state move together here)
+    offload_weight: bool = False
+    offload_grad: bool = False
+    offload_optimizer: bool = False
 
 
 @dataclass

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from resume_helpers import BACKENDS, assert_same_outcome, cli, run_config, start_run, wait_until
+from slurm_rl.control.activity import read_spans
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.layout import stage_dir
@@ -33,6 +34,8 @@ COLLOCATED = {"actor,rollout,inference": "0-1"}
 def collocated_config(backend: str, run_dir: Path) -> dict:
     cfg = run_config(backend, run_dir, keep_iterations=10)
     cfg["cluster"].update(gpus_per_node=2, component_placement=dict(COLLOCATED))
+    # RLinf's offload keys: the actor's state waits in host memory while its ranks generate and score
+    cfg["actor"] = {**cfg.get("actor", {}), "offload_weight": True, "offload_grad": True, "offload_optimizer": True}
     return cfg
 
 
@@ -74,6 +77,11 @@ def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backen
     if backend == "cpu":  # both ranks hold the whole actor (TP 1): their engines took their own weights
         assert [m["sync_bytes"] for m in read_metrics(run_dir)] == [0] * 4
         assert all(m["sync_bytes"] > 0 for m in read_metrics(reference(backend)))
+        # every iteration each rank parked its actor state to generate, and the rollout engine to train
+        for rank in (0, 1):
+            offloads = [s for s in read_spans(RunPaths(run_dir), rank) if s["kind"] == "offload"]
+            assert [s["phase"] for s in offloads] == ["generate", "train"] * 4, offloads
+            assert all(s["bytes"] > 0 for s in offloads)
 
 
 def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> None:

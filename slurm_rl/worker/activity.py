@@ -145,6 +145,13 @@ class RecordingCompute:
         self.span("sync", start, time.time(), iteration=k)
         return figures
 
+    def switch_phase(self, phase: str) -> dict[str, Any]:
+        start = time.time()
+        figures = self.inner.switch_phase(phase)
+        if figures.get("bytes"):
+            self.span("offload", start, time.time(), phase=phase, bytes=int(figures["bytes"]))
+        return figures
+
     def save_state(self, directory: Path) -> None:
         start = time.time()
         self.inner.save_state(directory)

@@ -80,6 +80,12 @@ class Compute(Protocol):
         by ``gather``: the TP group of ``src``, whose shards ``src`` gathers first); ``in_place``: a
         collocated actor rank's engines take its own full replica instead (no collective)."""
 
+    def switch_phase(self, phase: str) -> dict[str, Any]:
+        """A rank the actor shares with rollout or inference enters ``phase`` of an iteration:
+        ``generate`` (the rollout engine awake; the actor's state parked in host memory where
+        ``actor.offload_*`` asks) or ``train`` (the rollout engine released, the actor's state back);
+        figures (``bytes`` moved, ``seconds``)."""
+
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         """Seconds a mini-batch takes (reshard ``old`` -> ``new`` included), when known in advance."""
 

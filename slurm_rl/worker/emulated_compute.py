@@ -143,6 +143,9 @@ class EmulatedCompute:
                      in_place: bool = False) -> dict[str, Any]:
         return {}
 
+    def switch_phase(self, phase: str) -> dict[str, Any]:
+        return {}  # no device memory to free: the cost model has no offload time (yet)
+
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:
         reshard = 0.0
         if old and new and sorted(old) != sorted(new):  # the simulator's law, paid by the next mini-batch

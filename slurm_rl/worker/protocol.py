@@ -862,6 +862,7 @@ class _ActorFollower:
                 return now + p.poll  # the stamped epoch is not applied here yet
             stamped = p.epoch(int(entry["epoch"]), rt)
             actor = sorted(stamped.ranks_of("actor"))
+            self.it.enter_training()  # a shared rank's actor state is back before any reshard or step
             p.move_actor(actor, int(entry["epoch"]), self.it.k, rt, tp=stamped.tp_of("actor"))
             if rank not in actor:
                 self.next += 1
@@ -897,6 +898,9 @@ class _Iteration:
         # Collocated: an actor rank that also serves rollout or inference time-slices them, phase by
         # phase (rollout, then inference, then training), as verl's and RLinf's collocated modes do.
         self.collocated = bool(set(start_actor) & (set(self.start_rollout) | set(self.start_inference)))
+        # this rank's own share: it generates or scores, then trains (engines switched between the phases)
+        self.shared_rank = self.rank in start_actor and self.rank in (set(self.start_rollout) | set(self.start_inference))
+        self.training_phase = False
         rt.counters.update({"rollout_finished": 0, "rollout_running": 0, "migrated_out": 0, "inference_done": 0,
                             "actor_minibatches_done": 0, "actor_busy": False, "boundary_at": None})
         self.claims_dir = stage_dir(p.run_dir, k, REQUESTS_STAGE)
@@ -976,8 +980,16 @@ class _Iteration:
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
                 and all(part is None or part.done for part in (self.rollout, self.inference)))
 
+    def enter_training(self) -> None:
+        """A shared rank's switch to training (once per iteration, before its first step)."""
+        if self.shared_rank and not self.training_phase:
+            self.training_phase = True
+            self.p.compute.switch_phase("train")
+
     def run(self) -> None:
         rt = self.rt
+        if self.shared_rank:  # the weights are synced: the rollout engine wakes, the actor's state may park
+            self.p.compute.switch_phase("generate")
         quantum = max(2 * self.p.poll, 0.02)
         deadline = time.monotonic() + self.p.timeout
         last_progress = (-1, -1, -1, -1)
@@ -1042,6 +1054,7 @@ class _Iteration:
             if part is not None and not part.done:
                 raise ProtocolError(f"rank {self.rank}: iteration {self.k} ended with its "
                                     f"{type(part).__name__.strip('_').lower()} work unfinished")
+        self.enter_training()  # a shared rank ends the iteration with its actor state in place (checkpoints)
         self._report(time.time(), force=True)
         if self.cutter is not None:
             self._record_metrics()

@@ -525,6 +525,23 @@ class RealCompute:
         self._parked = []
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes}
 
+    # -- collocated phases ----------------------------------------------------------------------
+    def switch_phase(self, phase: str) -> dict[str, Any]:
+        t0, nbytes = time.perf_counter(), 0
+        a = self.cfg.actor
+        if phase == "generate":
+            if (a.offload_weight or a.offload_grad or a.offload_optimizer) and self.trainer.active:
+                nbytes += int(self.trainer.park().get("bytes", 0))
+            if self.engine is not None and self.engine.released:
+                nbytes += int((self.engine.resume() or {}).get("bytes", 0))
+        elif phase == "train":
+            if self.engine is not None and not self.engine.released:
+                nbytes += int((self.engine.release() or {}).get("bytes", 0))
+            nbytes += int(self.trainer.unpark().get("bytes", 0))
+        else:
+            raise ValueError(f"switch_phase: unknown phase {phase!r}; allowed: generate, train")
+        return {"phase": phase, "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
     # -- run checkpoints ------------------------------------------------------------------------
     def save_state(self, directory: Path) -> None:
         """The actor's state into ``directory/actor`` (collective over its DP group; DP rank 0 writes),
