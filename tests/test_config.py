@@ -893,7 +893,8 @@ def test_engine_sections_match_the_engine_types() -> None:
     layout = {"precision": "auto", "recompute": "none", "attention_backend": "sdpa",  # the model's build, not the optimizer's
               "tensor_parallel": 1,
               "tensor_parallel_choices": dataclasses.MISSING, "pipeline_parallel": 1,
-              "ppo_epochs": 1}  # the protocol's passes over an iteration
+              "ppo_epochs": 1,  # the protocol's passes over an iteration
+              "offload_weight": False, "offload_grad": False, "offload_optimizer": False}  # collocated phases
     assert defaults(ActorSection) == defaults(OptimConfig) | {"threads": 1, "warm_joiners": True} | layout
     assert list(defaults(ActorSection))[:len(defaults(OptimConfig))] == list(defaults(OptimConfig))
 
