@@ -451,12 +451,14 @@ def run_coordinator(run_dir: Path) -> int:
             error = f"{type(exc).__name__}: {exc}"
             rank_failure = isinstance(exc, (DeadRankError, WaitTimeout))
             requeue = bool(rank_failure and loop is not None and loop.runtime.on_rank_failure == "checkpoint_and_requeue")
+            # the log first: the failed status stops the ranks, and the launcher may then kill this
+            # process before it writes another line (an empty coordinator.log was seen under load)
+            traceback.print_exc()
+            print(f"coordinator failed: {error}", file=sys.stderr, flush=True)
             write_coordinator_status(paths, {"generation": generation, "state": "failed", "error": error,
                                              "rank_failure": rank_failure, "requeue": requeue,
                                              "exclude": loop.dead_hosts if loop is not None else [],
                                              "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()})
-            traceback.print_exc()
-            print(f"coordinator failed: {error}", file=sys.stderr, flush=True)
             return 1
     return 0
 
