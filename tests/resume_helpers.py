@@ -15,6 +15,7 @@ from emulated_configs import emulated_config
 from identity import assert_losses_match, assert_params_match
 from shared_runs import cli, launch, shared_root, shared_run  # noqa: F401 (cli: re-exported for the resume tests)
 from slurm_rl.metrics import read_metrics
+from slurm_rl.resume.stop import request_stop
 from toy_data import TOY_DATA, TOY_REWARD
 from cli_command import CLI
 
@@ -61,6 +62,17 @@ def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
 def start_run(config: Path) -> subprocess.Popen:
     return subprocess.Popen([*CLI, "run", str(config), "--no-inspect"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_until_stopped(config: Path, run_dir: Path, at_iteration: int, timeout: float = 900) -> str:
+    """Start the run of ``config``, ask it to stop at the gate of ``at_iteration``; its output once it
+    stopped there (exit code 3 asserted)."""
+    proc = start_run(config)
+    wait_until("the run dir", lambda: (run_dir / "control").is_dir())
+    assert request_stop(run_dir, "test", at_iteration=at_iteration)
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 3, out  # EXIT_STOPPED
+    return out
 
 
 def wait_until(what: str, done, timeout: float = 300.0) -> None:

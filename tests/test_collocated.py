@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resume_helpers import BACKENDS, assert_same_outcome, cli, run_config, start_run, wait_until
+from resume_helpers import BACKENDS, assert_same_outcome, cli, run_config, run_until_stopped
 from slurm_rl.control.activity import read_spans
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
@@ -25,7 +25,6 @@ from slurm_rl.data.layout import stage_dir
 from slurm_rl.data.manifest import ProducerManifest
 from slurm_rl.data.reader import StageReader
 from slurm_rl.metrics import read_metrics
-from slurm_rl.resume.stop import request_stop
 from emulated_configs import write_config
 
 COLLOCATED = {"actor,rollout,inference": "0-1"}
@@ -61,11 +60,7 @@ def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backen
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(collocated_config(backend, run_dir)))
-    proc = start_run(config)
-    wait_until("the run dir", lambda: (run_dir / "control").is_dir())
-    assert request_stop(run_dir, "test", at_iteration=2)
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 3, out  # EXIT_STOPPED
+    run_until_stopped(config, run_dir, at_iteration=2)
     assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

@@ -18,12 +18,11 @@ import pytest
 import yaml
 
 from emulated_configs import emulated_config, write_config
-from resume_helpers import BACKENDS, assert_same_outcome, cli, start_run, wait_until
+from resume_helpers import BACKENDS, assert_same_outcome, cli, run_until_stopped
 from shared_runs import launch, shared_root, shared_run
 from slurm_rl.data.reader import StageReader
 from slurm_rl.data.schemas import ID_STRIDE
 from slurm_rl.metrics import read_metrics
-from slurm_rl.resume.stop import request_stop
 from slurm_rl.rl.dataset import stream_rows
 from toy_data import TOY_DATA, TOY_REWARD
 
@@ -115,11 +114,7 @@ def test_stopped_dapo_run_resumes_drawing_the_same_prompts(backend: str, tmp_pat
     cfg = dapo_config(backend, run_dir)
     cfg["runtime"]["poll_interval_s"] = 0.25  # the stop lands before the run ends
     config.write_text(yaml.safe_dump(cfg))
-    proc = start_run(config)
-    wait_until("the run dir", lambda: (run_dir / "control").is_dir())
-    assert request_stop(run_dir, "test", at_iteration=1)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 3, out  # EXIT_STOPPED
+    run_until_stopped(config, run_dir, at_iteration=1)
     assert [m["iteration"] for m in read_metrics(run_dir)] == [0]
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

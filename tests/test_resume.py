@@ -18,10 +18,9 @@ from slurm_rl.control.progress import read_all_progress
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
-from slurm_rl.resume.stop import request_stop
 
-from resume_helpers import (BACKENDS, INTERRUPTIBLE, RESUME_PLACEMENT, assert_same_outcome, cli, run_config, start_run,
-                            wait_until)
+from resume_helpers import (BACKENDS, INTERRUPTIBLE, RESUME_PLACEMENT, assert_same_outcome, cli, run_config,
+                            run_until_stopped, start_run, wait_until)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -29,11 +28,7 @@ def test_stopped_run_resumes_at_another_dp_size_identically(backend: str, refere
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(run_config(backend, run_dir)))
-    proc = start_run(config)
-    wait_until("the run dir", lambda: (run_dir / "control").is_dir())
-    assert request_stop(run_dir, "test", at_iteration=2)
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 3, out  # EXIT_STOPPED
+    out = run_until_stopped(config, run_dir, at_iteration=2)
     assert "resume with: slurm-rl run --resume" in out
     assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
     ckpt = checkpoints.verify(run_dir / "checkpoints" / "iter-000002")

@@ -717,10 +717,15 @@ class _Cutter:
         return status is not None and (status.checked_at or 0.0) >= self.boundary_at
 
     @property
+    def received_all(self) -> bool:
+        """Every shard of the followed stage is received (and scored, where this rank scores)."""
+        return self.follower.complete and not self.scoring
+
+    @property
     def drained(self) -> bool:
-        """Every shard of the followed stage is received: under dynamic sampling the generation batch
-        that filled the need may end after the last mini-batch was cut, and its groups still count."""
-        return not self.filtering or (self.follower.complete and not self.scoring)
+        """Done receiving: under dynamic sampling the generation batch that filled the need may end
+        after the last mini-batch was cut, and its groups still count."""
+        return not self.filtering or self.received_all
 
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         if self.cut >= self.it.minibatches:
@@ -735,7 +740,7 @@ class _Cutter:
         replay = self.cut >= self.per_pass  # a later pass (actor.ppo_epochs) over the first pass's mini-batches
         if not replay and self.ready_rows < self.gbs:
             return scored_at
-        if self.it.collocated and not (self.follower.complete and not self.scoring):
+        if self.it.collocated and not self.received_all:
             return scored_at  # collocated: training starts once the rollout (and inference) phase has ended
         if not self.previous_done(now):
             return self.prev_end if self.prev_end is not None else now + self.it.p.poll
