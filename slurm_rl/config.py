@@ -99,7 +99,7 @@ RESPONSE_LEN_DIST = "lognormal"
 RESPONSE_LEN_SIGMA = 1.0
 PARETO_ALPHA = 1.5
 DECODE_FIXED_FRACTION = 1.0
-ENGINE_SECTIONS = ("model", "actor", "rollout", "inference", "algorithm", "data", "reward", "eval")
+ENGINE_SECTIONS = ("model", "actor", "critic", "rollout", "inference", "algorithm", "data", "reward", "eval")
 
 
 def shape_problems(hidden_size: int, num_attention_heads: int,
@@ -339,6 +339,17 @@ class ActorSection:
 
 
 @dataclass
+class CriticSection:
+    """PPO's critic (``algorithm.adv_estimator: gae``, verl's ``critic`` keys): the actor's architecture
+    with a scalar value head, trained on the actor's ranks on the same mini-batches (its own AdamW
+    state, the actor's LR schedule shape and optimizer settings)."""
+
+    lr: Optional[float] = None  # peak learning rate (verl: critic.optim.lr); null: actor.lr
+    cliprange_value: float = 0.5  # values further than this from the rollout-time ones are clipped in the loss
+    loss_agg_mode: Optional[str] = None  # null: algorithm.loss_agg_mode
+
+
+@dataclass
 class RolloutSection:
     """Rollout engine and sampling (the temperature is ``algorithm.temperature``)."""
 
@@ -380,10 +391,11 @@ class FilterGroupsSection:
 class AlgorithmSection:
     """Advantage estimator and actor loss (verl's names; ``slurm_rl.rl.advantages``, ``slurm_rl.rl.losses``)."""
 
-    # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | package.module:function (gae needs a critic)
+    # grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae (PPO: trains a critic) | package.module:function
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: r - group mean (Dr. GRPO)
-    gamma: float = 1.0  # discount of reinforce_plus_plus's returns (below 1: per-token advantages)
+    gamma: float = 1.0  # discount of reinforce_plus_plus's and gae's returns (below 1: per-token advantages)
+    lam: float = 1.0  # gae's lambda (bias/variance trade-off of the advantage; 1: Monte Carlo returns less the value)
     clip_eps: float = 0.2  # PPO ratio clip (verl: actor.clip_ratio)
     clip_ratio_low: Optional[float] = None  # lower clip, default clip_eps
     clip_ratio_high: Optional[float] = None  # upper clip, default clip_eps (DAPO clip-higher: above clip_ratio_low)
@@ -463,6 +475,7 @@ class RootSchema:
     mux: MuxMemberConfig = field(default_factory=MuxMemberConfig)
     model: ModelSection = field(default_factory=ModelSection)
     actor: ActorSection = field(default_factory=ActorSection)
+    critic: CriticSection = field(default_factory=CriticSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     inference: InferenceSection = field(default_factory=InferenceSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
@@ -491,6 +504,7 @@ class Config:
     script_placements: tuple[Placement, ...]
     model: ModelSection
     actor: ActorSection
+    critic: CriticSection
     rollout: RolloutSection
     inference: InferenceSection
     algorithm: AlgorithmSection
@@ -902,6 +916,7 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _positive(issues, "algorithm", al, "temperature")
     _positive(issues, "algorithm", al, "clip_eps", "kl_coef", "entropy_coeff", allow_zero=True)
     _validate_algorithm(al, issues)
+    _validate_critic(root, issues)
     _positive(issues, "data", root.data, "max_prompt_length", "gen_batch_size")
     _validate_filter_groups(root, issues)
     _positive(issues, "reward", root.reward, "timeout_s", "workers")
@@ -945,6 +960,30 @@ def _validate_filter_groups(root: RootSchema, issues: list[ConfigIssue]) -> None
                                   "false inside a co-execution group (its rollout turn ends with one generation batch)"))
 
 
+def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
+    """The critic's keys; ``gae``'s critic is built at the actor's TP 1 only (its value head is not split)."""
+    from slurm_rl.rl.advantages import needs_critic
+    from slurm_rl.rl.options import AGG_MODES
+
+    c = root.critic
+    _positive(issues, "critic", c, "lr", "cliprange_value")
+    if c.loss_agg_mode is not None:
+        _choice(issues, "critic.loss_agg_mode", c.loss_agg_mode, AGG_MODES)
+    raw = root.cluster.component_placement
+    named = [k for k in (raw if isinstance(raw, Mapping) else {}) if "critic" in (n.strip() for n in str(k).split(","))]
+    if not needs_critic(root.algorithm):
+        if named:
+            issues.append(ConfigIssue(f"cluster.component_placement.{named[0]}", "critic", (
+                "no critic unless algorithm.adv_estimator is gae (the critic's values feed GAE only)")))
+        return
+    sizes = sorted({root.actor.tensor_parallel, *root.actor.tensor_parallel_choices})
+    if sizes != [1]:
+        key = "actor.tensor_parallel" if root.actor.tensor_parallel != 1 else "actor.tensor_parallel_choices"
+        issues.append(ConfigIssue(key, getattr(root.actor, key.split(".")[1]), (
+            "1 (and no other choice) with algorithm.adv_estimator gae: the critic trains on the actor's ranks at "
+            "TP 1 in this version")))
+
+
 def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:
     """The estimator (a user's ``module:function`` is imported), clip ratios, aggregation and KL type."""
     from slurm_rl.rl.advantages import estimator_problems
@@ -964,6 +1003,8 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
             "batch carries one advantage per sample); reinforce_plus_plus_baseline, grpo and rloo sum it per response")))
     if not 0.0 < al.gamma <= 1.0:
         issues.append(ConfigIssue("algorithm.gamma", al.gamma, "a number in (0, 1]"))
+    if not 0.0 <= al.lam <= 1.0:
+        issues.append(ConfigIssue("algorithm.lam", al.lam, "a number in [0, 1]"))
     for key in ("clip_ratio_low", "clip_ratio_high"):
         value = getattr(al, key)
         if value is not None and not 0.0 <= value < (1.0 if key == "clip_ratio_low" else math.inf):

@@ -24,6 +24,10 @@ COMPONENTS: tuple[str, ...] = ("actor", "rollout", "inference")
 REQUIRED_COMPONENTS: tuple[str, ...] = ("actor", "rollout")
 """Components every placement must place."""
 
+WITH_ACTOR: tuple[str, ...] = ("critic",)
+"""Components that train on the actor's ranks and move with them (named in the actor's entry,
+RLinf's ``actor,critic,...``); they are not components of an epoch."""
+
 PLACEMENT_FORMS = (
     "a range 'a-b' with a <= b, a comma list of ranges, 'all', or 'resources:processes'"
 )
@@ -408,10 +412,17 @@ def parse_placement(
         names = tuple(n.strip() for n in str(raw_key).split(","))
         ok_names = True
         for name in names:
+            if name in WITH_ACTOR:
+                if "actor" not in names:
+                    ok_names = False
+                    issues.append(ConfigIssue(entry_key, name, (
+                        f"{name!r} in the actor's entry (e.g. 'actor,{name}'): the {name} trains on the actor's "
+                        "ranks and moves with them; on ranks of its own it is not supported yet")))
+                continue
             if name not in COMPONENTS:
                 ok_names = False
                 issues.append(ConfigIssue(entry_key, name, "component names among "
-                                          f"{', '.join(COMPONENTS)} (comma-separated to share one entry)"))
+                                          f"{', '.join(COMPONENTS + WITH_ACTOR)} (comma-separated to share one entry)"))
             elif name in placed_by:
                 ok_names = False
                 issues.append(ConfigIssue(entry_key, name, "each component in one entry only "
@@ -442,7 +453,7 @@ def parse_placement(
                 f"each process's slots on one node (a process would own slots {list(split)} on nodes "
                 f"{sorted({node_of[s] for s in split})})")))
         elif ok_names:
-            entries.append(_Entry(entry_key, names, spec, group, procs))
+            entries.append(_Entry(entry_key, tuple(n for n in names if n not in WITH_ACTOR), spec, group, procs))
     for name in REQUIRED_COMPONENTS:
         if name not in placed_by:
             issues.append(ConfigIssue(f"{key}.{name}", MISSING_VALUE,

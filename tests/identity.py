@@ -35,11 +35,19 @@ def assert_losses_match(got: Sequence[float], want: Sequence[float], atol: float
 
 
 def assert_params_match(got_dir: Path, want_dir: Path, rtol: float) -> None:
-    """``checkpoints/final/model.safetensors`` of two runs: same tensors, each within ``rtol`` of
-    its largest entry."""
+    """``checkpoints/final/model.safetensors`` of two runs (and of their critics, where they trained
+    one): same tensors, each within ``rtol`` of its largest entry."""
     from safetensors.torch import load_file
 
-    got, want = (load_file(str(d / "checkpoints" / "final" / "model.safetensors")) for d in (got_dir, want_dir))
+    final = Path("checkpoints") / "final"
+    critic = final / "critic" / "model.safetensors"
+    assert (got_dir / critic).exists() == (want_dir / critic).exists()
+    for path in (final / "model.safetensors", critic):
+        if (want_dir / path).exists():
+            _same_tensors(load_file(str(got_dir / path)), load_file(str(want_dir / path)), rtol)
+
+
+def _same_tensors(got: dict, want: dict, rtol: float) -> None:
     assert got.keys() == want.keys()
     for name, ref in want.items():
         scale = float(ref.abs().max()) or 1.0

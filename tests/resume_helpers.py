@@ -87,20 +87,22 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
     """What must not change when a run is interrupted: per iteration its prompts (data order), samples,
     mini-batches, rewards, consumed samples and per-step losses (None on the emulated compute)."""
     keys = ("iteration", "prompts_digest", "samples", "minibatches", "reward_mean", "consumed_samples")
-    return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses"), "kl_coef": m.get("kl_ctrl/kl_coef")}
-            for m in read_metrics(run_dir)]
+    return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses"), "kl_coef": m.get("kl_ctrl/kl_coef"),
+             "critic_losses": m.get("critic/vf_losses")} for m in read_metrics(run_dir)]
 
 
 def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS) -> None:
     a, b = outcome(got), outcome(ref)
     assert [m["iteration"] for m in a] == list(range(iterations)), a
     for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if k not in ("losses", "kl_coef")} == {
-            k: v for k, v in y.items() if k not in ("losses", "kl_coef")}
+        floats = ("losses", "kl_coef", "critic_losses")
+        assert {k: v for k, v in x.items() if k not in floats} == {k: v for k, v in y.items() if k not in floats}
         # the adaptive kl_ctrl's coefficient (O(0.05)): carried over a resume, up to the float noise of its KL input
         assert x["kl_coef"] == (None if y["kl_coef"] is None else pytest.approx(y["kl_coef"], rel=1e-6))
         assert (x["losses"] is None) == (y["losses"] is None)
         assert_losses_match(x["losses"] or [], y["losses"] or [])
+        assert (x["critic_losses"] is None) == (y["critic_losses"] is None)  # PPO's critic: its value losses too
+        assert_losses_match(x["critic_losses"] or [], y["critic_losses"] or [])
     if (ref / "checkpoints" / "final" / "model.safetensors").exists():  # the real actor: final parameters too
         assert_params_match(got, ref, rtol=1e-6)
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slurm_rl.data.schemas import ACTOR_BATCH
-from slurm_rl.rl.advantages import (compute_advantages, compute_token_advantages, needs_token_advantages,
-                                      token_level_rewards)
+from slurm_rl.rl.advantages import (NEEDS_CRITIC, compute_advantages, compute_gae, compute_token_advantages,
+                                      needs_token_advantages, token_level_rewards)
 from slurm_rl.rl.formulas import LOG_RATIO_CLAMP, kl_estimate
 
 
@@ -67,10 +67,9 @@ def _kl_coef(algorithm: Any, kl_coef: float | None) -> float:
     return float(algorithm.kl_ctrl.kl_coef if kl_coef is None else kl_coef)
 
 
-def token_advantages(inference: pa.Table, name: str, algorithm: Any, kl_coef: float | None) -> list[np.ndarray]:
-    """Per-token advantages (``algorithm.gamma < 1``, or a KL penalty per token in the reward) from the
-    token-level rewards verl builds: the reward on the last response token, less the KL coefficient
-    times each token's KL under ``algorithm.use_kl_in_reward``."""
+def token_rewards(inference: pa.Table, algorithm: Any, kl_coef: float | None) -> list[np.ndarray]:
+    """The token-level rewards verl builds: the reward on the last response token, less the KL
+    coefficient times each token's KL under ``algorithm.use_kl_in_reward``."""
     lengths = pc.list_value_length(inference.column("response_ids")).to_numpy(zero_copy_only=False)
     reward = inference.column("reward").to_numpy().astype(np.float64)
     kl, coef = None, 0.0
@@ -78,7 +77,23 @@ def token_advantages(inference: pa.Table, name: str, algorithm: Any, kl_coef: fl
         kl = kl_per_token(old_logprobs(inference).to_pylist(), inference.column("ref_logprobs").to_pylist(),
                           algorithm.kl_penalty)
         coef = _kl_coef(algorithm, kl_coef)
-    return compute_token_advantages(name, token_level_rewards(reward, lengths, kl, coef), algorithm)
+    return token_level_rewards(reward, lengths, kl, coef)
+
+
+def token_advantages(inference: pa.Table, name: str, algorithm: Any, kl_coef: float | None) -> list[np.ndarray]:
+    """Per-token advantages (``algorithm.gamma < 1``, or a KL penalty per token in the reward) from
+    :func:`token_rewards`."""
+    return compute_token_advantages(name, token_rewards(inference, algorithm, kl_coef), algorithm)
+
+
+def gae_advantages(inference: pa.Table, algorithm: Any, kl_coef: float | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """GAE's per-token (advantages, returns) from :func:`token_rewards` and the critic's ``values``."""
+    values = inference.column("values")
+    if values.null_count:
+        raise ValueError(f"algorithm.adv_estimator 'gae': {values.null_count} of {len(values)} samples have no "
+                         "critic values (the inference ranks, or the actor's leader, compute them)")
+    return compute_gae(token_rewards(inference, algorithm, kl_coef), [np.asarray(v) for v in values.to_pylist()],
+                       float(getattr(algorithm, "gamma", 1.0)), float(getattr(algorithm, "lam", 1.0)))
 
 
 def scores(inference: pa.Table, algorithm: Any = None, kl_coef: float | None = None) -> np.ndarray:
@@ -97,12 +112,17 @@ def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float 
     """ACTOR_BATCH of one cut mini-batch (whole groups): ``advantage`` by ``algorithm.adv_estimator``
     (:mod:`slurm_rl.rl.advantages`; GRPO with verl's defaults when ``algorithm`` is None) from
     :func:`scores`, or per token (``token_advantages``; ``advantage`` then holds their mean) where the
-    estimator gives them (:func:`~slurm_rl.rl.advantages.needs_token_advantages`); the ``reward``
-    column keeps the reward itself."""
+    estimator gives them (:func:`~slurm_rl.rl.advantages.needs_token_advantages`; ``gae`` also
+    writes the critic's targets, ``returns``); the ``reward`` column keeps the reward itself."""
     name = getattr(algorithm, "adv_estimator", "grpo")
     per_token = pa.nulls(inference.num_rows, pa.list_(pa.float32()))
+    returns = pa.nulls(inference.num_rows, pa.list_(pa.float32()))
     if needs_token_advantages(name, algorithm):
-        tokens = token_advantages(inference, name, algorithm, kl_coef)
+        if name in NEEDS_CRITIC:
+            tokens, targets = gae_advantages(inference, algorithm, kl_coef)
+            returns = pa.array([t.astype(np.float32) for t in targets], pa.list_(pa.float32()))
+        else:
+            tokens = token_advantages(inference, name, algorithm, kl_coef)
         adv = np.array([float(t.mean()) if len(t) else 0.0 for t in tokens], np.float32)  # for the metrics
         per_token = pa.array([t.astype(np.float32) for t in tokens], pa.list_(pa.float32()))
     else:
@@ -126,6 +146,7 @@ def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float 
             "rollout_is_weights": weights,
             "advantage": pa.array(adv),
             "token_advantages": per_token,
+            "returns": returns,
             "reward": inference.column("reward"),
             "weight_version": inference.column("weight_version"),
         },

@@ -134,6 +134,7 @@ ACTOR_BATCH = _schema(
         pa.field("rollout_is_weights", LOGPROBS, nullable=True),  # per token; null: algorithm.rollout_is none
         pa.field("advantage", pa.float32(), nullable=False),  # per sample (the mean of token_advantages where set)
         pa.field("token_advantages", LOGPROBS, nullable=True),  # per response token; null: one per sample
+        pa.field("returns", LOGPROBS, nullable=True),  # per response token, the critic's targets; null: no critic
         pa.field("reward", pa.float32(), nullable=False),
         pa.field("weight_version", pa.int64(), nullable=False),
     ],

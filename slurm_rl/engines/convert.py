@@ -191,6 +191,19 @@ def megatron_to_hf(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str,
             raise KeyError(f"megatron_to_hf: unknown megatron layer parameter {name!r}")
 
 
+def critic_to_hf(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str, Tensor]]:
+    """A critic's megatron pairs as transformers' ``*ForTokenClassification`` (one label) pairs: the
+    body as :func:`megatron_to_hf`, the value head ``output_layer.{weight,bias}`` as ``score.*``."""
+    body = []
+    for name, t in named:
+        short = re.sub(r"^(?:module\.)+", "", name)
+        if short in ("output_layer.weight", "output_layer.bias"):
+            yield "score." + short.rsplit(".", 1)[1], t
+        else:
+            body.append((name, t))
+    yield from (pair for pair in megatron_to_hf(body, cfg) if pair[0] != "lm_head.weight")
+
+
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _HF_TO_MEG_LAYER = {
     "input_layernorm.weight": "input_layernorm.weight",

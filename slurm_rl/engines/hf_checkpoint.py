@@ -220,16 +220,19 @@ def checkpoint_problems(path: Any, key: str = "model.path",
 
 @torch.no_grad()
 def load_into_megatron(model: torch.nn.Module, path: str | Path, cfg: ModelConfig,
-                       shard: Callable[[str, Tensor], Tensor] | None = None) -> dict[str, float]:
+                       shard: Callable[[str, Tensor], Tensor] | None = None,
+                       skip: tuple[str, ...] = ()) -> dict[str, float]:
     """Copy the checkpoint's weights into the megatron-core ``model`` of ``cfg`` in place,
     tensor by tensor (each parameter reads only its own HF tensors). ``shard(name, full)`` cuts
-    a tensor-parallel rank's part of a full megatron tensor. Returns ``bytes`` read and
-    ``seconds``."""
+    a tensor-parallel rank's part of a full megatron tensor; parameters named in ``skip`` (a
+    critic's value head) keep their values. Returns ``bytes`` read and ``seconds``."""
     import time
 
     t0, nbytes = time.perf_counter(), 0
     with SafetensorsFiles(path) as files:
         for name, param in model.named_parameters():
+            if name in skip:
+                continue
             sources = [files.read(s) for s in hf_sources(name, cfg)]
             nbytes += sum(t.numel() * t.element_size() for t in sources)
             value = fuse_sources(name, sources, cfg)

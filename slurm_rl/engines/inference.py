@@ -42,7 +42,7 @@ class ReferenceScorer:
         self.model_cfg = model_cfg
         self.device = torch.device(device)
         self.max_tokens_per_batch = max_tokens_per_batch
-        self.model = build_hf_model(model_cfg, seed=0, device=self.device, checkpoint=checkpoint, dtype=dtype)
+        self.model = self._build(model_cfg, checkpoint, dtype)
         self.model.requires_grad_(False)
         self._parking = HostParking("ReferenceScorer")
         if checkpoint is not None:
@@ -51,13 +51,19 @@ class ReferenceScorer:
             raise ValueError("ReferenceScorer: give initial_state or checkpoint")
         self.load_weights(initial_state)
 
+    def _build(self, model_cfg: ModelConfig, checkpoint: str | Path | None, dtype: torch.dtype) -> torch.nn.Module:
+        return build_hf_model(model_cfg, seed=0, device=self.device, checkpoint=checkpoint, dtype=dtype)
+
+    def _hf_names(self, named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+        return to_hf_names(named, self.model_cfg)
+
     def load_weights(self, named: Iterable[tuple[str, Tensor]]) -> None:
         """Copy every parameter in (HF or megatron names); raises KeyError on an unknown or a missing one.
         While parked the tensors go into the host copies, which :meth:`unpark` puts back."""
         params = dict(self.model.named_parameters())
         loaded = set()
         with torch.no_grad():
-            for name, t in to_hf_names(named, self.model_cfg):
+            for name, t in self._hf_names(named):
                 if name not in params:
                     raise KeyError(f"ReferenceScorer: unknown parameter {name!r}")
                 target = self._parking.host_view(params[name]) if self.parked else params[name]
@@ -97,5 +103,47 @@ class ReferenceScorer:
                 batch, longest = [], len(seq)
             batch.append(seq)
         if batch:
-            out += score_sequences(self.model, batch, self.device)
+            out += self._score_batch(batch)
         return out
+
+    def _score_batch(self, batch: Sequence[Sequence[int]]) -> list[Tensor]:
+        return score_sequences(self.model, batch, self.device)
+
+
+class ValueScorer(ReferenceScorer):
+    """The critic's copy on an inference rank (or on the actor's leader without inference ranks):
+    transformers' ``*ForTokenClassification`` of one label, given the critic's weights of each
+    iteration by :meth:`load_weights` (megatron names: :func:`~slurm_rl.engines.convert.critic_to_hf`).
+    :meth:`score` gives the value of every position but the last (the next-token layout)."""
+
+    def __init__(self, model_cfg: ModelConfig, initial_state: Iterable[tuple[str, Tensor]],
+                 device: str = "cpu", max_tokens_per_batch: int = 16384, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(model_cfg, initial_state, device=device, max_tokens_per_batch=max_tokens_per_batch,
+                         dtype=dtype)
+
+    def _build(self, model_cfg: ModelConfig, checkpoint: str | Path | None, dtype: torch.dtype) -> torch.nn.Module:
+        from transformers import AutoModelForTokenClassification
+
+        from slurm_rl.engines.convert import hf_config
+
+        cfg = hf_config(model_cfg, num_labels=1, pad_token_id=0)
+        cfg._attn_implementation = "sdpa"
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForTokenClassification.from_config(cfg)
+        return model.to(device=self.device, dtype=dtype).eval()
+
+    def _hf_names(self, named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+        from slurm_rl.engines.convert import critic_to_hf
+
+        items = list(named)
+        return list(critic_to_hf(items, self.model_cfg)) if items and _MEGATRON.match(items[0][0]) else items
+
+    @torch.no_grad()
+    def _score_batch(self, batch: Sequence[Sequence[int]]) -> list[Tensor]:
+        from slurm_rl.rl.tokenizer import pad_batch
+
+        ids, mask = pad_batch(batch, 0, left=False)
+        out = self.model(input_ids=torch.tensor(ids, device=self.device),
+                         attention_mask=torch.tensor(mask, device=self.device)).logits[..., 0].float().cpu()
+        return [out[i, : len(s) - 1].clone() for i, s in enumerate(batch)]

@@ -35,6 +35,7 @@ from slurm_rl.faults import fault_point
 FORMAT = "slurm_rl.run_checkpoint/1"
 MANIFEST = "run.json"
 ACTOR_DIR = "actor"
+CRITIC_DIR = "critic"  # PPO's critic (algorithm.adv_estimator gae), saved beside the actor
 _NAME_RE = re.compile(r"^iter-(\d{6,})$")
 _STAGING_RE = re.compile(r"^\.iter-(\d{6,})\.tmp-\d+$")
 _REQUIRED = {"format": str, "iteration": int, "epoch": int, "generation": int, "created_at": float,

@@ -17,6 +17,11 @@ sample is the whole result:
   gives one array per sample (the actor batch's ``token_advantages``).
 - ``reinforce_plus_plus_baseline``: ``r - mean_g``, then whitened over every response token of the
   batch.
+- ``gae`` (PPO with a critic): per token ``delta_t = r_t + gamma * V_{t+1} - V_t`` (``V`` after the
+  last response token is 0), ``A_t = delta_t + gamma * lam * A_{t+1}``; the returns ``A_t + V_t``
+  are the critic's targets and the advantages are whitened over every response token of the batch
+  (verl's ``compute_gae_advantage_return``). ``V`` are the critic's values of the iteration's start
+  (the ``values`` column): :func:`compute_gae` gives one array per sample of each.
 
 Whitening (verl's ``masked_whiten``): ``(x - mean) / sqrt(var + 1e-8)`` with the token-weighted
 mean and the unbiased token-weighted variance. verl whitens over the whole iteration batch; here
@@ -36,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ADV_ESTIMATORS", "AdvantageFn", "adv_estimator", "compute_advantages", "compute_token_advantages",
-           "discounted_returns", "estimator_problems", "needs_token_advantages", "register_adv_est",
-           "token_level_rewards", "whiten"]
+__all__ = ["ADV_ESTIMATORS", "AdvantageFn", "adv_estimator", "compute_advantages", "compute_gae",
+           "compute_token_advantages", "discounted_returns", "estimator_problems", "needs_critic",
+           "needs_token_advantages", "register_adv_est", "token_level_rewards", "whiten"]
 
 AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], np.ndarray]
 """``(rewards, groups, response_lengths, algorithm config) -> advantages``, one per sample."""
@@ -46,6 +51,7 @@ AdvantageFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], np.ndarray]
 GRPO_EPS = 1e-6
 WHITEN_EPS = 1e-8
 NEEDS_CRITIC = ("gae",)
+"""Estimators that read the critic's values (the run trains a critic on the actor's ranks)."""
 FN_FORM = "'package.module:function' (rewards, groups, response_lengths, config) -> advantages"
 
 ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
@@ -126,11 +132,7 @@ def estimator_problems(algorithm: Any) -> list[tuple[str, Any, str]]:
     allowed = f"one of {', '.join([*ADV_ESTIMATORS, *NEEDS_CRITIC])}, or {FN_FORM}"
     if not isinstance(name, str):
         return [("algorithm.adv_estimator", name, allowed)]
-    if name in NEEDS_CRITIC:
-        return [("algorithm.adv_estimator", name,
-                 f"{allowed}; {name!r} needs a critic component, and this version has none (use grpo, rloo "
-                 "or reinforce_plus_plus)")]
-    if name not in ADV_ESTIMATORS:
+    if name not in ADV_ESTIMATORS and name not in NEEDS_CRITIC:
         from slurm_rl.rewards.loader import FN_RE, cwd_on_sys_path
 
         if not FN_RE.match(name):
@@ -160,9 +162,14 @@ TOKEN_LEVEL = ("reinforce_plus_plus",)
 per-token KL penalty in the reward); the others use the response's summed reward, as verl's do."""
 
 
+def needs_critic(algorithm: Any) -> bool:
+    """Whether ``algorithm``'s estimator reads a critic's values (``gae``: PPO with a critic)."""
+    return getattr(algorithm, "adv_estimator", "grpo") in NEEDS_CRITIC
+
+
 def needs_token_advantages(name: str, algorithm: Any) -> bool:
     """Whether ``name`` under ``algorithm`` gives per-token advantages (else one per sample)."""
-    return name in TOKEN_LEVEL and (float(getattr(algorithm, "gamma", 1.0)) != 1.0
+    return name in NEEDS_CRITIC or name in TOKEN_LEVEL and (float(getattr(algorithm, "gamma", 1.0)) != 1.0
                                     or bool(getattr(algorithm, "use_kl_in_reward", False)))
 
 
@@ -209,3 +216,32 @@ def compute_token_advantages(name: str, token_rewards: list[np.ndarray], config:
     if not all(np.all(np.isfinite(a)) for a in out):
         raise ValueError(f"algorithm.adv_estimator {name!r} gave advantages that are not all finite")
     return out
+
+
+def compute_gae(token_rewards: list[np.ndarray], values: list[np.ndarray], gamma: float, lam: float
+                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """verl's ``compute_gae_advantage_return`` per sample of one mini-batch: (advantages whitened over
+    every response token of the batch, returns ``A + V`` unwhitened), one array per sample each."""
+    raw: list[np.ndarray] = []
+    returns: list[np.ndarray] = []
+    for r, v in zip(token_rewards, values):
+        v = np.asarray(v, np.float64)
+        if len(v) != len(r):
+            raise ValueError(f"gae: {len(v)} values for a response of {len(r)} tokens")
+        adv = np.zeros(len(r), np.float64)
+        last, next_value = 0.0, 0.0
+        for t in range(len(r) - 1, -1, -1):
+            last = r[t] + gamma * next_value - v[t] + gamma * lam * last
+            next_value = v[t]
+            adv[t] = last
+        raw.append(adv)
+        returns.append(adv + v)
+    flat = np.concatenate(raw) if raw else np.zeros(0)
+    whitened = whiten(flat, np.ones(len(flat), np.int64))
+    out, start = [], 0
+    for a in raw:
+        out.append(whitened[start:start + len(a)])
+        start += len(a)
+    if not all(np.all(np.isfinite(a)) for a in out + returns):
+        raise ValueError("algorithm.adv_estimator 'gae' gave advantages or returns that are not all finite")
+    return out, returns

@@ -32,7 +32,7 @@ from slurm_rl.rl.formulas import LOG_RATIO_CLAMP, kl_estimate
 from slurm_rl.rl.options import AGG_MODES, KL_TYPES
 
 __all__ = ["AGG_MODES", "KL_TYPES", "POLICY_LOSSES", "LossAggregation", "PolicyLossConfig", "kl_penalty",
-           "place_responses", "policy_loss", "register_policy_loss", "response_mask"]
+           "place_responses", "policy_loss", "register_policy_loss", "response_mask", "value_loss"]
 
 
 
@@ -151,3 +151,17 @@ def place_responses(prompt_lens: Sequence[int], values: Sequence[Sequence[float]
         out[i, s:s + n] = torch.as_tensor(v, dtype=torch.float32)
         mask[i, s:s + n] = 1.0
     return out, mask
+
+
+def value_loss(vpreds: Tensor, values: Tensor, returns: Tensor, cliprange_value: float) -> tuple[Tensor, Tensor]:
+    """The critic's per-token loss (verl's ``compute_value_loss`` before aggregation):
+    ``0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)`` with ``V_old`` the values the
+    advantages were computed from and ``R`` the returns; and the per-token flag of the clipped term
+    being the larger (``vf_clipfrac``)."""
+    values, returns = values.detach(), returns.detach()
+    clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
+    loss1 = (vpreds - returns) ** 2
+    loss2 = (clipped - returns) ** 2
+    with torch.no_grad():
+        flag = loss2 > loss1
+    return 0.5 * torch.maximum(loss1, loss2), flag

@@ -21,6 +21,7 @@ from slurm_rl.data import emulated as fake
 from slurm_rl.data.schemas import ID_STRIDE, count_tokens
 from slurm_rl.engines.emulated import DecodeBatch, emulate
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.rl.advantages import needs_critic
 from slurm_rl.scheduler.cost_model import BYTES_PER_PARAM_STATE, CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 
@@ -127,7 +128,8 @@ class EmulatedCompute:
         return EmulatedDecoder(self, k)
 
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
-        out = fake.make_fake_inference(rollouts, seed=self.seed + k, inference_rank=self.rank)
+        out = fake.make_fake_inference(rollouts, seed=self.seed + k, inference_rank=self.rank,
+                                       with_values=needs_critic(self.cfg.algorithm))
         seconds = self.cost.share_seconds("inference", count_tokens(out) + count_tokens(out, "prompt_ids"), share_ranks)
         self.inference_busy_until = max(now, self.inference_busy_until) + seconds
         return out, self.inference_busy_until

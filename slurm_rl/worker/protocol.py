@@ -66,6 +66,7 @@ from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.filter_groups import (DRAWN_KEY, group_metric, keeps, prompts_before, prompts_per_batch,
                                         read_rounds, write_rounds)
 from slurm_rl.rl.formulas import k3
+from slurm_rl.rl.advantages import needs_critic
 from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration, uses_reference
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
@@ -229,7 +230,9 @@ class IterationProtocol:
         self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt, tp=start.tp_of("actor"))
         rollout = sorted(start.ranks_of("rollout"))
         # the inference ranks score the iteration's actor weights too (algorithm.old_logprobs: actor)
-        scorers = sorted(start.ranks_of("inference")) if self.cfg.algorithm.old_logprobs == "actor" else []
+        # (algorithm.old_logprobs: actor), and the critic's values with its weights (gae)
+        scorers = (sorted(start.ranks_of("inference"))
+                   if self.cfg.algorithm.old_logprobs == "actor" or needs_critic(self.cfg.algorithm) else [])
         # Collocated at actor TP 1, every actor rank holds the full weights: its own engines take them in
         # place, and the broadcast goes from the source to the ranks outside the actor only.
         local = set(self.actor_ranks) if self.actor_tp == 1 else {self.actor_ranks[0]}
@@ -529,7 +532,9 @@ class _Cutter:
         self.follower = StageFollower(it.p.run_dir, it.k, source)
         # No inference component, yet a KL to weigh: this rank (the actor's leader) scores the
         # reference policy itself, as verl's and RLinf's actor workers do without a separate one.
-        self.scores_reference = source == ROLLOUTS_STAGE and uses_reference(it.p.cfg.algorithm)
+        # no inference ranks: the leader scores the reference (a KL to weigh) and the critic's values (gae)
+        self.scores_reference = source == ROLLOUTS_STAGE and (uses_reference(it.p.cfg.algorithm)
+                                                              or needs_critic(it.p.cfg.algorithm))
         self.scoring: list[tuple[float, pa.Table]] = []  # scored here: (ready at, rows) in arrival order
         self.buffer: list[pa.Table] = []  # received, not cut yet
         self.group_rows: dict[int, int] = {}  # samples received per group not cut yet
@@ -1106,6 +1111,10 @@ class _Iteration:
             row[KL_KEY] = float(np.mean(c.current_kl)) if c.current_kl else 0.0
         if c.mismatch_kl:  # the rollout engine's log-probs against the actor's of the same weights
             row["mismatch/kl"], row["mismatch/max_abs"] = float(np.mean(c.mismatch_kl)), c.mismatch_max
+        vf_losses = [m["critic/loss"] for m in steps if m.get("critic/loss") is not None]
+        if vf_losses:  # PPO's critic (gae): its value loss per step, as the actor's losses
+            row.update({"critic/vf_loss": float(np.mean(vf_losses)), "critic/vf_losses": vf_losses,
+                        "critic/lr": steps[-1].get("critic/lr"), "critic/grad_norm": steps[-1].get("critic/grad_norm")})
         if entropies:  # algorithm.entropy_coeff set: the policy's mean token entropy over the iteration's steps
             row["entropy"] = float(np.mean(entropies))
         if self.p.cfg.runtime.device != "emulated":  # every rollout rank's generate ended before training did

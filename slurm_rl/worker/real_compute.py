@@ -35,7 +35,8 @@ from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
 from slurm_rl.launch.rank_env import RankInfo
-from slurm_rl.resume.checkpoints import ACTOR_DIR
+from slurm_rl.resume.checkpoints import ACTOR_DIR, CRITIC_DIR
+from slurm_rl.rl.advantages import needs_critic
 from slurm_rl.worker.errors import ProtocolError
 
 
@@ -99,6 +100,15 @@ def engine_optim_config(cfg: Config) -> Any:
 
     section = dataclasses.asdict(cfg.actor)
     return OptimConfig(**{f.name: section[f.name] for f in dataclasses.fields(OptimConfig)})
+
+
+def critic_optim_config(cfg: Config) -> Any:
+    """The critic's ``OptimConfig``: the actor's optimizer keys with ``critic.lr`` (null: ``actor.lr``)."""
+    import dataclasses
+
+    optim = engine_optim_config(cfg)
+    return optim if cfg.critic.lr is None else dataclasses.replace(optim, lr=cfg.critic.lr,
+                                                                  min_lr=min(optim.min_lr, cfg.critic.lr))
 
 
 def data_spec(cfg: Config) -> Any:
@@ -191,12 +201,21 @@ class RealCompute:
                                     checkpoint=self.checkpoint, tp=cfg.actor.tensor_parallel,
                                     precision=actor_precision(cfg), recompute=cfg.actor.recompute,
                                     attention=cfg.actor.attention_backend)
+        self.critic: Any = None  # algorithm.adv_estimator gae: PPO's critic, on the actor's ranks
+        if needs_critic(cfg.algorithm):
+            from slurm_rl.engines.actor.critic import CriticTrainer
+
+            self.critic = CriticTrainer(self.model_cfg, critic_optim_config(cfg), batch_cfg, initial, self.groups,
+                                        self.seed, self.device, checkpoint=self.checkpoint, tp=1,
+                                        precision=actor_precision(cfg), recompute=cfg.actor.recompute,
+                                        attention=cfg.actor.attention_backend)
         self.warm_s = 0.0
         if cfg.actor.warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
-            self.warm_s = self.trainer.warm()
+            self.warm_s = self.trainer.warm() + (self.critic.warm() if self.critic is not None else 0.0)
         self.engine: Any = None
         self.ref: Any = None
         self.policy: Any = None  # inference ranks: the iteration's actor weights (algorithm.old_logprobs: actor)
+        self.values: Any = None  # the critic's weights of the iteration (inference ranks; the actor's leader)
         self._parked: list[Any] = []  # what the last park() parked (a warm switch out)
 
     @functools.cached_property
@@ -242,6 +261,9 @@ class RealCompute:
         if "inference" in roles and self.policy is None and self.algorithm.old_logprobs == "actor":
             self.policy = self._reference_scorer(dtype=actor_precision(self.cfg))  # weights: each iteration's sync
             figures["policy_scorer"] = "built"
+        if "inference" in roles and self.values is None and self.critic is not None:
+            self.values = self._value_scorer()
+            figures["value_scorer"] = "built"
         if figures:
             figures["engine_seconds"] = time.perf_counter() - t0
         return figures
@@ -259,6 +281,27 @@ class RealCompute:
 
         initial = build_gpt_model(self.model_cfg, self.seed, "cpu")
         return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device, dtype=kind)
+
+    def _value_scorer(self) -> Any:
+        """A copy of the critic (its weights: each iteration's sync)."""
+        import torch
+
+        from slurm_rl.engines.actor.critic import CriticTrainer  # noqa: F401 (the head's names)
+        from slurm_rl.engines.inference import ValueScorer
+
+        kind = torch.bfloat16 if actor_precision(self.cfg) == "bf16" else torch.float32
+        return ValueScorer(self.model_cfg, self._initial_critic(), device=self.device, dtype=kind)
+
+    def _initial_critic(self) -> list[Any]:
+        """Zero weights of the critic's shape: a placeholder until the first sync loads the real ones."""
+        import torch
+
+        from slurm_rl.engines.convert import hf_config
+        from transformers import AutoModelForTokenClassification
+
+        with torch.device("meta"):
+            model = AutoModelForTokenClassification.from_config(hf_config(self.model_cfg, num_labels=1))
+        return [(n, torch.zeros(p.shape)) for n, p in model.named_parameters()]
 
     # -- rollout --------------------------------------------------------------------------------
     def dataset(self) -> Any:
@@ -399,6 +442,8 @@ class RealCompute:
                 self.engine.update_weights(own, version=k)
             if self.policy is not None:
                 self.policy.load_weights(own)
+            if self.values is not None:
+                self.values.load_weights(self.critic.full_parameters())
             return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
         full = self.trainer.full_parameters() if self.rank in (gather or [src]) else None
@@ -414,25 +459,63 @@ class RealCompute:
             self.engine.update_weights(named if self.rank == src else received, version=k)
         if self.policy is not None:  # an inference rank's copy of the actor (algorithm.old_logprobs: actor)
             self.policy.load_weights(named if self.rank == src else received)
-        return {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
+        figures = {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
+        if self.critic is not None:
+            self._sync_critic(k, src, ranks, figures)
+        return figures
+
+    def _sync_critic(self, k: int, src: int, ranks: list[int], figures: dict[str, Any]) -> None:
+        """The critic's weights of version ``k`` from ``src`` to the value scorers of ``ranks`` (the
+        inference ranks use them; the rollout ranks receive and drop them) and of ``src`` itself (the
+        actor's leader computes the values where no inference rank does)."""
+        from slurm_rl.engines.weight_sync import broadcast_weights
+
+        mine = self.critic.full_parameters() if self.rank == src else None
+        received: list[Any] = []
+        if len(ranks) > 1:
+            received, stats = broadcast_weights(mine, src, self.groups.get(ranks, "weight sync"),
+                                                timeout=self.cfg.runtime.wait_timeout_s, what=f"critic sync v{k}")
+            figures["seconds"] += float(getattr(stats, "seconds", 0.0))
+            figures["bytes"] += int(getattr(stats, "bytes", 0))
+        if self.rank == src and self.values is None:
+            self.values = self._value_scorer()
+        if self.values is not None:
+            self.values.load_weights(mine if self.rank == src else received)
 
     # -- inference ------------------------------------------------------------------------------
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
-        if self.ref is None:  # the actor's leader of a run without inference ranks: built on first use
+        from slurm_rl.rl.kl_ctrl import uses_reference
+
+        if self.ref is None and uses_reference(self.algorithm):  # the actor's leader without inference ranks
             self.ref = self._reference_scorer()
         prompts = rollouts.column("prompt_ids").to_pylist()
         responses = rollouts.column("response_ids").to_pylist()
         sequences = [p + r for p, r in zip(prompts, responses)]
-        ref = [s[len(p) - 1:].tolist() for s, p in zip(self.ref.score(sequences), prompts)]
+
+        def responses_of(scorer: Any) -> list[list[float]]:
+            return [s[len(p) - 1:].tolist() for s, p in zip(scorer.score(sequences), prompts)]
+
+        # without a KL to weigh, the reference is never read: the sampled log-probs fill its column
+        ref: Any = responses_of(self.ref) if self.ref is not None else rollouts.column("sampled_logprobs")
         old = None
         if self.policy is not None:  # the weights these responses were sampled with, as the actor holds them
-            old = [s[len(p) - 1:].tolist() for s, p in zip(self.policy.score(sequences), prompts)]
-        return inference_table(rollouts, ref, self.rank, old_logprobs=old), time.time()
+            old = responses_of(self.policy)
+        values = None
+        if self.critic is not None:  # the critic of the iteration's start: GAE's values
+            if self.values is None:
+                raise RuntimeError(f"rank {self.rank}: values of iteration {k} asked before the critic's weights "
+                                   "reached this rank (it is neither an inference rank nor the weight sync's source)")
+            values = pa.array(responses_of(self.values), pa.list_(pa.float32()))
+        return inference_table(rollouts, ref, self.rank, values=values, old_logprobs=old), time.time()
 
     # -- actor ----------------------------------------------------------------------------------
     def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
                 ) -> dict[str, Any]:
         figures = self.trainer.reshard(new, epoch=epoch, old_ranks=old, new_tp=new_tp, old_tp=old_tp)
+        if self.critic is not None:  # the critic moves with the actor (its own state, the same ranks)
+            critic = self.critic.reshard(new, epoch=epoch, old_ranks=old, new_tp=1, old_tp=1)
+            figures = {key: v + float(critic.get(key, 0.0)) if key.endswith(("seconds", "bytes")) else v
+                       for key, v in figures.items()}
         return {key: float(v) for key, v in figures.items()}
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
@@ -447,10 +530,40 @@ class RealCompute:
         t0 = time.perf_counter()
         t = self.cfg.train
         later_pass = index >= t.rollout_batch_size * t.group_size // t.global_batch_size  # actor.ppo_epochs > 1
-        stats = self.trainer.train_step([self._sample(r) for r in mine], *self._loss(),
-                                        entropy=bool(self.algorithm.entropy_coeff),
+        samples = [self._sample(r) for r in mine]
+        stats = self.trainer.train_step(samples, *self._loss(), entropy=bool(self.algorithm.entropy_coeff),
                                         schedule_samples=0 if later_pass else None)
+        if self.critic is not None:  # PPO's critic, on the same mini-batch (verl: update_critic, then the actor)
+            critic = self.critic.train_step([self._critic_sample(r, s) for r, s in zip(mine, samples)],
+                                            *self._value_loss(), schedule_samples=0 if later_pass else None)
+            stats.update({f"critic/{key}": critic[key] for key in ("loss", "grad_norm", "lr")})
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
+
+    @staticmethod
+    def _critic_sample(row: dict[str, Any], sample: dict[str, Any]) -> dict[str, Any]:
+        """The critic's sample: the actor's ids and mask, the rollout-time values and GAE's returns."""
+        start = len(row["prompt_ids"]) - 1
+        width = len(sample["loss_mask"])
+
+        def place(values: list[float]) -> list[float]:
+            out = [0.0] * width
+            out[start:start + len(values)] = values
+            return out
+
+        return {"input_ids": sample["input_ids"], "loss_mask": sample["loss_mask"],
+                "values": place(row["values"]), "returns": place(row["returns"])}
+
+    def _value_loss(self) -> tuple[Any, Any]:
+        """The critic's per-token loss (verl's clipped value loss, ``critic.cliprange_value``) and its
+        aggregation (``critic.loss_agg_mode``, default the actor's)."""
+        from slurm_rl.rl.losses import LossAggregation, value_loss
+
+        c = self.cfg.critic
+
+        def loss(vpreds: Any, batch: dict[str, Any]) -> Any:
+            return value_loss(vpreds, batch["values"], batch["returns"], c.cliprange_value)[0]
+
+        return loss, LossAggregation(c.loss_agg_mode or self.algorithm.loss_agg_mode, horizon=self.horizon)
 
     @staticmethod
     def _sample(row: dict[str, Any]) -> dict[str, Any]:
@@ -504,13 +617,14 @@ class RealCompute:
         stays parked)."""
         t0, nbytes = time.perf_counter(), 0
         self._parked = []
-        if self.trainer.active and not self.trainer.parked:
-            nbytes += int(self.trainer.park().get("bytes", 0))
-            self._parked.append(self.trainer)
+        for trainer in (self.trainer, self.critic):
+            if trainer is not None and trainer.active and not trainer.parked:
+                nbytes += int(trainer.park().get("bytes", 0))
+                self._parked.append(trainer)
         if self.engine is not None and not self.engine.released:
             nbytes += int((self.engine.release() or {}).get("bytes", 0))
             self._parked.append(self.engine)
-        for scorer in (self.ref, self.policy):
+        for scorer in (self.ref, self.policy, self.values):
             if scorer is not None and not scorer.parked:
                 nbytes += int(scorer.park().get("bytes", 0))
                 self._parked.append(scorer)
@@ -531,13 +645,17 @@ class RealCompute:
         a = self.cfg.actor
         if phase == "generate":
             if (a.offload_weight or a.offload_grad or a.offload_optimizer) and self.trainer.active:
-                nbytes += int(self.trainer.park().get("bytes", 0))
+                for trainer in (self.trainer, self.critic):
+                    if trainer is not None:
+                        nbytes += int(trainer.park().get("bytes", 0))
             if self.engine is not None and self.engine.released:
                 nbytes += int((self.engine.resume() or {}).get("bytes", 0))
         elif phase == "train":
             if self.engine is not None and not self.engine.released:
                 nbytes += int((self.engine.release() or {}).get("bytes", 0))
-            nbytes += int(self.trainer.unpark().get("bytes", 0))
+            for trainer in (self.trainer, self.critic):
+                if trainer is not None:
+                    nbytes += int(trainer.unpark().get("bytes", 0))
         else:
             raise ValueError(f"switch_phase: unknown phase {phase!r}; allowed: generate, train")
         return {"phase": phase, "bytes": nbytes, "seconds": time.perf_counter() - t0}
@@ -563,12 +681,15 @@ class RealCompute:
                                    "fingerprint": self.dataset().fingerprint,
                                    **data_position(iteration, self.cfg.train.rollout_batch_size,
                                                    len(self.dataset().rows), consumed)}
-        parked = self.trainer.parked  # a group member waits at the gate parked
-        if parked:
-            self.trainer.unpark()
-        save_checkpoint(self.trainer, directory / ACTOR_DIR)
-        if parked:
-            self.trainer.park()
+        for trainer, name in ((self.trainer, ACTOR_DIR), (self.critic, CRITIC_DIR)):
+            if trainer is None:
+                continue
+            parked = trainer.parked  # a group member waits at the gate parked
+            if parked:
+                trainer.unpark()
+            save_checkpoint(trainer, directory / name)
+            if parked:
+                trainer.park()
 
     def load_state(self, directory: Path) -> None:
         """Load the actor's state on the actor ranks of the config (any DP size)."""
@@ -576,6 +697,8 @@ class RealCompute:
 
         if self.trainer.active:
             load_checkpoint(self.trainer, directory / ACTOR_DIR)
+        if self.critic is not None and self.critic.active:
+            load_checkpoint(self.critic, directory / CRITIC_DIR)
 
     def close(self, finished: bool = True) -> None:
         """Save the trained actor (``RUN_DIR/checkpoints/final``, by its DP rank 0) when the run
@@ -588,6 +711,10 @@ class RealCompute:
             if getattr(self.trainer, "parked", False):  # a group member ends parked
                 self.trainer.unpark()
             save_checkpoint(self.trainer, self.run_dir / "checkpoints" / "final")
+            if self.critic is not None:
+                if self.critic.parked:
+                    self.critic.unpark()
+                save_checkpoint(self.critic, self.run_dir / "checkpoints" / "final" / CRITIC_DIR)
         if self.engine is not None:
             self.engine.close()
         if self._rewards is not None:

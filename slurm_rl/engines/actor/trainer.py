@@ -197,9 +197,7 @@ class ActorTrainer:
         buffers."""
         load = initialize and self.checkpoint is not None
         tp_group = tp_group if tp_group is not None else self.tp_group
-        model = build_gpt_model(self.model_cfg, self.seed, self.device, tp_group=tp_group if tp > 1 else None,
-                                initialize=initialize and not load, precision=self.precision,
-                                recompute=self.recompute, attention=self.attention)
+        model = self._build_model(tp_group if tp > 1 else None, initialize, load)
         if load:
             from slurm_rl.engines.hf_checkpoint import load_into_megatron
 
@@ -207,12 +205,28 @@ class ActorTrainer:
             specs = {s.name: s for s in self._specs_of(model, tp)}
             self.load_figures = load_into_megatron(
                 model, self.checkpoint, self.model_cfg,
-                shard=lambda name, full: specs[name].shard(full, tp, tp_rank))
+                shard=lambda name, full: specs[name].shard(full, tp, tp_rank), skip=self.not_in_checkpoint)
         # Without ZeRO-1 the Adam moments live in slots 1-2 next to the parameters, so a
         # reshard broadcasts parameters and optimizer state as one buffer.
         flat = FlatParams(model, slots=1 if self.optim_cfg.zero1 else 3, copy_values=initialize,
                           full_master=not self.sharded_master)
         return model, flat
+
+    not_in_checkpoint: tuple[str, ...] = ()
+    """Parameters the initial HF checkpoint does not hold (kept from their seeded init)."""
+
+    def _build_model(self, tp_group: dist.ProcessGroup | None, initialize: bool, load: bool) -> torch.nn.Module:
+        """The megatron-core model of this rank (a checkpoint is about to be loaded into it: ``load``)."""
+        return build_gpt_model(self.model_cfg, self.seed, self.device, tp_group=tp_group,
+                               initialize=initialize and not load, precision=self.precision,
+                               recompute=self.recompute, attention=self.attention)
+
+    def _forward(self, batch: Mapping[str, torch.Tensor], entropy: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the loss reads per next-token position of a micro-batch: the log-probs of the tokens
+        (and the policy's entropy, when asked)."""
+        return token_logprobs_and_entropy(self.model, batch["input_ids"].to(self.device),
+                                          batch["attention_mask"].to(self.device), entropy=entropy)
 
     @staticmethod
     def _specs_of(model: torch.nn.Module, tp: int) -> list[ParamSpec]:
@@ -300,8 +314,7 @@ class ActorTrainer:
         self.flat.zero_grad()
         loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, entropy (token sum)
         for batch in batches:
-            logprobs, ent = token_logprobs_and_entropy(self.model, batch["input_ids"].to(self.device),
-                                                       batch["attention_mask"].to(self.device), entropy=entropy)
+            logprobs, ent = self._forward(batch, entropy)
             if ent is not None:
                 batch = {**batch, "entropy": ent}
                 loss_sum[1] += float((ent.detach() * batch["loss_mask"].to(ent.device)).sum())
