@@ -99,6 +99,9 @@ def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> No
     ("emulated", 1, {"actor,rollout,inference": 0}, "collocated"),
     pytest.param("cpu", 1, {"actor,rollout,inference": 0}, "collocated", marks=pytest.mark.slow),
     ("emulated", 3, {"actor,rollout": "0-1", "inference": 2}, "hybrid"),
+    # PPO: RLinf's one-GPU layout with the critic, and the actor's leader scoring the critic's values
+    pytest.param("cpu", 1, {"actor,critic,rollout,inference": 0}, "collocated", marks=pytest.mark.slow),
+    pytest.param("cpu", 2, {"actor,critic": 0, "rollout": 1}, "disaggregated", marks=pytest.mark.slow),
 ])
 def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, placement: dict, mode: str,
                                                      tmp_path: Path) -> None:
@@ -106,6 +109,9 @@ def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, p
     every sample, after its responses are generated and scored."""
     cfg = run_config(backend, tmp_path / "run", keep_iterations=10)
     cfg["cluster"].update(gpus_per_node=slots, component_placement=placement)
+    ppo = any("critic" in key for key in placement)
+    if ppo:
+        cfg["algorithm"]["adv_estimator"] = "gae"
     proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     metrics = read_metrics(tmp_path / "run")
@@ -113,7 +119,9 @@ def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, p
     assert [m["samples"] for m in metrics] == [per_iteration] * len(metrics) and len(metrics) == 4
     if backend == "cpu":
         assert all(len(m["losses"]) == 2 for m in metrics)
+        assert all(len(m.get("critic/vf_losses") or []) == (2 if ppo else 0) for m in metrics)
     for k in range(4):  # hybrid: the inference rank scores as responses stream in, the actor waits for it
-        check_phases_in_order(tmp_path / "run", k, shared_inference=mode == "collocated")
+        if "inference" in ",".join(placement):
+            check_phases_in_order(tmp_path / "run", k, shared_inference=mode == "collocated")
     validate = cli("validate", str(tmp_path / "c.yaml"))
     assert f"mode: {mode}" in validate.stdout, validate.stdout
