@@ -395,7 +395,6 @@ class AlgorithmSection:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: r - group mean (Dr. GRPO)
     gamma: float = 1.0  # discount of reinforce_plus_plus's and gae's returns (below 1: per-token advantages)
-    lam: float = 1.0  # gae's lambda (bias/variance trade-off of the advantage; 1: Monte Carlo returns less the value)
     clip_eps: float = 0.2  # PPO ratio clip (verl: actor.clip_ratio)
     clip_ratio_low: Optional[float] = None  # lower clip, default clip_eps
     clip_ratio_high: Optional[float] = None  # upper clip, default clip_eps (DAPO clip-higher: above clip_ratio_low)
@@ -414,6 +413,7 @@ class AlgorithmSection:
     rollout_is: str = "none"  # none | truncated: weight each token by min(pi_actor / pi_rollout, rollout_is_cap)
     rollout_is_cap: float = 2.0  # the truncation of rollout_is (verl's rollout_is_threshold)
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
+    lam: float = 1.0  # gae's lambda (bias/variance trade-off of the advantage; 1: Monte Carlo returns less the value)
 
 
 @dataclass
