@@ -23,7 +23,9 @@ GAE = {"adv_estimator": "gae", "gamma": 0.99, "lam": 0.95}
 def ppo_config(backend: str, run_dir: Path) -> dict:
     cfg = run_config(backend, run_dir, keep_iterations=10)
     cfg["algorithm"] = {**cfg.get("algorithm", {}), **GAE}
-    cfg["cluster"]["component_placement"] = {"actor,critic": "0-1", "rollout": "2", "inference": "3"}
+    # no inference ranks: the actor's leader scores the critic's values (and the reference); the inference
+    # ranks' copy of the critic: the one-GPU PPO run of test_collocated and test_scheduling_backends' gae run
+    cfg["cluster"]["component_placement"] = {"actor,critic": "0-1", "rollout": "2-3"}
     if backend == "cpu":
         cfg["critic"] = {"lr": 2.0e-3, "cliprange_value": 0.5}
     return cfg
@@ -41,6 +43,7 @@ def ppo_reference(tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
+@pytest.mark.slow  # whole runs: the suite's, not the quick loop's (the keys check below is quick)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_actor_batches_carry_gae_of_the_critics_values(backend: str, ppo_reference) -> None:
     """Every mini-batch's per-token advantages and returns are GAE (gamma 0.99, lambda 0.95) of its own
@@ -73,6 +76,7 @@ def test_actor_batches_carry_gae_of_the_critics_values(backend: str, ppo_referen
         assert (run_dir / "checkpoints" / "final" / "critic" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str, ppo_reference,
                                                                    tmp_path: Path) -> None:

@@ -62,11 +62,11 @@ from slurm_rl.faults import fault_point
 from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics, read_metrics, reward_faults
+from slurm_rl.rl.advantages import needs_critic
 from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.filter_groups import (DRAWN_KEY, group_metric, keeps, prompts_before, prompts_per_batch,
                                         read_rounds, write_rounds)
 from slurm_rl.rl.formulas import k3
-from slurm_rl.rl.advantages import needs_critic
 from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration, uses_reference
 from slurm_rl.scheduler.history import length_bucket
 from slurm_rl.worker.compute import Compute, Decoder
@@ -229,8 +229,8 @@ class IterationProtocol:
         before = list(self.actor_ranks)
         self.move_actor(sorted(start.ranks_of("actor")), start.epoch, iteration, rt, tp=start.tp_of("actor"))
         rollout = sorted(start.ranks_of("rollout"))
-        # the inference ranks score the iteration's actor weights too (algorithm.old_logprobs: actor)
-        # (algorithm.old_logprobs: actor), and the critic's values with its weights (gae)
+        # the inference ranks score with the iteration's actor weights (algorithm.old_logprobs: actor)
+        # and the critic's (gae: its values)
         scorers = (sorted(start.ranks_of("inference"))
                    if self.cfg.algorithm.old_logprobs == "actor" or needs_critic(self.cfg.algorithm) else [])
         # Collocated at actor TP 1, every actor rank holds the full weights: its own engines take them in
@@ -530,9 +530,8 @@ class _Cutter:
         self.it = it
         self.source = source
         self.follower = StageFollower(it.p.run_dir, it.k, source)
-        # No inference component, yet a KL to weigh: this rank (the actor's leader) scores the
-        # reference policy itself, as verl's and RLinf's actor workers do without a separate one.
-        # no inference ranks: the leader scores the reference (a KL to weigh) and the critic's values (gae)
+        # No inference component, yet a KL to weigh or a critic's values to take: this rank (the actor's
+        # leader) scores them itself, as verl's and RLinf's actor workers do without a separate worker.
         self.scores_reference = source == ROLLOUTS_STAGE and (uses_reference(it.p.cfg.algorithm)
                                                               or needs_critic(it.p.cfg.algorithm))
         self.scoring: list[tuple[float, pa.Table]] = []  # scored here: (ready at, rows) in arrival order

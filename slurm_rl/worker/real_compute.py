@@ -286,7 +286,6 @@ class RealCompute:
         """A copy of the critic (its weights: each iteration's sync)."""
         import torch
 
-        from slurm_rl.engines.actor.critic import CriticTrainer  # noqa: F401 (the head's names)
         from slurm_rl.engines.inference import ValueScorer
 
         kind = torch.bfloat16 if actor_precision(self.cfg) == "bf16" else torch.float32
