@@ -28,6 +28,11 @@ WITH_ACTOR: tuple[str, ...] = ("critic",)
 """Components that train on the actor's ranks and move with them (named in the actor's entry,
 RLinf's ``actor,critic,...``); they are not components of an epoch."""
 
+WITH_ROLLOUT: tuple[str, ...] = ("reward",)
+"""Components that run beside every rollout rank (rule-based rewards in CPU worker processes of each
+rollout rank): an entry naming them must cover the rollout's slots (RLinf's ``actor,rollout,reward: all``,
+``reward: all``); they are not components of an epoch either."""
+
 PLACEMENT_FORMS = (
     "a range 'a-b' with a <= b, a comma list of ranges, 'all', or 'resources:processes'"
 )
@@ -407,6 +412,7 @@ def parse_placement(
         raise ConfigError([ConfigIssue(key, raw, "a mapping of component names to placements")])
     entries: list[_Entry] = []
     placed_by: dict[str, str] = {}
+    beside_rollout: list[_Entry] = []  # the entries naming the reward: together they cover the rollout's slots
     for raw_key, value in raw.items():
         entry_key = f"{key}.{raw_key}"
         names = tuple(n.strip() for n in str(raw_key).split(","))
@@ -419,10 +425,13 @@ def parse_placement(
                         f"{name!r} in the actor's entry (e.g. 'actor,{name}'): the {name} trains on the actor's "
                         "ranks and moves with them; on ranks of its own it is not supported yet")))
                 continue
+            if name in WITH_ROLLOUT:
+                continue
             if name not in COMPONENTS:
                 ok_names = False
                 issues.append(ConfigIssue(entry_key, name, "component names among "
-                                          f"{', '.join(COMPONENTS + WITH_ACTOR)} (comma-separated to share one entry)"))
+                                          f"{', '.join(COMPONENTS + WITH_ACTOR + WITH_ROLLOUT)} "
+                                          "(comma-separated to share one entry)"))
             elif name in placed_by:
                 ok_names = False
                 issues.append(ConfigIssue(entry_key, name, "each component in one entry only "
@@ -453,12 +462,24 @@ def parse_placement(
                 f"each process's slots on one node (a process would own slots {list(split)} on nodes "
                 f"{sorted({node_of[s] for s in split})})")))
         elif ok_names:
-            entries.append(_Entry(entry_key, tuple(n for n in names if n not in WITH_ACTOR), spec, group, procs))
+            entry = _Entry(entry_key, tuple(n for n in names if n not in WITH_ACTOR + WITH_ROLLOUT), spec, group, procs)
+            if set(names) & set(WITH_ROLLOUT):
+                beside_rollout.append(entry)
+            if entry.names:
+                entries.append(entry)
     for name in REQUIRED_COMPONENTS:
         if name not in placed_by:
             issues.append(ConfigIssue(f"{key}.{name}", MISSING_VALUE,
                                       f"a placement for each of {', '.join(REQUIRED_COMPONENTS)} "
                                       "(inference is optional)"))
+    rollout_slots = {s for e in entries if "rollout" in e.names for s in e.slots}
+    reward_slots = {s for e in beside_rollout for s in e.slots}
+    if beside_rollout and not rollout_slots <= reward_slots:
+        first = beside_rollout[0]
+        issues.append(ConfigIssue(first.key, first.spec, (
+            f"slots covering the rollout's (rule-based rewards run in worker processes beside each rollout rank; "
+            f"slots {sorted(rollout_slots - reward_slots)} of the rollout have none; a reward on ranks without "
+            "rollout is not supported yet)")))
     entries = _collocate(entries, issues)
     if auto_scheduler:
         issues.extend(_check_auto_order(entries, num_slots))

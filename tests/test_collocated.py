@@ -27,7 +27,7 @@ from slurm_rl.data.reader import StageReader
 from slurm_rl.metrics import read_metrics
 from emulated_configs import write_config
 
-COLLOCATED = {"actor,rollout,inference": "0-1"}
+COLLOCATED = {"actor,rollout,inference,reward": "all"}  # RLinf's collocated form (reward beside the rollout)
 
 
 def collocated_config(backend: str, run_dir: Path) -> dict:
@@ -96,9 +96,9 @@ def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("backend", "slots", "placement", "mode"), [
-    ("emulated", 1, {"actor,rollout,inference": 0}, "collocated"),
+    ("emulated", 1, {"actor,rollout,inference,reward": 0}, "collocated"),
     pytest.param("cpu", 1, {"actor,rollout,inference": 0}, "collocated", marks=pytest.mark.slow),
-    ("emulated", 3, {"actor,rollout": "0-1", "inference": 2}, "hybrid"),
+    ("emulated", 3, {"actor,rollout": "0-1", "inference": 2, "reward": "all"}, "hybrid"),
     # PPO: RLinf's one-GPU layout with the critic (its inference part scores the values)
     pytest.param("cpu", 1, {"actor,critic,rollout,inference": 0}, "collocated", marks=pytest.mark.slow),
 ])
