@@ -234,6 +234,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if is_group_file(args.config):
         return cmd_validate_group(args)
+    from slurm_rl.rl.advantages import needs_critic
+
     cfg = load_config(args.config, args.overrides)
     check_inputs(cfg)
     doc = cfg.placement.to_json()
@@ -241,7 +243,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
              "precision": actor_precision(cfg), "recompute": cfg.actor.recompute}
     written = cfg.raw["runtime"]["device"]
     run = {"device": cfg.runtime.device, "device_setting": written, "policy": cfg.scheduler.policy,
-           "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode}
+           "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode,
+           "critic": needs_critic(cfg.algorithm)}
     if args.json:
         print(json.dumps({**doc, **run, "actor": actor}))
         return EXIT_OK
@@ -255,6 +258,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     for name, comp in doc["components"].items():
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
+    if run["critic"]:
+        print(f"  {'critic':<10} on the actor's ranks (PPO: algorithm.adv_estimator gae; it moves with the actor)")
     print(f"  mode: {run['mode']}" + ("" if run["mode"] == "disaggregated" else
                                       " (shared ranks time-slice their components: rollout, inference, then training)"))
     for roles, ranks in cfg.placement.ranks_by_roles().items():

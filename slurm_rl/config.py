@@ -976,6 +976,11 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
             issues.append(ConfigIssue(f"cluster.component_placement.{named[0]}", "critic", (
                 "no critic unless algorithm.adv_estimator is gae (the critic's values feed GAE only)")))
         return
+    if isinstance(raw, Mapping) and not named:
+        issues.append(ConfigIssue("algorithm.adv_estimator", "gae", (
+            "an estimator without a critic (grpo, rloo, reinforce_plus_plus, ...), or a critic in "
+            "cluster.component_placement: name it in the actor's entry (RLinf's 'actor,critic: 0-3', "
+            "'actor,critic,rollout,inference: all'); it trains on the actor's ranks")))
     sizes = sorted({root.actor.tensor_parallel, *root.actor.tensor_parallel_choices})
     if sizes != [1]:
         key = "actor.tensor_parallel" if root.actor.tensor_parallel != 1 else "actor.tensor_parallel_choices"

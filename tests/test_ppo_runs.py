@@ -102,9 +102,12 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
         ({"cluster": {"component_placement": {"actor": "0-1", "critic": "0-1", "rollout": "2", "inference": "3"}}},
          "'critic' in the actor's entry"),
         ({"algorithm": {"adv_estimator": "grpo"}}, "no critic unless algorithm.adv_estimator is gae"),
+        ({"cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "a critic in cluster.component_placement"),
         ({"actor": {"tensor_parallel": 2}}, "actor.tensor_parallel"),
         ({"critic": {"cliprange_value": -1}}, "critic.cliprange_value"),
     ]
+    ok = cli("validate", str(write_config(tmp_path / "ok.yaml", ppo_config("emulated", tmp_path / "ok"))))
+    assert ok.returncode == 0 and "critic     on the actor's ranks" in ok.stdout, ok.stdout + ok.stderr
     for i, (change, message) in enumerate(cases):
         cfg = ppo_config("emulated", tmp_path / f"run{i}")
         for section, values in change.items():
