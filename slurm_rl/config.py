@@ -228,6 +228,9 @@ class EmulatedConfig:
     reshard_s_per_gb: float = 0.5  # seconds per GB moved on reshard
     model_params: int = 1_000_000_000  # parameters, for bytes moved on reshard
     decode_fixed_fraction: float = DECODE_FIXED_FRACTION  # part of a decode step that does not shrink with the batch
+    # seconds per GB a collocated actor rank takes to park its state in host memory, or to bring it back
+    # (actor.offload_*): about 20 GB/s of pinned host copies; not measured on a GPU yet
+    offload_s_per_gb: float = 0.05
 
 
 @dataclass
@@ -860,7 +863,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _positive(issues, "emulated", e, "rollout_s_per_token", "inference_s_per_token",
               "actor_s_per_token", "response_len_mean", "response_len_max", "response_len_sigma")
     # 0 leaves a cost out (prompt tokens; reshard bytes), as the cost models allow
-    _positive(issues, "emulated", e, "reshard_s_per_gb", "prompt_len", "model_params", allow_zero=True)
+    _positive(issues, "emulated", e, "reshard_s_per_gb", "offload_s_per_gb", "prompt_len", "model_params", allow_zero=True)
     _choice(issues, "emulated.response_len_dist", e.response_len_dist, LENGTH_DISTRIBUTIONS)
     if e.response_len_alpha <= 1.0:
         issues.append(ConfigIssue("emulated.response_len_alpha", e.response_len_alpha, "a number > 1"))

@@ -13,6 +13,9 @@
 * Resharding the actor from DP ``a`` to ``b > a`` moves ``state * (b - a) / b`` bytes, with
   ``state = model_params * 16`` (fp32 param, grad, two Adam moments); shrinking moves nothing.
   It takes ``bytes / 1e9 * reshard_s_per_gb`` seconds.
+* A rank the actor shares with rollout and inference (collocated) parks its share of that state in host
+  memory while it decodes and brings it back to train: each way ``state / tp / 1e9 * offload_s_per_gb``
+  seconds (:meth:`CostModel.offload_seconds`).
 
 No torch import: emulated ranks stay small.
 """
@@ -46,6 +49,7 @@ class CostModel:
     reshard_s_per_gb: float = 0.0
     model_params: int = 0
     decode_fixed_fraction: float = defaults.DECODE_FIXED_FRACTION
+    offload_s_per_gb: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token"):
@@ -56,8 +60,8 @@ class CostModel:
         if not 0 < self.decode_fixed_fraction <= 1:
             raise ValueError(f"emulated.decode_fixed_fraction: got {self.decode_fixed_fraction!r}, "
                              "expected 0 < x <= 1")
-        if self.reshard_s_per_gb < 0 or self.model_params < 0:
-            raise ValueError("emulated.reshard_s_per_gb and emulated.model_params must be >= 0")
+        if self.reshard_s_per_gb < 0 or self.model_params < 0 or self.offload_s_per_gb < 0:
+            raise ValueError("emulated.reshard_s_per_gb, offload_s_per_gb and model_params must be >= 0")
 
     @classmethod
     def from_config(cls, emulated: Mapping[str, Any] | Any) -> "CostModel":
@@ -76,6 +80,7 @@ class CostModel:
             reshard_s_per_gb=float(get("reshard_s_per_gb", 0.0)),
             model_params=int(get("model_params", 0)),
             decode_fixed_fraction=float(get("decode_fixed_fraction", defaults.DECODE_FIXED_FRACTION)),
+            offload_s_per_gb=float(get("offload_s_per_gb", 0.0)),
         )
 
     def _per_token(self, component: str) -> float:
@@ -113,6 +118,10 @@ class CostModel:
     def transfer_seconds(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` of actor state."""
         return nbytes / 1e9 * self.reshard_s_per_gb
+
+    def offload_seconds(self, tp: int = 1) -> float:
+        """Seconds a rank takes to move its share of the actor's state (TP ``tp``) to host memory, or back."""
+        return self.model_params * BYTES_PER_PARAM_STATE / max(1, tp) / 1e9 * self.offload_s_per_gb
 
     def reshard_seconds(self, old_dp: int, new_dp: int) -> float:
         """Seconds to reshard the actor from DP ``old_dp`` to ``new_dp``."""

@@ -15,6 +15,8 @@ import dataclasses
 from typing import Mapping, Sequence
 
 from slurm_rl.config import Config
+from slurm_rl.scheduler.collocated import MODE as COLLOCATED
+from slurm_rl.scheduler.collocated import decide_collocated
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.live_state import policy_config
@@ -57,15 +59,20 @@ def scale_placement(placement: RankMap, world_from: int, world_to: int,
 
 
 def parse_policy(name: str) -> tuple[str, dict[str, bool]]:
-    """``auto+pre_process+wait_before_last_iter`` -> (``auto``, options switched on)."""
+    """``auto+pre_process+wait_before_last_iter`` -> (``auto``, options switched on); ``collocated``:
+    the configured components time-sliced on every GPU (``scheduler.collocated``), ``collocated+offload``
+    with the actor's state parked in host memory between phases whatever ``actor.offload_*`` say."""
     base, *opts = name.split("+")
-    if base not in POLICIES:
-        raise SimulationSetupError(f"policy: got {base!r}, allowed {POLICIES} "
+    if base == COLLOCATED and opts == ["offload"]:  # the actor parked in host memory between phases
+        return base, {}
+    if base not in (*POLICIES, COLLOCATED):
+        raise SimulationSetupError(f"policy: got {base!r}, allowed {(*POLICIES, COLLOCATED)} "
                                    f"with options {sorted(POLICY_OPTIONS)} joined by '+'")
     flags = {}
     for opt in opts:
-        if opt not in POLICY_OPTIONS:
-            raise SimulationSetupError(f"policy option: got {opt!r}, allowed {sorted(POLICY_OPTIONS)}")
+        if opt not in POLICY_OPTIONS or base == COLLOCATED:
+            raise SimulationSetupError(f"policy option: got {opt!r}, allowed {sorted(POLICY_OPTIONS)} "
+                                       f"(the policies), or offload alone ({COLLOCATED}+offload)")
         flags[POLICY_OPTIONS[opt]] = True
     return base, flags
 
@@ -85,18 +92,33 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
 
     ``gpus`` (default: the config's slots) rescales the configured placement with
     :func:`scale_placement`; ``policy`` (default ``scheduler.policy``) may carry ``+option``
-    suffixes; ``placement`` replaces the configured one (rank tuples per component)."""
+    suffixes; ``placement`` replaces the configured one (rank tuples per component). ``collocated``
+    (or ``static`` on a collocated placement) puts every configured component on every GPU,
+    time-sliced; a hybrid placement is refused (not modelled yet)."""
     cfg = _config(cfg)
     world_cfg = cfg.placement.world_size
     world = int(gpus) if gpus is not None else world_cfg
-    base, flags = parse_policy(policy if policy is not None else cfg.scheduler.policy)
+    name = policy if policy is not None else cfg.scheduler.policy
+    base, flags = parse_policy(name)
+    mode = cfg.placement.mode
+    if base == "static" and mode == "hybrid" and placement is None:
+        raise SimulationSetupError("cluster.component_placement: a hybrid placement (some ranks shared, others "
+                                   "not) is not modelled by the simulator yet; simulate it collocated "
+                                   "(--policy collocated) or disaggregated")
+    collocated = base == COLLOCATED or (base == "static" and mode == COLLOCATED and placement is None)
     pcfg = dataclasses.replace(policy_config(cfg), **flags)
     if world != world_cfg:  # the configured node of each rank does not describe another world
         pcfg = dataclasses.replace(pcfg, rank_nodes=())
-    if placement is None:
+    if collocated:
+        placement = {name: tuple(range(world)) for name in cfg.placement.components}
+        base = COLLOCATED
+    elif placement is None:
         placement = {name: tuple(comp.ranks) for name, comp in cfg.placement.components.items()}
         placement = scale_placement(placement, world_cfg, world, pcfg)
     t, s, e = cfg.train, cfg.scheduler, cfg.emulated
+    cost = CostModel.from_config(dataclasses.asdict(e))
+    offloads = (cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer
+                or name.endswith("+offload"))
     setup = SimSetup(
         gpus=world, initial=normalize_placement(placement),
         batch=BatchSpec(t.global_batch_size, t.micro_batch_size, t.rollout_batch_size * t.group_size,
@@ -104,9 +126,11 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         group_size=t.group_size, num_iterations=t.num_iterations, prompt_len=e.prompt_len,
         lengths=LengthModel(mean=float(e.response_len_mean), max_len=e.response_len_max,
                             dist=e.response_len_dist, sigma=e.response_len_sigma, alpha=e.response_len_alpha),
-        cost=CostModel.from_config(dataclasses.asdict(e)), policy_cfg=pcfg,
+        cost=cost, policy_cfg=pcfg,
         switch_latency_s=s.switch_latency_s, tick_s=s.tick_s,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
+        collocated=collocated,
+        phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if collocated and offloads else 0.0,
     )
     return setup, base
 
@@ -119,5 +143,5 @@ def simulate(cfg: Config, gpus: int | None = None, policy: str | None = None,
     tuples per component). Raises :class:`SimulationSetupError` for a setup the simulator cannot
     run (bad input); any other error is a bug."""
     setup, base = build_setup(cfg, gpus, policy, placement, seed)
-    fn = make_policy(base, setup.policy_cfg)
+    fn = decide_collocated if setup.collocated else make_policy(base, setup.policy_cfg)
     return Simulation(setup, fn, policy_name=base).run()

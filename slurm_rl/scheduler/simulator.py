@@ -72,11 +72,15 @@ class SimSetup:
     seed: int = defaults.SEED
     max_sim_s: float = 1e7
     iteration_overhead_s: float = 0.0  # idle seconds at each iteration start (gate, weight sync)
+    # every rank serves every component of ``initial``, one phase at a time (``scheduler.collocated``)
+    collocated: bool = False
+    phase_switch_s: float = 0.0  # collocated: extra seconds of a switch into or out of training (offload)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
         problems = setup_problems(self.initial, range(self.gpus), self.policy_cfg,
-                                  self.batch.global_batch_size, self.batch.micro_batch_size)
+                                  self.batch.global_batch_size, self.batch.micro_batch_size,
+                                  allow_shared=self.collocated)
         if problems:
             raise SimulationSetupError("cluster.component_placement: " + "; ".join(problems))
         if self.batch.samples_per_iteration % self.group_size:
@@ -426,6 +430,8 @@ class Simulation:
             return
         old = self.placement
         ready = self.t + self.s.switch_latency_s
+        if self.s.collocated and (new["actor"] or old["actor"]):  # the actor's state parks or comes back
+            ready += self.s.phase_switch_s
         self.seen_growth = 0.0
         if new["inference"] != old["inference"]:
             if self.inf_batch:

@@ -146,7 +146,13 @@ class EmulatedCompute:
         return {}
 
     def switch_phase(self, phase: str) -> dict[str, Any]:
-        return {}  # no device memory to free: the cost model has no offload time (yet)
+        """Where ``actor.offload_*`` parks the actor, its share of the state moves to host memory or back:
+        the cost model's ``offload_seconds`` (the simulator's collocated mode charges the same)."""
+        a = self.cfg.actor
+        if not (a.offload_weight or a.offload_grad or a.offload_optimizer):
+            return {"phase": phase, "bytes": 0, "seconds": 0.0}
+        nbytes = self.cost.model_params * BYTES_PER_PARAM_STATE // max(1, self.actor_tp)
+        return {"phase": phase, "bytes": nbytes, "seconds": emulate(self.cost.offload_seconds(self.actor_tp))}
 
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:
         reshard = 0.0
