@@ -66,12 +66,13 @@ def test_a_collocated_placement_under_static_is_simulated_time_sliced() -> None:
 
 def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(_config()))
+    one = _config(train={"num_iterations": 1})
+    path.write_text(yaml.safe_dump(one))
     proc = subprocess.run([*CLI, "simulate", str(path), "--policy", "collocated+offload", "--json"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     out = {"collocated+offload": yaml.safe_load(proc.stdout)["mean_iteration_s"]}
-    out.update({policy: simulate(config_from_mapping(_config()), policy=policy).mean_iteration_s
+    out.update({policy: simulate(config_from_mapping(one), policy=policy).mean_iteration_s
                 for policy in ("static", "collocated")})
     assert out["collocated"] < out["collocated+offload"] < out["static"], out  # math-RL: co-location beats 1:2:1
     bad = subprocess.run([*CLI, "simulate", str(path), "--policy", "collocated+nothing"], capture_output=True, text=True)
