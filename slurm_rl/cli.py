@@ -162,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None,
                    help="simulate this many GPUs instead of the config's (default: the config's)")
     p.add_argument("--policy", default=None,
-                   help="static | auto | plan, options joined by '+' (default: from the config)")
+                   help="static | auto | plan, options joined by '+'; collocated[+offload]: every GPU time-slices "
+                        "rollout, inference and training (default: from the config)")
     p.add_argument("--calibrate", type=Path, default=None, metavar="RUN_DIR",
                    help="fit the cost model to a live run's files and compare the simulation with it (default: off)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
