@@ -406,7 +406,7 @@ def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:
                                       "actor": {"ppo_epochs": 0}}
     proc = _cli("run", str(write_config(tmp_path / "c.yaml", doc)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "algorithm.adv_estimator: got 'gae'" in proc.stderr and "needs a critic component" in proc.stderr
+    assert "algorithm.adv_estimator: got 'gae'" in proc.stderr and "a critic in cluster.component_placement" in proc.stderr
     assert "algorithm.clip_ratio_low: got 1.5; allowed: null (clip_eps) or a number in [0, 1)" in proc.stderr
     assert "algorithm.loss_agg_mode: got 'mean'; allowed: one of token-mean, seq-mean-token-sum" in proc.stderr
     assert "algorithm.kl_loss_type: got 'k4'" in proc.stderr
