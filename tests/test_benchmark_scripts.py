@@ -28,7 +28,12 @@ def test_bench_scheduling_prints_every_policy_of_a_cell() -> None:
         row = cell[policy]
         assert len(row["iteration_s"]) == 1 and row["iteration_s"][0] > 0, (policy, row)
     assert cell["static"]["speedup_vs_static"] == 1.0
-    assert "speedup_math_rl" in out["targets"]
+    assert {"collocated", "collocated+offload"} <= set(out["policies"])  # the co-located modes beside the policies
+    best = cell["plan_vs_best_static_mode"]
+    assert best["best_static_mode"] in ("static", "collocated", "collocated+offload")
+    assert best["speedup"] == pytest.approx(cell[best["best_static_mode"]]["mean_iteration_s"]
+                                            / cell["plan"]["mean_iteration_s"], abs=2e-3)
+    assert "speedup_math_rl" in out["targets"] and "never_below_best_static_mode" in out["targets"]
 
 
 def test_bench_mux_prints_the_trace_comparison() -> None:

@@ -54,6 +54,7 @@ def check_phases_in_order(run_dir: Path, k: int, shared_inference: bool = True) 
     assert min(m["start_at"] for m in plan["minibatches"]) >= max(s.created_at for s in shards), k
 
 
+@pytest.mark.slow  # three runs: the suite's, not the quick loop's (as the DAPO and PPO resume checks)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backend: str, reference,
                                                                           tmp_path: Path) -> None:
