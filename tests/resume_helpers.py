@@ -91,7 +91,7 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
              "critic_losses": m.get("critic/vf_losses")} for m in read_metrics(run_dir)]
 
 
-def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS) -> None:
+def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS, params_rtol: float = 1e-6) -> None:
     a, b = outcome(got), outcome(ref)
     assert [m["iteration"] for m in a] == list(range(iterations)), a
     for x, y in zip(a, b):
@@ -104,7 +104,7 @@ def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS) -> N
         assert (x["critic_losses"] is None) == (y["critic_losses"] is None)  # PPO's critic: its value losses too
         assert_losses_match(x["critic_losses"] or [], y["critic_losses"] or [])
     if (ref / "checkpoints" / "final" / "model.safetensors").exists():  # the real actor: final parameters too
-        assert_params_match(got, ref, rtol=1e-6)
+        assert_params_match(got, ref, rtol=params_rtol)
 
 
 @pytest.fixture(scope="session")

@@ -90,7 +90,12 @@ def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str,
         assert (run_dir / "checkpoints" / "iter-000002" / "critic" / "model.safetensors").exists()
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert_same_outcome(run_dir, ppo_reference(backend))
+    # The critic's values come from a transformers copy scoring the responses in the shards they arrive in: the
+    # shards' make-up follows the decoders' timing, and fp32 results move by ~1e-7 with a batch's shape. GAE
+    # passes the values on one to one (not damped by a coefficient, as the reference's KL is), so the final
+    # weights of two runs agree to ~1e-5 of their largest entry (measured: 8e-7 on 0.078), the tolerance of
+    # the auto-versus-static identity; rewards and per-step losses are held as for every resume.
+    assert_same_outcome(run_dir, ppo_reference(backend), params_rtol=1e-5)
 
 
 def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
