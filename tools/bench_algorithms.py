@@ -6,8 +6,8 @@ over the first and last 20 iterations; DAPO: prompts drawn and groups dropped pe
 
 Recipes (overrides of the quickstart config):
 - ``grpo``: the quickstart as it is (auto scheduling, KL loss 0.05);
-- ``ppo``: ``algorithm.adv_estimator: gae`` with a critic on the actor's ranks (``actor,critic: 0``,
-  ``critic.lr`` 1e-3), auto;
+- ``ppo``: ``algorithm.adv_estimator: gae`` (lambda 0.95) with a critic on the actor's ranks
+  (``actor,critic: 0``, ``critic.lr`` 3e-3), auto;
 - ``dapo``: clip-higher 0.28, no KL, dynamic sampling (``filter_groups`` on ``acc``, generation batches of
   16 prompts), static placement (dynamic sampling needs it).
 
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {
     "grpo": [],
-    "ppo": ["algorithm.adv_estimator=gae", "critic.lr=1.0e-3",
+    "ppo": ["algorithm.adv_estimator=gae", "algorithm.lam=0.95", "critic.lr=3.0e-3",
             'cluster.component_placement={"actor,critic": 0, rollout: 1-2, inference: 3}'],
     "dapo": ["cluster.auto_scheduler=false", "algorithm.kl_coef=0.0", "algorithm.clip_ratio_high=0.28",
              "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16"],
