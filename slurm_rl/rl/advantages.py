@@ -201,18 +201,24 @@ def discounted_returns(token_rewards: list[np.ndarray], gamma: float) -> list[np
     return out
 
 
+def whiten_tokens(per_sample: list[np.ndarray]) -> list[np.ndarray]:
+    """Per-token values of one mini-batch whitened over every response token of it (verl's
+    ``masked_whiten``), one array per sample as given."""
+    flat = np.concatenate(per_sample) if per_sample else np.zeros(0)
+    whitened = whiten(flat, np.ones(len(flat), np.int64))
+    out, start = [], 0
+    for a in per_sample:
+        out.append(whitened[start:start + len(a)])
+        start += len(a)
+    return out
+
+
 def compute_token_advantages(name: str, token_rewards: list[np.ndarray], config: Any) -> list[np.ndarray]:
     """Per-token advantages of one mini-batch by a :data:`TOKEN_LEVEL` estimator: REINFORCE++'s
     discounted returns whitened over every response token of the batch (verl's ``masked_whiten``)."""
     if name not in TOKEN_LEVEL:
         raise ValueError(f"algorithm.adv_estimator {name!r} gives one advantage per sample, not per token")
-    returns = discounted_returns(token_rewards, float(getattr(config, "gamma", 1.0)))
-    flat = np.concatenate(returns) if returns else np.zeros(0)
-    whitened = whiten(flat, np.ones(len(flat), np.int64))
-    out, start = [], 0
-    for g in returns:
-        out.append(whitened[start:start + len(g)])
-        start += len(g)
+    out = whiten_tokens(discounted_returns(token_rewards, float(getattr(config, "gamma", 1.0))))
     if not all(np.all(np.isfinite(a)) for a in out):
         raise ValueError(f"algorithm.adv_estimator {name!r} gave advantages that are not all finite")
     return out
@@ -236,12 +242,7 @@ def compute_gae(token_rewards: list[np.ndarray], values: list[np.ndarray], gamma
             adv[t] = last
         raw.append(adv)
         returns.append(adv + v)
-    flat = np.concatenate(raw) if raw else np.zeros(0)
-    whitened = whiten(flat, np.ones(len(flat), np.int64))
-    out, start = [], 0
-    for a in raw:
-        out.append(whitened[start:start + len(a)])
-        start += len(a)
+    out = whiten_tokens(raw)
     if not all(np.all(np.isfinite(a)) for a in out + returns):
         raise ValueError("algorithm.adv_estimator 'gae' gave advantages or returns that are not all finite")
     return out, returns
