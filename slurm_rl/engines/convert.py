@@ -201,7 +201,7 @@ def critic_to_hf(named: NamedTensors, cfg: ModelConfig) -> Iterator[tuple[str, T
             yield "score." + short.rsplit(".", 1)[1], t
         else:
             body.append((name, t))
-    yield from (pair for pair in megatron_to_hf(body, cfg) if pair[0] != "lm_head.weight")
+    yield from megatron_to_hf(body, cfg)
 
 
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

@@ -48,8 +48,13 @@ class ReferenceScorer:
         if checkpoint is not None:
             return  # the checkpoint's weights, as loaded
         if initial_state is None:
-            raise ValueError("ReferenceScorer: give initial_state or checkpoint")
+            if self.needs_initial_state:
+                raise ValueError("ReferenceScorer: give initial_state or checkpoint")
+            return
         self.load_weights(initial_state)
+
+    needs_initial_state = True
+    """A copy of a policy holds real weights from the start; a :class:`ValueScorer` gets them at each sync."""
 
     def _build(self, model_cfg: ModelConfig, checkpoint: str | Path | None, dtype: torch.dtype) -> torch.nn.Module:
         return build_hf_model(model_cfg, seed=0, device=self.device, checkpoint=checkpoint, dtype=dtype)
@@ -114,12 +119,10 @@ class ValueScorer(ReferenceScorer):
     """The critic's copy on an inference rank (or on the actor's leader without inference ranks):
     transformers' ``*ForTokenClassification`` of one label, given the critic's weights of each
     iteration by :meth:`load_weights` (megatron names: :func:`~slurm_rl.engines.convert.critic_to_hf`).
-    :meth:`score` gives the value of every position but the last (the next-token layout)."""
+    :meth:`score` gives the value of every position but the last (the next-token layout). Built
+    without ``initial_state`` it holds a seeded random init until the first sync loads the critic."""
 
-    def __init__(self, model_cfg: ModelConfig, initial_state: Iterable[tuple[str, Tensor]],
-                 device: str = "cpu", max_tokens_per_batch: int = 16384, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(model_cfg, initial_state, device=device, max_tokens_per_batch=max_tokens_per_batch,
-                         dtype=dtype)
+    needs_initial_state = False
 
     def _build(self, model_cfg: ModelConfig, checkpoint: str | Path | None, dtype: torch.dtype) -> torch.nn.Module:
         from transformers import AutoModelForTokenClassification

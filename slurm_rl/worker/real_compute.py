@@ -289,18 +289,7 @@ class RealCompute:
         from slurm_rl.engines.inference import ValueScorer
 
         kind = torch.bfloat16 if actor_precision(self.cfg) == "bf16" else torch.float32
-        return ValueScorer(self.model_cfg, self._initial_critic(), device=self.device, dtype=kind)
-
-    def _initial_critic(self) -> list[Any]:
-        """Zero weights of the critic's shape: a placeholder until the first sync loads the real ones."""
-        import torch
-
-        from slurm_rl.engines.convert import hf_config
-        from transformers import AutoModelForTokenClassification
-
-        with torch.device("meta"):
-            model = AutoModelForTokenClassification.from_config(hf_config(self.model_cfg, num_labels=1))
-        return [(n, torch.zeros(p.shape)) for n, p in model.named_parameters()]
+        return ValueScorer(self.model_cfg, None, device=self.device, dtype=kind)
 
     # -- rollout --------------------------------------------------------------------------------
     def dataset(self) -> Any:
