@@ -164,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None,
                    help="static | auto | plan, options joined by '+'; collocated[+offload]: every GPU time-slices "
                         "rollout, inference and training (default: from the config)")
+    p.add_argument("--compare-modes", action="store_true",
+                   help="the config against the disaggregated policies and co-location on the same GPUs, and the "
+                        "fastest (default: off)")
     p.add_argument("--calibrate", type=Path, default=None, metavar="RUN_DIR",
                    help="fit the cost model to a live run's files and compare the simulation with it (default: off)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -542,7 +545,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _bad("simulate: a config file, or --calibrate RUN_DIR")
     # the simulator is the cost model: the config is read as the emulated device's (no model, data or reward needed)
     cfg = load_config(args.config, [*args.overrides, "runtime.device=emulated"])
-    return run_simulation(cfg, gpus=args.gpus, policy=args.policy, as_json=args.json)
+    if args.compare_modes and args.policy is not None:
+        return _bad("simulate: --compare-modes runs every policy; leave out --policy")
+    return run_simulation(cfg, gpus=args.gpus, policy=args.policy, as_json=args.json, compare=args.compare_modes)
 
 
 COMMANDS = {

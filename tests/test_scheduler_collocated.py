@@ -3,6 +3,7 @@ iteration (the phases a collocated run's shared ranks time-slice), the actor's o
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -45,8 +46,7 @@ def test_collocated_phases_take_every_gpu_in_order() -> None:
 
 def test_a_collocated_placement_under_static_is_simulated_time_sliced() -> None:
     """``static`` on RLinf's ``actor,rollout,inference: all`` is the collocated mode (the ranks time-slice);
-    offloading the actor adds its move to host memory and back to every later iteration; a hybrid
-    placement is refused, naming the key."""
+    offloading the actor adds its move to host memory and back to every later iteration."""
     shared = _config(cluster={"component_placement": {"actor,rollout,inference": "all"}})
     time_sliced = simulate(config_from_mapping(shared))
     assert time_sliced.policy == "collocated"
@@ -59,21 +59,74 @@ def test_a_collocated_placement_under_static_is_simulated_time_sliced() -> None:
         # each move delays the phase after it (deterministic: iteration 2 by exactly two moves; iteration 1's
         # rollout ended 0.95 s later still, the decode instances having been rebuilt later)
         assert 2 * per_switch - 1e-6 <= a.time_s - b.time_s <= 2.2 * per_switch, (a.time_s, b.time_s, per_switch)
-    hybrid = _config(cluster={"component_placement": {"actor,rollout": f"0-{GPUS - 3}", "inference": f"{GPUS - 2}-{GPUS - 1}"}})
-    with pytest.raises(SimulationSetupError, match="hybrid placement"):
-        simulate(config_from_mapping(hybrid))
+
+
+@pytest.mark.parametrize("gpus", [GPUS, 64])
+def test_a_hybrid_placement_time_slices_only_its_shared_ranks(gpus: int) -> None:
+    """RLinf's hybrid mode, as the live protocol runs it: with ``actor,rollout: 0-3`` and ``inference: 4-7``
+    the shared half decodes, then waits while the inference half finishes scoring (the first mini-batch waits
+    for every sample while an actor rank is shared), then trains; the inference half scores as samples arrive.
+    With the actor alone (``actor: 0-3``, ``rollout,inference: 4-7``) the shared half scores only once the
+    rollout has ended and the actor trains as mini-batches come. ``--gpus`` keeps the halves."""
+    half = gpus // 2
+    shared_actor = simulate(config_from_mapping(_config(cluster={"component_placement": {
+        "actor,rollout": "0-3", "inference": "4-7"}})), gpus=gpus)
+    assert shared_actor.policy == "hybrid"
+    for it in shared_actor.iterations:
+        ph = it.phases
+        assert ph["rollout_end_s"] <= ph["inference_end_s"] <= ph["last_minibatch_start_s"] <= it.time_s
+        shapes = [(d["t"], d["placement"]) for d in it.decisions]
+        assert shapes[-2:] == [(pytest.approx(ph["inference_end_s"], abs=1e-3), {"actor": half, "rollout": 0, "inference": half}),
+                               (pytest.approx(it.time_s, abs=1e-3), {"actor": 0, "rollout": half, "inference": half})]
+        # the actor held no GPU before every sample was scored
+        assert all(p["actor"] == 0 for t, p in shapes if t < ph["inference_end_s"] - 1e-3)
+    alone = simulate(config_from_mapping(_config(cluster={"component_placement": {
+        "actor": "0-3", "rollout,inference": "4-7"}})), gpus=gpus)
+    assert alone.policy == "hybrid"
+    for it in alone.iterations:
+        first = it.decisions[-2]  # the shared half turns to scoring once the rollout has ended
+        assert first["t"] == pytest.approx(it.phases["rollout_end_s"], abs=1e-3)
+        assert first["placement"] == {"actor": half, "rollout": 0, "inference": half}
+        assert it.phases["inference_end_s"] > it.phases["rollout_end_s"]
+    # the actor's offload is charged on every move of the shared actor, not when only the inference half moves
+    offloaded = simulate(config_from_mapping(_config(cluster={"component_placement": {
+        "actor,rollout": "0-3", "inference": "4-7"}}, actor={"offload_weight": True})), gpus=gpus)
+    assert all(a.time_s > b.time_s for a, b in zip(offloaded.iterations[1:], shared_actor.iterations[1:]))
+
+
+def test_policies_that_move_ranks_refuse_a_shared_placement() -> None:
+    """``auto`` asked (on the command line) to move the ranks of a collocated placement: refused naming the
+    policy and the shared ranks (a config file saying so is refused by validate already)."""
+    shared = _config(cluster={"component_placement": {"actor,rollout,inference": "all"}})
+    with pytest.raises(SimulationSetupError, match="auto moves whole ranks.*ranks \\[0, 1"):
+        simulate(config_from_mapping(shared), policy="auto")
 
 
 def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
+    """``simulate --compare-modes``: the configured run, then every disaggregated policy and co-location on the
+    same GPUs, each figure the simulator's own for that policy, and the fastest named; a hybrid config compares
+    with co-location only, saying why; bad combinations exit 2."""
     path = tmp_path / "c.yaml"
     one = _config(train={"num_iterations": 1})
     path.write_text(yaml.safe_dump(one))
-    proc = subprocess.run([*CLI, "simulate", str(path), "--policy", "collocated+offload", "--json"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([*CLI, "simulate", str(path), "--compare-modes", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    out = {"collocated+offload": yaml.safe_load(proc.stdout)["mean_iteration_s"]}
-    out.update({policy: simulate(config_from_mapping(one), policy=policy).mean_iteration_s
-                for policy in ("static", "collocated")})
+    result = yaml.safe_load(proc.stdout)
+    out = {row["policy"]: row["mean_iteration_s"] for row in result["modes"]}
+    assert list(out) == ["static", "auto", "plan", "collocated", "collocated+offload"]
+    for policy, seconds in out.items():
+        assert seconds == pytest.approx(simulate(config_from_mapping(one), policy=policy).mean_iteration_s, abs=1e-3)
     assert out["collocated"] < out["collocated+offload"] < out["static"], out  # math-RL: co-location beats 1:2:1
-    bad = subprocess.run([*CLI, "simulate", str(path), "--policy", "collocated+nothing"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "collocated" in bad.stderr
+    assert result["fastest"]["mean_iteration_s"] == min(out.values())
+    assert result["modes"][0]["config"] == "as configured" and result["not_compared"]["policies"] == []
+    hybrid = {**one, "cluster": {**one["cluster"], "auto_scheduler": False,
+                                 "component_placement": {"actor,rollout": "0-3", "inference": "4-7"}},
+              "scheduler": {**one.get("scheduler", {}), "policy": "static"}}
+    path.write_text(yaml.safe_dump(hybrid))
+    proc = subprocess.run([*CLI, "simulate", str(path), "--compare-modes"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "hybrid" in proc.stdout and "not compared: static, auto, plan" in proc.stdout
+    for args, says in ((["--policy", "collocated+nothing"], "'nothing'"), (["--compare-modes", "--policy", "auto"], "--compare-modes")):
+        bad = subprocess.run([*CLI, "simulate", str(path), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr)

@@ -1,37 +1,67 @@
-"""The collocated mode in the simulator: every GPU serves every component, one phase at a time.
+"""Ranks that serve several components in the simulator: each shared rank time-slices its components.
 
-A collocated run (RLinf's ``actor,rollout,inference: all``) is a static placement whose ranks
-time-slice their components: all of them decode, then all of them score once the rollout has ended,
-then all of them train once inference has ended (``worker/protocol.py``). The simulator models it as
-a schedule of whole-allocation phases: :func:`decide_collocated` is a pure function of the progress,
-like a policy, and each switch costs the control plane's latency plus the actor's offload or onload
-(``CostModel.offload_seconds``, where ``actor.offload_*`` parks it). The actor's state never moves
-between ranks (each holds its DP share all along), so no phase change reshards it.
+A collocated run (RLinf's ``actor,rollout,inference: all``) or a hybrid one (``actor,rollout: 0-5``,
+``inference: 6-7``) is a static placement whose shared ranks serve one of their components at a time,
+as the live protocol runs them (``worker/protocol.py``): a rank decodes while the iteration's rollout
+has requests left, scores once it has ended (a rank without rollout scores as samples arrive), and
+trains once every sample is in (while any actor rank is shared, the first mini-batch waits for the
+whole batch). A rank that serves one component keeps it. :func:`decide_time_sliced` is a pure function
+of the progress, like a policy; each move of the actor costs the control plane's latency plus its
+offload or onload (``CostModel.offload_seconds``, where ``actor.offload_*`` parks it). The actor's state
+never moves between ranks (each actor rank holds its DP share all along), so no phase change reshards it.
 """
 
 from __future__ import annotations
 
-from slurm_rl.scheduler.state import Decision, SchedState
+from typing import Mapping
+
+from slurm_rl.placement import COMPONENTS
+from slurm_rl.scheduler.state import Decision, RankMap, SchedState
 
 MODE = "collocated"
+HYBRID = "hybrid"
 
 
-def collocated_phase(state: SchedState) -> str:
-    """The component the whole allocation serves now: ``rollout`` until every response is generated,
-    then ``inference`` (where the run has one) until every sample is scored, then ``actor``."""
-    if state.rollout.outstanding > 0:
+def rank_components(placement: Mapping[str, tuple[int, ...]], ranks: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
+    """Each rank's components in pipeline order (``()``: a rank that serves none)."""
+    return {r: tuple(c for c in COMPONENTS if r in placement.get(c, ())) for r in ranks}
+
+
+def phase_of(comps: tuple[str, ...], state: SchedState, actor_waits: bool) -> str | None:
+    """The component a rank serving ``comps`` serves now (None: it waits). ``actor_waits``: the actor
+    trains only once every sample is in (some actor rank is shared)."""
+    rollout_left = state.rollout.outstanding > 0
+    inference_left = bool(state.initial.get("inference")) and not state.inference.finished
+    if len(comps) == 1:
+        if comps == ("actor",) and actor_waits and (rollout_left or inference_left):
+            return None
+        return comps[0]
+    if "rollout" in comps and rollout_left:
         return "rollout"
-    if state.initial.get("inference") and not state.inference.finished:
-        return "inference"
-    if state.actor.minibatches_done < state.actor.minibatches_total:
+    if "inference" in comps and inference_left:
+        return "inference"  # a rank that also decodes gets here only once the rollout has ended
+    if "actor" in comps and not (rollout_left or inference_left) \
+            and state.actor.minibatches_done < state.actor.minibatches_total:
         return "actor"
-    return "rollout"  # the iteration is over: the next one decodes first
+    return "rollout" if "rollout" in comps else None  # the iteration is over: the next one decodes first
 
 
-def decide_collocated(state: SchedState) -> Decision | None:
-    """Give every rank to the component of :func:`collocated_phase` (None: it already has them)."""
-    phase = collocated_phase(state)
-    want = {c: (state.world_ranks if c == phase else ()) for c in state.current}
+def time_sliced_placement(state: SchedState) -> RankMap:
+    """The placement of this moment: every rank given to the component of :func:`phase_of`."""
+    comps = rank_components(state.initial, state.world_ranks)
+    actor_waits = any("actor" in cs and len(cs) > 1 for cs in comps.values())
+    want: dict[str, list[int]] = {c: [] for c in state.current}
+    for rank, cs in comps.items():
+        phase = phase_of(cs, state, actor_waits) if cs else None
+        if phase is not None:
+            want[phase].append(rank)
+    return {c: tuple(r) for c, r in want.items()}
+
+
+def decide_time_sliced(state: SchedState) -> Decision | None:
+    """Move every shared rank to its component of the moment (None: the placement in force is it)."""
+    want = time_sliced_placement(state)
     if want == dict(state.current):
         return None
-    return Decision(want, reason=f"collocated: every rank serves {phase}")
+    serving = ", ".join(f"{c} {len(r)}" for c, r in want.items() if r)
+    return Decision(want, reason=f"time-sliced: {serving or 'every rank waits'}")

@@ -12,11 +12,12 @@ like a YAML file.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence
 
 from slurm_rl.config import Config
-from slurm_rl.scheduler.collocated import MODE as COLLOCATED
-from slurm_rl.scheduler.collocated import decide_collocated
+from slurm_rl.scheduler.collocated import HYBRID, MODE as COLLOCATED
+from slurm_rl.scheduler.collocated import decide_time_sliced, rank_components
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.live_state import policy_config
@@ -25,7 +26,8 @@ from slurm_rl.scheduler.report import SimReport
 from slurm_rl.scheduler.simulator import Simulation, SimulationSetupError, SimSetup
 from slurm_rl.scheduler.state import BatchSpec, PolicyConfig, RankMap, normalize_placement
 
-__all__ = ["POLICY_OPTIONS", "SimulationSetupError", "build_setup", "parse_policy", "scale_placement", "simulate"]
+__all__ = ["MODES", "POLICY_OPTIONS", "SimulationSetupError", "build_setup", "compare_modes", "parse_policy",
+           "scale_placement", "simulate"]
 
 #: Policy-name suffixes that switch the RLinf options on: ``auto+pre_process``, ...
 POLICY_OPTIONS = {"pre_process": "use_pre_process_policy",
@@ -34,28 +36,33 @@ POLICY_OPTIONS = {"pre_process": "use_pre_process_policy",
 
 def scale_placement(placement: RankMap, world_from: int, world_to: int,
                     cfg: PolicyConfig) -> RankMap:
-    """The same layout (component order and shares) on ``world_to`` GPUs; raises
-    :class:`SimulationSetupError` when a component would get no GPU."""
+    """The same layout (the order and shares of each set of ranks that serve the same components) on
+    ``world_to`` GPUs; raises :class:`SimulationSetupError` when a set would get no GPU."""
     if world_from == world_to:
         return dict(placement)
-    order = sorted((c for c in placement if placement[c]), key=lambda c: min(placement[c]))
-    out: dict[str, tuple[int, ...]] = {c: () for c in placement}
+    sets: dict[tuple[str, ...], list[int]] = {}
+    for rank, comps in rank_components(normalize_placement(placement), tuple(range(world_from))).items():
+        if comps:
+            sets.setdefault(comps, []).append(rank)
+    order = sorted(sets, key=lambda comps: min(sets[comps]))
+    out: dict[str, list[int]] = {c: [] for c in placement}
     start = 0
-    for i, comp in enumerate(order):
-        unit = (cfg.rollout_ranks_per_instance if comp == "rollout"
-                else cfg.actor_ranks_per_instance if comp == "actor" else 1)
+    for i, comps in enumerate(order):
+        unit = math.lcm(*(cfg.rollout_ranks_per_instance if c == "rollout"
+                          else cfg.actor_ranks_per_instance if c == "actor" else 1 for c in comps))
         if i == len(order) - 1:
             n = world_to - start
         else:
-            n = max(unit, round(len(placement[comp]) * world_to / world_from / unit) * unit)
+            n = max(unit, round(len(sets[comps]) * world_to / world_from / unit) * unit)
         if n < 1 or start + n > world_to:
+            layout = ", ".join(f"{','.join(c)}: {len(sets[c])}" for c in order)
             raise SimulationSetupError(
-                f"gpus: {world_to} GPUs cannot hold the configured layout of {world_from} "
-                f"({', '.join(f'{c}: {len(placement[c])}' for c in order)}); {comp} would get "
-                f"{max(0, min(n, world_to - start))}")
-        out[comp] = tuple(range(start, start + n))
+                f"gpus: {world_to} GPUs cannot hold the configured layout of {world_from} ({layout}); "
+                f"{','.join(comps)} would get {max(0, min(n, world_to - start))}")
+        for c in comps:
+            out[c].extend(range(start, start + n))
         start += n
-    return out
+    return {c: tuple(r) for c, r in out.items()}
 
 
 def parse_policy(name: str) -> tuple[str, dict[str, bool]]:
@@ -93,34 +100,40 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     ``gpus`` (default: the config's slots) rescales the configured placement with
     :func:`scale_placement`; ``policy`` (default ``scheduler.policy``) may carry ``+option``
     suffixes; ``placement`` replaces the configured one (rank tuples per component). ``collocated``
-    (or ``static`` on a collocated placement) puts every configured component on every GPU,
-    time-sliced; a hybrid placement is refused (not modelled yet)."""
+    puts every configured component on every GPU, time-sliced; ``static`` on a placement whose ranks
+    serve several components (collocated or hybrid) time-slices those ranks
+    (:mod:`slurm_rl.scheduler.collocated`); the other policies move whole ranks and take a
+    disaggregated placement."""
     cfg = _config(cfg)
     world_cfg = cfg.placement.world_size
     world = int(gpus) if gpus is not None else world_cfg
     name = policy if policy is not None else cfg.scheduler.policy
     base, flags = parse_policy(name)
-    mode = cfg.placement.mode
-    if base == "static" and mode == "hybrid" and placement is None:
-        raise SimulationSetupError("cluster.component_placement: a hybrid placement (some ranks shared, others "
-                                   "not) is not modelled by the simulator yet; simulate it collocated "
-                                   "(--policy collocated) or disaggregated")
-    collocated = base == COLLOCATED or (base == "static" and mode == COLLOCATED and placement is None)
     pcfg = dataclasses.replace(policy_config(cfg), **flags)
     if world != world_cfg:  # the configured node of each rank does not describe another world
         pcfg = dataclasses.replace(pcfg, rank_nodes=())
-    if collocated:
+    if base == COLLOCATED:
         placement = {name: tuple(range(world)) for name in cfg.placement.components}
-        base = COLLOCATED
     elif placement is None:
         placement = {name: tuple(comp.ranks) for name, comp in cfg.placement.components.items()}
         placement = scale_placement(placement, world_cfg, world, pcfg)
+    placement = normalize_placement(placement)
+    comps_of = rank_components(placement, tuple(range(world)))
+    shared = [r for r, comps in comps_of.items() if len(comps) > 1]
+    if shared and base not in ("static", COLLOCATED):
+        raise SimulationSetupError(f"policy: {base} moves whole ranks between components; ranks {shared[:8]} serve "
+                                   f"several (time-sliced): simulate this placement with static, or a "
+                                   f"disaggregated one with {base}")
+    time_sliced = bool(shared)
+    if time_sliced and base == "static":
+        placed = [c for c in placement if placement[c]]
+        base = COLLOCATED if all(len(comps) == len(placed) for comps in comps_of.values()) else HYBRID
     t, s, e = cfg.train, cfg.scheduler, cfg.emulated
     cost = CostModel.from_config(dataclasses.asdict(e))
     offloads = (cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer
                 or name.endswith("+offload"))
     setup = SimSetup(
-        gpus=world, initial=normalize_placement(placement),
+        gpus=world, initial=placement,
         batch=BatchSpec(t.global_batch_size, t.micro_batch_size, t.rollout_batch_size * t.group_size,
                         cfg.actor.ppo_epochs),
         group_size=t.group_size, num_iterations=t.num_iterations, prompt_len=e.prompt_len,
@@ -129,8 +142,8 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         cost=cost, policy_cfg=pcfg,
         switch_latency_s=s.switch_latency_s, tick_s=s.tick_s,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
-        collocated=collocated,
-        phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if collocated and offloads else 0.0,
+        collocated=time_sliced,
+        phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if time_sliced and offloads else 0.0,
     )
     return setup, base
 
@@ -143,5 +156,48 @@ def simulate(cfg: Config, gpus: int | None = None, policy: str | None = None,
     tuples per component). Raises :class:`SimulationSetupError` for a setup the simulator cannot
     run (bad input); any other error is a bug."""
     setup, base = build_setup(cfg, gpus, policy, placement, seed)
-    fn = decide_collocated if setup.collocated else make_policy(base, setup.policy_cfg)
+    fn = decide_time_sliced if setup.collocated else make_policy(base, setup.policy_cfg)
     return Simulation(setup, fn, policy_name=base).run()
+
+
+#: The modes ``simulate --compare-modes`` sets side by side: (mode, policy, what a config says for it;
+#: ``{all}``: every configured component on every rank).
+MODES = (("disaggregated", "static", "scheduler.policy=static"),
+         ("disaggregated", "auto", "scheduler.policy=auto"),
+         ("disaggregated", "plan", "scheduler.policy=plan"),
+         ("collocated", COLLOCATED, "component_placement {all}"),
+         ("collocated", f"{COLLOCATED}+offload", "component_placement {all}, actor.offload_weight=true"))
+
+
+def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None) -> dict[str, object]:
+    """The config's run against every mode it could run in (see :data:`MODES`) on the same GPUs, data and
+    cost model: seconds per iteration, and the fastest. The disaggregated policies run the config's placement
+    where it is disaggregated (a collocated or hybrid one gives them nothing to move: they are left out, and
+    the reason given); its own run (hybrid included) is the first row."""
+    cfg = _config(cfg)
+    own = simulate(cfg, gpus=gpus, seed=seed)
+    rows = [{"mode": cfg.placement.mode, "policy": own.policy, "config": "as configured",
+             "mean_iteration_s": round(own.mean_iteration_s, 3)}]
+    skipped = []
+    every = "{'" + ",".join(cfg.placement.components) + "': all}"
+    for mode, policy, how in MODES:
+        if mode == "disaggregated" and cfg.placement.mode != "disaggregated":
+            skipped.append(policy)
+            continue
+        if (mode == "disaggregated" and policy == own.policy) or \
+                (policy == COLLOCATED and own.policy == COLLOCATED and not _offloads(cfg)):
+            continue  # the configured run itself
+        report = simulate(cfg, gpus=gpus, policy=policy, seed=seed)
+        rows.append({"mode": mode, "policy": policy, "config": how.format(all=every),
+                     "mean_iteration_s": round(report.mean_iteration_s, 3)})
+    base = rows[0]["mean_iteration_s"]
+    for row in rows:
+        row["speedup_vs_configured"] = round(base / row["mean_iteration_s"], 3) if row["mean_iteration_s"] else None
+    best = min(rows, key=lambda r: r["mean_iteration_s"])
+    why = "the configured placement shares ranks: give a disaggregated one to compare them" if skipped else None
+    return {"gpus": own.gpus, "iterations": len(own.iterations), "modes": rows, "fastest": best,
+            "not_compared": {"policies": skipped, "why": why}}
+
+
+def _offloads(cfg: Config) -> bool:
+    return bool(cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer)

@@ -72,9 +72,9 @@ class SimSetup:
     seed: int = defaults.SEED
     max_sim_s: float = 1e7
     iteration_overhead_s: float = 0.0  # idle seconds at each iteration start (gate, weight sync)
-    # every rank serves every component of ``initial``, one phase at a time (``scheduler.collocated``)
+    # ranks of ``initial`` that serve several components time-slice them (``scheduler.collocated``)
     collocated: bool = False
-    phase_switch_s: float = 0.0  # collocated: extra seconds of a switch into or out of training (offload)
+    phase_switch_s: float = 0.0  # time-sliced: extra seconds of a move of the actor (its offload or onload)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
@@ -430,7 +430,7 @@ class Simulation:
             return
         old = self.placement
         ready = self.t + self.s.switch_latency_s
-        if self.s.collocated and (new["actor"] or old["actor"]):  # the actor's state parks or comes back
+        if self.s.collocated and new["actor"] != old["actor"]:  # a shared rank's actor state parks or comes back
             ready += self.s.phase_switch_s
         self.seen_growth = 0.0
         if new["inference"] != old["inference"]:
