@@ -176,6 +176,9 @@ class TrainConfig:
     # "index" takes the groups of prompts [i*n, (i+1)*n) whatever the timing, so a run is
     # reproducible and identical under any placement schedule (invariant 5, tested).
     minibatch_order: str = "arrival"
+    # verl's trainer.critic_warmup: the actor updates from iteration critic_warmup - 1 on (verl's 1-based global
+    # step critic_warmup); the iterations before train the critic only (0 and 1: no warmup)
+    critic_warmup: int = 0
 
 
 @dataclass
@@ -970,6 +973,10 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
 
     c = root.critic
     _positive(issues, "critic", c, "lr", "cliprange_value")
+    _positive(issues, "train", root.train, "critic_warmup", allow_zero=True)
+    if root.train.critic_warmup > 1 and not needs_critic(root.algorithm):
+        issues.append(ConfigIssue("train.critic_warmup", root.train.critic_warmup, (
+            "0 or 1 without a critic (iterations that train only the critic need algorithm.adv_estimator: gae)")))
     if c.loss_agg_mode is not None:
         _choice(issues, "critic.loss_agg_mode", c.loss_agg_mode, AGG_MODES)
     raw = root.cluster.component_placement

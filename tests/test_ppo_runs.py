@@ -28,6 +28,7 @@ def ppo_config(backend: str, run_dir: Path) -> dict:
     cfg["cluster"]["component_placement"] = {"actor,critic": "0-1", "rollout": "2-3"}
     if backend == "cpu":
         cfg["critic"] = {"lr": 2.0e-3, "cliprange_value": 0.5}
+        cfg["train"] = {**cfg.get("train", {}), "critic_warmup": 2}  # verl's: iteration 0 trains the critic only
     return cfg
 
 
@@ -70,6 +71,19 @@ def test_actor_batches_carry_gae_of_the_critics_values(backend: str, ppo_referen
                 assert np.allclose(row["returns"], r, atol=1e-4), (k, row["sample_id"])
     if backend == "cpu":
         assert all(len(m["critic/vf_losses"]) == m["minibatches"] and m["critic/lr"] == 2.0e-3 for m in metrics)
+        assert all(0.0 <= m["critic/vf_clipfrac"] <= 1.0 for m in metrics)
+        # train.critic_warmup 2: no actor step in iteration 0, one per mini-batch after it, with verl's metrics
+        assert metrics[0]["losses"] == [] and "actor/pg_clipfrac" not in metrics[0]
+        for m in metrics[1:]:
+            assert len(m["losses"]) == m["minibatches"] and 0.0 <= m["actor/pg_clipfrac"] <= 1.0
+            assert 0.0 <= m["actor/pg_clipfrac_lower"] <= 1.0 and np.isfinite(m["actor/ppo_kl"])
+        # so iteration 1 samples from the initial weights: its old log-probs (the rollout engine's, whose weights
+        # the actor synced; no inference ranks) are the reference's (the initial policy's) to fp32 noise
+        # (measured 5e-7); iteration 2's are not (0.26)
+        def gap(k: int) -> float:
+            rows = StageReader(run_dir, k, "actor_batch", [0], timeout_s=5).read_all().to_pylist()
+            return max(abs(a - b) for r in rows for a, b in zip(r["old_logprobs"], r["ref_logprobs"]))
+        assert gap(1) < 1e-4 < 1e-2 < gap(2), (gap(1), gap(2))
         first = StageReader(run_dir, 0, "actor_batch", [0], timeout_s=5).read_all().column("values").to_pylist()
         last = StageReader(run_dir, 3, "actor_batch", [0], timeout_s=5).read_all().column("values").to_pylist()
         assert np.mean([abs(v) for vs in first for v in vs]) != pytest.approx(np.mean([abs(v) for vs in last for v in vs]))
@@ -99,8 +113,8 @@ def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str,
 
 
 def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
-    """A critic on ranks of its own, a critic without gae, gae at actor TP 2, a bad cliprange: exit 2,
-    each naming its key."""
+    """A critic on ranks of its own, a critic without gae, gae at actor TP 2, a bad cliprange, a critic warmup
+    without a critic: exit 2, each naming its key."""
     from emulated_configs import write_config
 
     cases = [
@@ -110,6 +124,8 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
         ({"cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "a critic in cluster.component_placement"),
         ({"actor": {"tensor_parallel": 2}}, "actor.tensor_parallel"),
         ({"critic": {"cliprange_value": -1}}, "critic.cliprange_value"),
+        ({"algorithm": {"adv_estimator": "grpo"}, "train": {"critic_warmup": 2},
+          "cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "train.critic_warmup: got 2"),
     ]
     ok = cli("validate", str(write_config(tmp_path / "ok.yaml", ppo_config("emulated", tmp_path / "ok"))))
     assert ok.returncode == 0 and "critic     on the actor's ranks" in ok.stdout, ok.stdout + ok.stderr

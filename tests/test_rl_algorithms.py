@@ -16,7 +16,7 @@ import torch
 
 from slurm_rl.rl.advantages import (ADV_ESTIMATORS, compute_advantages, compute_token_advantages,
                                       estimator_problems, needs_token_advantages, token_level_rewards)
-from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_loss
+from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_diagnostics, policy_loss
 
 
 class Algo:
@@ -222,6 +222,13 @@ def test_vanilla_policy_loss_clips_like_verl_with_clip_higher_and_dual_clip() ->
     g = lp.grad[0]
     assert g[0] == 0 and g[3] == 0 and g[4] == 0  # clipped tokens give no gradient
     assert g[1] == pytest.approx(-0.5) and g[2] == pytest.approx(1.5) and g[5] == pytest.approx(-1.1)
+    # verl's metrics of the same loss, per token (its compute_policy_loss takes their masked means)
+    diag = policy_diagnostics(lp, old, adv, cfg)
+    l1, l2 = -adv * ratios, -adv * torch.clamp(ratios, 0.8, 1.28)
+    assert diag["pg_clipfrac"].tolist() == torch.gt(l2, l1).float().tolist() == [[1.0, 0, 0, 1.0, 0, 0]]
+    lower = torch.gt(torch.maximum(l1, l2), -adv * 3.0).float() * (adv < 0).float()
+    assert diag["pg_clipfrac_lower"].tolist() == lower.tolist() == [[0, 0, 0, 0, 1.0, 0]]
+    assert torch.allclose(diag["ppo_kl"], -(lp.detach() - old)) and not diag["ppo_kl"].requires_grad
 
 
 @pytest.mark.parametrize("kind", ["k1", "abs", "k2", "low_var_kl"])
@@ -401,8 +408,9 @@ def test_rollout_is_weights_scale_the_policy_term_of_each_token_only() -> None:
     loss, _ = RealCompute._loss(SimpleNamespace(algorithm=algo, horizon=8))
     batch = {key: torch.tensor([value]) for key, value in sample.items() if key != "input_ids"}
     logprobs = torch.tensor([[0.0, -0.9, -2.2, -0.45]])
-    weighted = loss(logprobs, batch)
-    unweighted = loss(logprobs, {k: v for k, v in batch.items() if k != "rollout_is_weights"})
+    weighted, diagnostics = loss(logprobs, batch)
+    unweighted, _ = loss(logprobs, {k: v for k, v in batch.items() if k != "rollout_is_weights"})
+    assert sorted(diagnostics) == ["actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
     pg, _ = policy_loss("vanilla")(logprobs, batch["old_logprobs"], batch["advantages"],
                                    PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0))
     kl = 0.1 * kl_penalty(logprobs, batch["ref_logprobs"], "low_var_kl")

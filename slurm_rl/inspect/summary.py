@@ -20,8 +20,9 @@ from slurm_rl.placement import COMPONENTS
 
 SPARK = "▁▂▃▄▅▆▇█"
 METRIC_KEYS = ("reward_mean", "kl", "loss", "lr", "seconds", "tokens_per_s", "actor_dp", "sync_s", "train_s",
-               "val/reward_mean", "val/pass@1", "val/mean@n", "mismatch/kl", "mismatch/max_abs")
-LOWER_IS_BETTER = {"kl", "loss", "seconds", "sync_s", "train_s", "mismatch/kl", "mismatch/max_abs"}
+               "val/reward_mean", "val/pass@1", "val/mean@n", "mismatch/kl", "mismatch/max_abs", "actor/pg_clipfrac",
+               "critic/vf_loss", "critic/vf_clipfrac")
+LOWER_IS_BETTER = {"kl", "loss", "seconds", "sync_s", "train_s", "mismatch/kl", "mismatch/max_abs", "critic/vf_loss"}
 HIGHER_IS_BETTER = {"reward_mean", "tokens_per_s", "val/reward_mean", "val/pass@1", "val/mean@n"}
 WINDOW_HELP = "A:B (iterations A to B-1, like a Python slice; A: and :B too, negative counts from the end)"
 

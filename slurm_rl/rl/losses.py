@@ -32,7 +32,7 @@ from slurm_rl.rl.formulas import LOG_RATIO_CLAMP, kl_estimate
 from slurm_rl.rl.options import AGG_MODES, KL_TYPES
 
 __all__ = ["AGG_MODES", "KL_TYPES", "POLICY_LOSSES", "LossAggregation", "PolicyLossConfig", "kl_penalty",
-           "place_responses", "policy_loss", "register_policy_loss", "response_mask", "value_loss"]
+           "place_responses", "policy_diagnostics", "policy_loss", "register_policy_loss", "response_mask", "value_loss"]
 
 
 
@@ -60,10 +60,10 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     return add
 
 
-@register_policy_loss("vanilla")
-def vanilla(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-            cfg: PolicyLossConfig) -> tuple[Tensor, Tensor]:
-    """PPO's clipped loss with clip-higher and the dual clip of negative advantages (verl's vanilla)."""
+def _ppo_terms(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+               cfg: PolicyLossConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """verl's terms of the clipped loss: the advantages (per token), the log-ratio, the unclipped and the
+    clipped loss, their max and the dual clip's bound."""
     adv = advantages.to(logprobs.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)
@@ -71,13 +71,30 @@ def vanilla(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
     ratio = torch.exp(log_ratio)
     loss1 = -adv * ratio
     loss2 = -adv * torch.clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
-    clipped1 = torch.maximum(loss1, loss2)
-    loss3 = -adv * cfg.clip_ratio_c
-    dual = torch.minimum(loss3, clipped1)
-    loss = torch.where(adv < 0, dual, clipped1)
+    return adv, log_ratio, loss1, loss2, torch.maximum(loss1, loss2), -adv * cfg.clip_ratio_c
+
+
+@register_policy_loss("vanilla")
+def vanilla(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+            cfg: PolicyLossConfig) -> tuple[Tensor, Tensor]:
+    """PPO's clipped loss with clip-higher and the dual clip of negative advantages (verl's vanilla)."""
+    adv, _, loss1, loss2, clipped1, loss3 = _ppo_terms(logprobs, old_logprobs, advantages, cfg)
+    loss = torch.where(adv < 0, torch.minimum(loss3, clipped1), clipped1)
     with torch.no_grad():
         clipped = (loss2 > loss1) | ((adv < 0) & (clipped1 > loss3))
     return loss, clipped
+
+
+def policy_diagnostics(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+                       cfg: PolicyLossConfig) -> dict[str, Tensor]:
+    """verl's per-token diagnostics of the clipped loss (its metrics are their token means):
+    ``pg_clipfrac`` (the ratio's clip is the larger loss), ``pg_clipfrac_lower`` (the dual clip bounds a
+    negative advantage's loss) and ``ppo_kl`` (the log-ratio of old to current policy, k1)."""
+    with torch.no_grad():
+        adv, log_ratio, loss1, loss2, clipped1, loss3 = _ppo_terms(logprobs.detach(), old_logprobs, advantages, cfg)
+        return {"pg_clipfrac": (loss2 > loss1).to(logprobs.dtype),
+                "pg_clipfrac_lower": ((clipped1 > loss3) & (adv < 0)).to(logprobs.dtype),
+                "ppo_kl": -log_ratio}
 
 
 def policy_loss(name: str) -> PolicyLossFn:

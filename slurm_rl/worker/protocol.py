@@ -79,6 +79,8 @@ INFERENCE_STAGE = "inference"
 ACTOR_STAGE = "actor_batch"
 REQUESTS_STAGE = "requests"  # claim markers of the iteration's request chunks
 PLAN_FILE = "plan.json"
+#: Per-step token means of the losses' diagnostics (verl's metric names), averaged into the iteration's row
+STEP_DIAGNOSTICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "critic/vf_clipfrac")
 BOUNDARY_WAIT_S = 2.0  # at most this long the cutter waits for the coordinator at a mini-batch boundary
 STATUS_CHECK_EVERY_S = 0.5  # how often a working rank looks for a coordinator failure
 IDLE_POLL_S = 0.1  # loop period of a rank with no rollout, inference or cutting work
@@ -1116,6 +1118,10 @@ class _Iteration:
                         "critic/lr": steps[-1].get("critic/lr"), "critic/grad_norm": steps[-1].get("critic/grad_norm")})
         if entropies:  # algorithm.entropy_coeff set: the policy's mean token entropy over the iteration's steps
             row["entropy"] = float(np.mean(entropies))
+        for key in STEP_DIAGNOSTICS:  # verl's clip fractions and ppo_kl: the mean over the iteration's steps
+            values = [m[key] for m in steps if m.get(key) is not None]
+            if values:
+                row[key] = float(np.mean(values))
         if self.p.cfg.runtime.device != "emulated":  # every rollout rank's generate ended before training did
             row.update(reward_faults(self.p.run_dir, self.k))
         if self.p.cfg.runtime.device != "emulated" and eval_due(self.p.cfg.eval.every, self.k):

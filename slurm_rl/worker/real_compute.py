@@ -519,12 +519,14 @@ class RealCompute:
         t = self.cfg.train
         later_pass = index >= t.rollout_batch_size * t.group_size // t.global_batch_size  # actor.ppo_epochs > 1
         samples = [self._sample(r) for r in mine]
-        stats = self.trainer.train_step(samples, *self._loss(), entropy=bool(self.algorithm.entropy_coeff),
-                                        schedule_samples=0 if later_pass else None)
+        stats: dict[str, Any] = {}
+        if t.critic_warmup <= k + 1 or self.critic is None:  # verl: the actor updates once critic_warmup <= step
+            stats = self.trainer.train_step(samples, *self._loss(), entropy=bool(self.algorithm.entropy_coeff),
+                                            schedule_samples=0 if later_pass else None)
         if self.critic is not None:  # PPO's critic, on the same mini-batch (verl: update_critic, then the actor)
             critic = self.critic.train_step([self._critic_sample(r, s) for r, s in zip(mine, samples)],
                                             *self._value_loss(), schedule_samples=0 if later_pass else None)
-            stats.update({f"critic/{key}": critic[key] for key in ("loss", "grad_norm", "lr")})
+            stats.update({f"critic/{key}": critic[key] for key in ("loss", "grad_norm", "lr", "vf_clipfrac")})
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
 
     @staticmethod
@@ -549,7 +551,8 @@ class RealCompute:
         c = self.cfg.critic
 
         def loss(vpreds: Any, batch: dict[str, Any]) -> Any:
-            return value_loss(vpreds, batch["values"], batch["returns"], c.cliprange_value)[0]
+            per_token, clipped = value_loss(vpreds, batch["values"], batch["returns"], c.cliprange_value)
+            return per_token, {"vf_clipfrac": clipped.to(per_token.dtype)}
 
         return loss, LossAggregation(c.loss_agg_mode or self.algorithm.loss_agg_mode, horizon=self.horizon)
 
@@ -578,7 +581,7 @@ class RealCompute:
         """The per-token loss of ``algorithm`` (verl's vanilla policy loss plus ``kl_coef`` times
         the ``kl_loss_type`` KL, minus ``entropy_coeff`` times the policy's entropy) and its
         aggregation over the step (``loss_agg_mode``)."""
-        from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_loss
+        from slurm_rl.rl.losses import LossAggregation, PolicyLossConfig, kl_penalty, policy_diagnostics, policy_loss
 
         al = self.algorithm
         clip = PolicyLossConfig(clip_ratio_low=al.clip_eps if al.clip_ratio_low is None else al.clip_ratio_low,
@@ -594,7 +597,8 @@ class RealCompute:
                 per_token = per_token + kl_coef * kl_penalty(logprobs, batch["ref_logprobs"].detach(), kl_type)
             if entropy_coeff:
                 per_token = per_token - entropy_coeff * batch["entropy"]
-            return per_token
+            diagnostics = policy_diagnostics(logprobs, batch["old_logprobs"], batch["advantages"], clip)
+            return per_token, {f"actor/{name}": value for name, value in diagnostics.items()}
 
         return loss, LossAggregation(al.loss_agg_mode, horizon=self.horizon)
 
@@ -658,7 +662,8 @@ class RealCompute:
         if not self.trainer.active:
             return
         per_iteration = self.cfg.train.rollout_batch_size * self.cfg.train.group_size
-        iteration = self.trainer.consumed_samples // per_iteration
+        # the critic trains every mini-batch; the actor not in the critic's warmup (train.critic_warmup)
+        iteration = (self.critic or self.trainer).consumed_samples // per_iteration
         consumed = None
         if self.cfg.algorithm.filter_groups.enable:  # dynamic sampling drew more: the metrics rows say how many
             from slurm_rl.metrics import read_metrics

@@ -38,7 +38,14 @@ from .reshard import (broadcast_json, broadcast_ranks, broadcast_source, copy_lo
                       decode_tensor, encode_tensor, execute_plan, holding, plan_bytes,
                       plan_reshard)
 
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+#: (log-probs, batch) -> per-token loss, or (per-token loss, {name: per-token diagnostic})
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]],
+                  "torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+
+
+def _split(out: "torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A loss function's per-token loss and its diagnostics (none when it returns the loss alone)."""
+    return out if isinstance(out, tuple) else (out, {})
 """``(logprobs [B, T-1], batch) -> per-token loss [B, T-1]``. The trainer multiplies by
 ``batch["loss_mask"]``, sums, and divides by the mini-batch's global token count."""
 
@@ -286,7 +293,9 @@ class ActorTrainer:
         per-token losses become the step's loss (default token mean), over the global mini-batch
         whatever its split into micro-batches and DP ranks. ``entropy``: each micro-batch's
         per-token entropy goes to ``loss_fn`` as ``batch["entropy"]`` (differentiable) and its
-        token mean over the step is returned as ``entropy``. ``schedule_samples``: how far the step moves
+        token mean over the step is returned as ``entropy``. ``loss_fn`` may return ``(per-token loss,
+        {name: per-token diagnostic})``: each diagnostic's token mean over the step is returned under its
+        name (as ``entropy``'s). ``schedule_samples``: how far the step moves
         the LR schedule (default ``global_batch_size``; 0 for another pass over samples already counted,
         ``actor.ppo_epochs``: the schedule counts each sample once). Returns ``loss``, ``grad_norm``, ``lr``,
         ``consumed_samples``, ``step``, ``tokens`` and ``micro_batches`` (this rank's).
@@ -313,12 +322,19 @@ class ActorTrainer:
         self.model.train()
         self.flat.zero_grad()
         loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss, entropy (token sum)
+        names: list[str] = []  # the loss's per-token diagnostics (token sums, in loss_sum[2:])
         for batch in batches:
             logprobs, ent = self._forward(batch, entropy)
+            mask = batch["loss_mask"].to(logprobs.device)
             if ent is not None:
                 batch = {**batch, "entropy": ent}
-                loss_sum[1] += float((ent.detach() * batch["loss_mask"].to(ent.device)).sum())
-            token_loss = loss_fn(logprobs, batch)
+                loss_sum[1] += float((ent.detach() * mask).sum())
+            token_loss, diagnostics = _split(loss_fn(logprobs, batch))
+            if diagnostics and not names:
+                names = sorted(diagnostics)
+                loss_sum = torch.cat([loss_sum, loss_sum.new_zeros(len(names))])
+            for i, name in enumerate(names):
+                loss_sum[2 + i] += float((diagnostics[name].detach() * mask).sum())
             total = (token_loss * agg.weights(batch["loss_mask"]).to(token_loss.device)).sum()
             (total / denominator).backward()
             loss_sum[0] += float(total.detach())
@@ -330,6 +346,7 @@ class ActorTrainer:
         if step_samples:  # a later pass over counted samples (actor.ppo_epochs) leaves the schedule where it is
             self.scheduler.advance(step_samples)
         stats = {"entropy": float(loss_sum[1].item()) / global_tokens} if entropy else {}
+        stats.update({name: float(loss_sum[2 + i].item()) / global_tokens for i, name in enumerate(names)})
         return {**stats, "loss": float(loss_sum[0].item()) / denominator, "grad_norm": grad_norm,
                 "lr": lr, "consumed_samples": float(self.consumed_samples),
                 "step": float(self.step), "tokens": global_tokens,
