@@ -508,7 +508,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if is_cluster_dir(args.run_dir):  # groups placed by `slurm-rl mux place`: the groups and every decision
         print(json.dumps(cluster_report_json(args.run_dir), indent=1) if args.json else cluster_report(args.run_dir))
         return EXIT_OK
-    if (args.run_dir / "group.json").is_file():  # a co-execution group: its timeline
+    from slurm_rl.mux.group_state import group_json_path
+
+    if group_json_path(args.run_dir).is_file():  # a co-execution group: its timeline
         from slurm_rl.inspect.group_timeline import format_group_report, group_report_json, write_group_gantt
 
         if args.json:

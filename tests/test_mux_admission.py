@@ -6,7 +6,7 @@ import pytest
 
 from slurm_rl.mux.admission import ClusterSpec, place
 from slurm_rl.mux.analysis import residency_problems, slowdowns
-from slurm_rl.mux.model import GroupSpec, JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.model import GroupModel, JobProfile, Pools, SwitchCosts
 
 SW = SwitchCosts(rollout_warm_s=0.01, train_warm_s=0.01, cold_s=0.0, migrate_s=0.0)
 
@@ -20,8 +20,8 @@ def job(name: str, rollout: float, train: float, slo: float = 1.5, responses: in
                       rollout_bytes_per_slot=1e10, train_bytes_per_slot=train_bytes, switch=SW)
 
 
-def group(*members: JobProfile, rollout: int = 1, train: int = 1, gid: int = 0) -> GroupSpec:
-    return GroupSpec(Pools(tuple(range(rollout)), tuple(range(train))), members, gid=gid)
+def group(*members: JobProfile, rollout: int = 1, train: int = 1, gid: int = 0) -> GroupModel:
+    return GroupModel(Pools(tuple(range(rollout)), tuple(range(train))), members, gid=gid)
 
 
 def test_direct_into_a_complementary_group_costs_nothing() -> None:
@@ -95,6 +95,6 @@ def test_lifetime_cost_prefers_a_new_group_over_keeping_a_big_group_alive() -> N
     # a long small job would keep a four-node group (whose member is about to finish) alive
     big = job("big", 1.0, 3.0, train_slots=4, rollout_slots=4)
     small = JobProfile("small", 100, 1, 1, 4, ((3.0,) * 4,), (1.0,), 3.0, 1.0, slo=2.0, switch=SW)
-    g = GroupSpec(Pools(tuple(range(4)), tuple(range(4))), (big,), remaining={"big": 1})
+    g = GroupModel(Pools(tuple(range(4)), tuple(range(4))), (big,), remaining={"big": 1})
     assert place(small, [g], ClusterSpec(cost_basis="rate")).kind == "direct"
     assert place(small, [g], ClusterSpec(cost_basis="lifetime")).kind == "new"

@@ -20,7 +20,7 @@ from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.metrics import read_metrics
-from slurm_rl.mux.membership import group_state
+from slurm_rl.mux.group_state import group_state
 from resume_helpers import wait_until
 from test_mux_live import job_config
 from test_scheduling_backends import check_every_sample_once

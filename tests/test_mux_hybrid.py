@@ -8,7 +8,7 @@ from slurm_rl.mux.admission import KINDS, ClusterSpec, place, place_hybrid, pred
 from slurm_rl.mux.analysis import PhaseTimes, meta_iteration
 from slurm_rl.mux.cluster_sim import POLICY_NAMES, colocated_seconds, run_mux
 from slurm_rl.mux.group_sim import GroupSim, simulate_group_from_phases, with_member
-from slurm_rl.mux.model import ColocatedModel, GroupSpec, JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.model import ColocatedModel, GroupModel, JobProfile, Pools, SwitchCosts
 from slurm_rl.mux.rotation import GroupView, Holding, JobView, decide, initial_grant
 
 SW = SwitchCosts(rollout_warm_s=0.01, train_warm_s=0.01, cold_s=0.0, migrate_s=0.0)
@@ -21,8 +21,8 @@ def job(name: str, rollout: float, train: float, slo: float = 1.5, responses: in
                       slo=slo, rollout_bytes_per_slot=1e10, train_bytes_per_slot=1e11, switch=SW)
 
 
-def group(*members: JobProfile, gid: int = 0, schedule: str = "round_robin") -> GroupSpec:
-    return GroupSpec(Pools((0,), (0,)), members, gid=gid, schedule=schedule)
+def group(*members: JobProfile, gid: int = 0, schedule: str = "round_robin") -> GroupModel:
+    return GroupModel(Pools((0,), (0,)), members, gid=gid, schedule=schedule)
 
 
 # ---------------------------------------------------------------- hybrid placement

@@ -25,13 +25,13 @@ from typing import Any
 
 from slurm_rl.mux.admission import ClusterSpec, place, place_hybrid
 from slurm_rl.mux.cluster_sim import run_mux, solo_results, solo_seconds
-from slurm_rl.mux.model import ColocatedModel, GroupSpec, JobProfile, Pools
+from slurm_rl.mux.model import ColocatedModel, GroupModel, JobProfile, Pools
 from slurm_rl.mux.trace import TraceSpec, generate
 
 CLUSTER = ClusterSpec(slo_check="both", cost_basis="lifetime")  # bench_mux's ``mux`` variant
 
 
-def live_groups(jobs: list[JobProfile], copies: int, cluster: ClusterSpec) -> list[GroupSpec]:
+def live_groups(jobs: list[JobProfile], copies: int, cluster: ClusterSpec) -> list[GroupModel]:
     """The groups mux formed on ``jobs``, each with all the jobs it held, ``copies`` times."""
     secs = solo_seconds(solo_results(jobs))
     res = run_mux(jobs, secs, cluster)
@@ -47,11 +47,11 @@ def live_groups(jobs: list[JobProfile], copies: int, cluster: ClusterSpec) -> li
             pools = Pools(tuple(range(rows[gid]["rollout_slots"])), tuple(range(rows[gid]["train_slots"])),
                           cluster.gpus_per_slot, cluster.host_bytes_per_slot)
             renamed = tuple(replace(m, name=f"{m.name}.{c}") for m in ms)
-            out.append(GroupSpec(pools=pools, members=renamed, gid=c * 10_000 + gid, schedule=cluster.schedule))
+            out.append(GroupModel(pools=pools, members=renamed, gid=c * 10_000 + gid, schedule=cluster.schedule))
     return out
 
 
-def time_decisions(fn, arrivals: list[JobProfile], groups: list[GroupSpec]) -> dict[str, Any]:
+def time_decisions(fn, arrivals: list[JobProfile], groups: list[GroupModel]) -> dict[str, Any]:
     times, kinds = [], {}
     for job in arrivals:
         t0 = time.perf_counter()

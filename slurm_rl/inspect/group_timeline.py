@@ -521,7 +521,7 @@ def _membership(root: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]
     group's stops and resumes, in time order."""
     rows: list[dict[str, Any]] = []
     try:
-        from slurm_rl.mux.membership import read_records
+        from slurm_rl.mux.group_state import read_records
 
         records = read_records(root)
     except _READ_ERRORS:

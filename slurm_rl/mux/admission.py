@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 from slurm_rl.mux.analysis import (SLO_EPS, meta_iteration, member_phases, parked_bytes,
                                              residency_problems)
-from slurm_rl.mux.model import (GPU_PRICE, POOL_GPU, ColocatedModel, GroupSpec, JobProfile, Pools,
+from slurm_rl.mux.model import (GPU_PRICE, POOL_GPU, ColocatedModel, GroupModel, JobProfile, Pools,
                                           slots_cost_per_hour)
 from slurm_rl.mux.rotation import SCHEDULES
 
@@ -49,7 +49,7 @@ class ClusterSpec:
     # a group may keep its nodes longer; a small job in a large group's leftover is not free).
     cost_basis: str = "rate"
     # rotation schedule of the groups placement opens (``round_robin`` | ``work_conserving``);
-    # an existing group is predicted under its own ``GroupSpec.schedule``
+    # an existing group is predicted under its own ``GroupModel.schedule``
     schedule: str = "round_robin"
 
     def __post_init__(self) -> None:
@@ -86,14 +86,14 @@ class AdmissionDecision:
     options: Mapping[str, Mapping[str, float | int | None]] = field(default_factory=dict)
 
 
-def _fits_train(group: GroupSpec, job: JobProfile) -> tuple[int, ...]:
+def _fits_train(group: GroupModel, job: JobProfile) -> tuple[int, ...]:
     """The job's train slots in ``group``: the least loaded (parked bytes), then lowest ids."""
     load = parked_bytes(group)
     order = sorted(group.pools.train, key=lambda s: (load[("train", s)], s))
     return tuple(sorted(order[:job.train_slots]))
 
 
-def _slowdowns(group: GroupSpec, newcomer: JobProfile, conservative: bool) -> dict[str, float]:
+def _slowdowns(group: GroupModel, newcomer: JobProfile, conservative: bool) -> dict[str, float]:
     """Every member's slowdown over one meta-iteration; the newcomer's also pays one meta-iteration
     of waiting for its first turn (it joins last in the order), spread over its iterations."""
     m = meta_iteration(member_phases(group, conservative), schedule=group.schedule)
@@ -103,7 +103,7 @@ def _slowdowns(group: GroupSpec, newcomer: JobProfile, conservative: bool) -> di
     return out
 
 
-def check_slo(group: GroupSpec, newcomer: JobProfile, how: str) -> tuple[dict[str, float], list[str]]:
+def check_slo(group: GroupModel, newcomer: JobProfile, how: str) -> tuple[dict[str, float], list[str]]:
     """(conservative slowdowns, problems: SLO violations) of ``group`` with ``newcomer`` in it."""
     slos = {j.name: j.slo for j in group.members}
     slow = _slowdowns(group, newcomer, conservative=True)
@@ -116,7 +116,7 @@ def check_slo(group: GroupSpec, newcomer: JobProfile, how: str) -> tuple[dict[st
     return slow, bad
 
 
-def _packing(group: GroupSpec) -> float:
+def _packing(group: GroupModel) -> float:
     """Cost-weighted busy share of the group's pools over one conservative meta-iteration."""
     m = meta_iteration(member_phases(group, conservative=True), schedule=group.schedule)
     pr = len(group.pools.rollout) * GPU_PRICE[POOL_GPU["rollout"]]
@@ -124,17 +124,17 @@ def _packing(group: GroupSpec) -> float:
     return (m.rollout_busy * pr + m.train_busy * pt) / (pr + pt) if pr + pt else 0.0
 
 
-def _with_rollout_slots(group: GroupSpec, k: int) -> GroupSpec:
+def _with_rollout_slots(group: GroupModel, k: int) -> GroupModel:
     top = max(group.pools.rollout, default=-1)
     pools = replace(group.pools, rollout=group.pools.rollout + tuple(range(top + 1, top + 1 + k)))
     return replace(group, pools=pools)
 
 
-def _rate(group: GroupSpec) -> float:
+def _rate(group: GroupModel) -> float:
     return slots_cost_per_hour(len(group.pools.rollout), len(group.pools.train), group.pools.gpus_per_slot)
 
 
-def _life_cost(group: GroupSpec, extra_s: float = 0.0) -> float:
+def _life_cost(group: GroupModel, extra_s: float = 0.0) -> float:
     """Expected cost of keeping ``group`` until its last member's remaining iterations are done
     (expected phase times; ``extra_s`` added, e.g. a newcomer's state loading)."""
     if not group.members:
@@ -144,7 +144,7 @@ def _life_cost(group: GroupSpec, extra_s: float = 0.0) -> float:
     return _rate(group) * (life + extra_s) / 3600
 
 
-def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec()) -> AdmissionDecision:
+def place(job: JobProfile, groups: Sequence[GroupModel], cluster: ClusterSpec = ClusterSpec()) -> AdmissionDecision:
     """Where ``job`` goes (see the module docstring); ``groups`` are the live groups with their
     current members (each member's rollout sits on every rollout slot)."""
     rejected: dict[str, int] = {}
@@ -152,7 +152,7 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
     candidates: list[tuple[float, int, float, int, AdmissionDecision]] = []
     options: dict[str, dict] = {}
 
-    def add(kind: str, order: int, g: GroupSpec, cand: GroupSpec, k: int, slow: Mapping[str, float]) -> None:
+    def add(kind: str, order: int, g: GroupModel, cand: GroupModel, k: int, slow: Mapping[str, float]) -> None:
         rate = _rate(cand) - (_rate(g) if g.members or kind != "new" else 0.0)
         life = _life_cost(cand, job.switch.cold_s) - (_life_cost(g) if kind != "new" else 0.0)
         key = life if cluster.cost_basis == "lifetime" else rate
@@ -187,7 +187,7 @@ def place(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = C
         else:
             rejected["slo"] = rejected.get("slo", 0) + 1
             notes.append(f"group {g.gid}: SLO: {bad[0]}")
-    empty = GroupSpec(pools=Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
+    empty = GroupModel(pools=Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
                                   cluster.gpus_per_slot, cluster.host_bytes_per_slot), gid=-1,
                       schedule=cluster.schedule)
     own = empty.with_member(job)
@@ -246,7 +246,7 @@ def predict_colocated(job: JobProfile, cluster: ClusterSpec = ClusterSpec(),
     return ColocatedPrediction(expected, rate, rate * expected / 3600, slow, slow_e, tuple(problems))
 
 
-def place_hybrid(job: JobProfile, groups: Sequence[GroupSpec], cluster: ClusterSpec = ClusterSpec(),
+def place_hybrid(job: JobProfile, groups: Sequence[GroupModel], cluster: ClusterSpec = ClusterSpec(),
                  colocated: ColocatedModel = ColocatedModel()) -> AdmissionDecision:
     """Hybrid placement: :func:`place`, and where no existing group admits the job (the decision
     would be ``new`` or ``refused``), ``colocated`` — actor and rollout one after the other on its

@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from slurm_rl.mux.model import GroupSpec
+from slurm_rl.mux.model import GroupModel
 
 #: Slowdowns within this of the SLO pass (float noise).
 SLO_EPS = 1e-9
@@ -58,7 +58,7 @@ class MetaIteration:
         return {j: s for j, s in self.slowdown.items() if s > slos[j] + SLO_EPS}
 
 
-def member_phases(group: GroupSpec, conservative: bool = True) -> list[PhaseTimes]:
+def member_phases(group: GroupModel, conservative: bool = True) -> list[PhaseTimes]:
     """Phase times of every member on the group's slots (conservative: max-length responses)."""
     out = []
     for job in group.members:
@@ -84,9 +84,9 @@ def load(phases: list[PhaseTimes]) -> float:
     return max(sum(p.rollout_s for p in phases), sum(p.train_s for p in phases))
 
 
-def saturated(group: GroupSpec | list[PhaseTimes], conservative: bool = True) -> bool:
+def saturated(group: GroupModel | list[PhaseTimes], conservative: bool = True) -> bool:
     """``load >= cycle``: a pool is the bottleneck (switch seconds not counted)."""
-    phases = member_phases(group, conservative) if isinstance(group, GroupSpec) else group
+    phases = member_phases(group, conservative) if isinstance(group, GroupModel) else group
     return bool(phases) and load(phases) >= cycle(phases)
 
 
@@ -184,13 +184,13 @@ def meta_iteration_work_conserving(phases: list[PhaseTimes], rounds: int | None 
     return MetaIteration(period, slowdown, min(1.0, rbusy), min(1.0, tbusy), periods)
 
 
-def slowdowns(group: GroupSpec, conservative: bool = True, schedule: str | None = None) -> MetaIteration:
+def slowdowns(group: GroupModel, conservative: bool = True, schedule: str | None = None) -> MetaIteration:
     """The one-meta-iteration slowdown estimate of every member of ``group`` (under ``schedule``,
     default: the group's own)."""
     return meta_iteration(member_phases(group, conservative), schedule=schedule or group.schedule)
 
 
-def parked_bytes(group: GroupSpec) -> dict[tuple[str, int], float]:
+def parked_bytes(group: GroupModel) -> dict[tuple[str, int], float]:
     """(pool, slot) -> bytes of parked state that the members pinned there keep in host memory."""
     out: dict[tuple[str, int], float] = {("rollout", s): 0.0 for s in group.pools.rollout}
     out.update({("train", s): 0.0 for s in group.pools.train})
@@ -202,7 +202,7 @@ def parked_bytes(group: GroupSpec) -> dict[tuple[str, int], float]:
     return out
 
 
-def residency_problems(group: GroupSpec) -> list[str]:
+def residency_problems(group: GroupModel) -> list[str]:
     """One line per slot whose parked states exceed its host memory (empty: it fits)."""
     cap = group.pools.host_bytes_per_slot
     return [f"{pool} slot {slot}: {b / 1e9:.0f} GB parked > {cap / 1e9:.0f} GB host memory"

@@ -39,7 +39,7 @@ from slurm_rl.mux.model import (
     ColocatedModel,
     POOL_GPU,
     POOLS,
-    GroupSpec,
+    GroupModel,
     JobProfile,
     Pools,
     solo_pools,
@@ -281,7 +281,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
         specs = []
         for g in live.values():
             active = [by_name[n] for n in g.sim.active]
-            specs.append(GroupSpec(pools=g.sim.pools, members=tuple(active), gid=g.gid,
+            specs.append(GroupModel(pools=g.sim.pools, members=tuple(active), gid=g.gid,
                                    train_assign={n: g.sim.jobs[n].train_slots for n in g.sim.active},
                                    remaining={n: by_name[n].iterations - g.sim.jobs[n].it for n in g.sim.active},
                                    schedule=cluster.schedule))

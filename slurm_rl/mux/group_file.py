@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.grants import JOB_NAME_CHARS
+from slurm_rl.mux.group_state import GROUP_JSON
 from slurm_rl.placement import parse_slot_ranges
 
 POOLS = ("rollout", "train")
@@ -103,6 +104,24 @@ def job_json(j: GroupJob) -> dict[str, Any]:
             "world_size": j.cfg.placement.world_size, "device": j.cfg.runtime.device,
             "slot_capacity": j.cfg.scheduler.max_running_requests * j.cfg.scheduler.rollout_ranks_per_instance,
             "rank_slots": {str(r): list(ps) for r, ps in j.rank_slots.items()}}
+
+
+def spec_from_json(group_dir: Path, group: Mapping[str, Any], members: Sequence[str]) -> GroupSpec:
+    """The group as it runs (``group.json`` as :func:`~slurm_rl.mux.group_state.read_group_json` reads it), as a
+    :class:`GroupSpec` of ``members`` (each from its RUN_DIR's config): the inverse of :meth:`GroupSpec.to_json`."""
+    jobs = []
+    for name in members:
+        doc = group["jobs"][name]
+        path = Path(doc["run_dir"]) / "config.yaml"
+        slots = {int(r): (ps[0], int(ps[1])) for r, ps in doc["rank_slots"].items()}
+        jobs.append(GroupJob(name, path, (), float(doc["slo"]), doc.get("max_response_length"), load_config(path),
+                             slots))
+    return GroupSpec(source=Path(group_dir) / GROUP_JSON, dir=Path(group_dir),
+                     pools={p: tuple(group["pools"][p]) for p in POOLS}, jobs=tuple(jobs),
+                     tail_fraction=float(group["tail_fraction"]), tail_slots=int(group["tail_slots"]),
+                     poll_interval_s=float(group["poll_interval_s"]), timeout_s=float(group["timeout_s"]),
+                     park_s=float(group["park_s"]), host_memory_gb=group.get("host_memory_gb"),
+                     gpus_per_node=int(group["gpus_per_node"]), schedule=group.get("schedule", "round_robin"))
 
 
 def _slots(text: Any, key: str, issues: list[ConfigIssue]) -> tuple[int, ...]:

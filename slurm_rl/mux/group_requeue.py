@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from slurm_rl.control.atomic import read_json
 from slurm_rl.control.events import append_event
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
-from slurm_rl.mux.membership import removed
+from slurm_rl.mux.group_state import group_json_path, read_group_json, removed
 from slurm_rl.resume.stop import clear_stop, read_stop, request_stop
 
 EXIT_REQUEUED, EXIT_NOT_REQUEUED, EXIT_FINISHED = 0, 1, 3
@@ -42,7 +41,7 @@ def _run_dir(group: dict, job: str) -> Path:
 
 def member_states(group_dir: Path) -> dict[str, str | None]:
     """Each member's coordinator state (None before its coordinator wrote one)."""
-    group = read_json(Path(group_dir) / "group.json")
+    group = read_group_json(Path(group_dir))
     out = {}
     for job in group["members"]:
         status = read_coordinator_status(RunPaths(_run_dir(group, job)))
@@ -54,7 +53,7 @@ def stop_group(group_dir: Path, reason: str, at_iteration: int | None = None) ->
     """Ask every member still in the rotation to checkpoint at its gate (``at_iteration``: the gate
     of that iteration or a later one; default the next) and stop; the members asked."""
     group_dir = Path(group_dir)
-    group = read_json(group_dir / "group.json")
+    group = read_group_json(group_dir)
     request_stop(group_dir, reason)
     gone = removed(group_dir)
     asked = [job for job, state in member_states(group_dir).items()
@@ -97,9 +96,9 @@ def previous_group(group_dir: Path, env: dict[str, str]) -> Path | None:
     if int(env.get("SLURM_RESTART_COUNT", "0") or 0) <= 0 or not env.get("SLURM_JOB_ID"):
         return None
     link = job_link(Path(group_dir).parent, env["SLURM_JOB_ID"])
-    if link.is_symlink() and (link.resolve() / "group.json").is_file():
+    if link.is_symlink() and group_json_path(link.resolve()).is_file():
         return link.resolve()
-    return Path(group_dir) if (Path(group_dir) / "group.json").is_file() else None
+    return Path(group_dir) if group_json_path(Path(group_dir)).is_file() else None
 
 
 def resume_group(group_dir: Path, log: Callable[[str], None] = lambda m: None) -> list[str]:
@@ -107,7 +106,7 @@ def resume_group(group_dir: Path, log: Callable[[str], None] = lambda m: None) -
     from slurm_rl.resume.restart import prepare_resume
 
     group_dir = Path(group_dir)
-    group = read_json(group_dir / "group.json")
+    group = read_group_json(group_dir)
     gone = removed(group_dir)
     resumed = []
     for job, state in member_states(group_dir).items():

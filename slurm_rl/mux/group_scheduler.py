@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from slurm_rl.control.atomic import JsonCache, read_json
+from slurm_rl.control.atomic import JsonCache
 from slurm_rl.control.events import append_event
 from slurm_rl.control.grants import (Grant, GroupPaths, grant_numbers, publish_grant, read_grant, read_members,
                                      read_releases)
@@ -33,6 +33,7 @@ from slurm_rl.control.progress import ProgressReader, RankProgress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
 from slurm_rl.scheduler.errors import GroupTimeout
 from slurm_rl.fsio import stat_key
+from slurm_rl.mux.group_state import group_json_path, read_group_json
 from slurm_rl.mux.membership import membership_lock
 from slurm_rl.mux.group_sim import with_member
 from slurm_rl.mux.rotation import (POOLS, GroupGrant, GroupView, JobView, decide, grant_from_json,
@@ -87,10 +88,10 @@ class GroupLoop:
         enter the rotation (inserted where the train pool's cursor points: one cyclic order on both
         pools). Until every rank of a joining job waits for its first grant, the job is pending
         and holds nobody up: a job whose ranks are still starting gets no turn to keep a pool idle."""
-        key = stat_key(self.paths.run_dir / "group.json")
+        key = stat_key(group_json_path(self.paths.run_dir))
         if key != self.group_key:
             self.group_key = key
-            self.group = read_json(self.paths.run_dir / "group.json")
+            self.group = read_group_json(self.paths.run_dir)
             self._add_slots(self.group)
             self.pending += [j for j in self.group["members"] if j not in self.members and j not in self.pending]
         joined = []
@@ -247,7 +248,7 @@ def run_group_scheduler(group_dir: Path) -> int:
     paths = GroupPaths(group_dir)
     with CoordinatorLease(paths) as lease:
         assert lease.generation is not None
-        group = read_json(group_dir / "group.json")
+        group = read_group_json(group_dir)
         loop = GroupLoop(paths, group, lease.generation)
         try:
             loop.run(float(group["timeout_s"]))

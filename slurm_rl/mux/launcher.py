@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from slurm_rl.control.atomic import atomic_write_json, read_json
+from slurm_rl.control.atomic import atomic_write_json
 from slurm_rl.fsio import stat_key
 from slurm_rl.control.grants import GroupPaths
 from slurm_rl.control.paths import RunPaths, create_run_dir
@@ -27,6 +27,7 @@ from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.config import ConfigError
 from slurm_rl.mux.group_file import GroupSpec, load_group
 from slurm_rl.mux.group_admission import admit
+from slurm_rl.mux.group_state import group_json_path, read_group_json, removed
 from slurm_rl.launch import zygote
 from slurm_rl.launch.local import LaunchError, LocalJob
 from slurm_rl.launch.prepare import prepare_run
@@ -66,7 +67,7 @@ def prepare_group(path: str | Path, overrides: Sequence[str] = ()) -> GroupSpec:
         prepare_run(job.config_path, [*job.overrides, *extra])
         doc["jobs"][job.name]["run_dir"] = str(job_dir)
         doc["jobs"][job.name]["heartbeat_timeout_s"] = job.cfg.runtime.heartbeat_timeout_s
-    atomic_write_json(spec.dir / "group.json", doc)
+    atomic_write_json(group_json_path(spec.dir), doc)
     return spec
 
 
@@ -130,7 +131,7 @@ def run_group_local(group_dir: Path, log: Callable[[str], None] = print,
     started = time.monotonic()
     result = GroupResult(group_dir=group_dir, seconds=0.0)
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
-    group = read_json(group_dir / "group.json")
+    group = read_group_json(group_dir)
     scheduler = start_group_scheduler(group_dir)
     running: dict[str, Any] = {}
     launched: set[str] = set()
@@ -138,8 +139,8 @@ def run_group_local(group_dir: Path, log: Callable[[str], None] = print,
     try:
         deadline = time.monotonic() + float(group["timeout_s"])
         while True:
-            if stat_key(group_dir / "group.json") != group_key:  # the members, joins included
-                group_key = stat_key(group_dir / "group.json")
+            if stat_key(group_json_path(group_dir)) != group_key:  # the members, joins included
+                group_key = stat_key(group_json_path(group_dir))
                 for name, run_dir, world, port in job_steps(group_dir):
                     if name not in launched:
                         launched.add(name)
@@ -246,13 +247,10 @@ def job_steps(group_dir: Path) -> list[tuple[str, Path, int, int]]:
 
     Every step of an allocation shares ``SLURM_JOB_ID``, so each job gets its own port (from the
     job id's default port upward) for its torch.distributed rendezvous."""
-    from slurm_rl.control.atomic import read_json
     from slurm_rl.launch.rank_env import port_for_job
-
     from slurm_rl.mux.group_requeue import member_states
-    from slurm_rl.mux.membership import removed
 
-    group = read_json(group_dir / "group.json")
+    group = read_group_json(group_dir)
     base = port_for_job(os.environ.get("SLURM_JOB_ID", "local"))
     names = group.get("members") or list(group["jobs"])
     out = removed(group_dir) | {j for j, s in member_states(group_dir).items() if s in ("finished", "failed")}

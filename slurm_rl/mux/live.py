@@ -13,7 +13,7 @@ the placer's log (``placements.jsonl``). :func:`read_cluster` gives every group 
 - ``finished`` / ``failed``: the group scheduler said so.
 
 A member is in the rotation unless the group scheduler counted it out, it left
-(:func:`membership.active_members`) or its run's coordinator status is finished/failed/stopped. Each running member gets a :class:`JobProfile` from its run's
+(:func:`group_state.active_members`) or its run's coordinator status is finished/failed/stopped. Each running member gets a :class:`JobProfile` from its run's
 ``config.yaml`` (the cost model, :func:`predict.job_profile`); where the group recorded complete
 phases of the member (its slots' release files), the profile's phase times are scaled to the
 measured means (``times`` says which).
@@ -21,6 +21,7 @@ measured means (``times`` says which).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -34,8 +35,9 @@ from slurm_rl.control.heartbeats import read_heartbeat
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.fsio import read_jsonl
-from slurm_rl.mux.membership import active_members
-from slurm_rl.mux.model import JobProfile, SwitchCosts
+from slurm_rl.mux.group_state import GROUP_JSON, active_members, read_group_json
+from slurm_rl.mux.model import GroupModel, JobProfile, Pools, SwitchCosts
+from slurm_rl.mux.predict import job_profile
 
 PLACEMENTS_FILE = "placements.jsonl"
 GROUP_FILES_DIR = "groups"
@@ -100,6 +102,18 @@ class LiveGroup:
         """Whether a job may join it now (running, a rotation, every member profiled)."""
         return self.state == "running" and not self.colocated and bool(self.members) and not self.problems
 
+    def model(self, gid: int) -> GroupModel:
+        """The admission model's view of this group (a slot is one GPU; host memory per slot)."""
+        host = self.host_memory_gb * 1e9 / max(1, self.gpus_per_node) if self.host_memory_gb else math.inf
+        members = tuple(m.profile for m in self.members if m.profile is not None)
+        return GroupModel(pools=Pools(tuple(self.pools["rollout"]), tuple(self.pools["train"]), 1, host),
+                          members=members,
+                          rollout_assign={m.name: m.rollout_slots for m in self.members if m.rollout_slots},
+                          train_assign={m.name: m.train_slots for m in self.members if m.train_slots},
+                          gid=gid, schedule=self.schedule,
+                          remaining={m.name: max(1, m.profile.iterations - m.done_iterations)
+                                     for m in self.members if m.profile is not None})
+
 
 # -- reading ----------------------------------------------------------------------------------------
 
@@ -119,7 +133,7 @@ def read_cluster(cluster_dir: str | Path, *, now: float | None = None, stale_s: 
     submitted = _submitted(root)
     out: dict[str, LiveGroup] = {}
     for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        if (sub / "group.json").is_file():
+        if (sub / GROUP_JSON).is_file():
             rec = submitted.get(sub.name, {})
             out[sub.name] = read_group(sub, now, stale_s, rec.get("sbatch_job"), profiles)
     query = queued if queued is not None else squeue_states
@@ -180,7 +194,7 @@ def read_group(gdir: Path, now: float, stale_s: float = STALE_S, sbatch_job: str
                profiles: bool = True) -> LiveGroup:
     """One group from its files: state, pools, members still in the rotation and (``profiles``)
     their admission profiles, measured phase times where the group recorded them."""
-    doc = read_json(gdir / "group.json")
+    doc = read_group_json(gdir)
     paths = GroupPaths(gdir)
     status = read_coordinator_status(paths)
     names = list(doc.get("members") or doc.get("jobs", {}))
@@ -294,8 +308,6 @@ def profile_of(cfg: Any, name: str, slo: float, park_s: float = 0.0, tail_fracti
     """The admission model's profile of a run config (its cost model; ``runtime.device`` emulated):
     its SLO, a group's warm switch (twice ``park_s``: park and resume), parked bytes per slot and,
     with ``max_response_length``, the conservative times at that length."""
-    from slurm_rl.mux.predict import job_profile
-
     switch = SwitchCosts(rollout_warm_s=2 * park_s, train_warm_s=2 * park_s, cold_s=0.0, migrate_s=0.0)
     prof, _ = job_profile(cfg, name, tail_fraction, switch)
     params = float(cfg.emulated.model_params)

@@ -246,8 +246,10 @@ def solo_pools(job: JobProfile, gpus_per_slot: int = 8, host_bytes_per_slot: flo
 
 
 @dataclass(frozen=True)
-class GroupSpec:
-    """A co-execution group: its pools and members (rotation order) with their pinned slots.
+class GroupModel:
+    """A co-execution group as the admission model sees it: its pools and members (rotation order, each a
+    :class:`JobProfile`) with their pinned slots. (``group_file.GroupSpec`` is the validated group file;
+    ``live.LiveGroup`` a group dir's state as it runs: ``LiveGroup.model`` gives its ``GroupModel``.)
 
     A member sits on ``rollout_assign[name]`` (default: every rollout slot — rollout is elastic,
     its instances spread over the group's rollout pool) and on ``train_assign[name]`` (default: the
@@ -269,7 +271,7 @@ class GroupSpec:
         return tuple(self.train_assign.get(job.name, self.pools.train[:job.train_slots]))
 
     def with_member(self, job: JobProfile, train: tuple[int, ...] | None = None,
-                    rollout: tuple[int, ...] | None = None) -> "GroupSpec":
+                    rollout: tuple[int, ...] | None = None) -> "GroupModel":
         """This group with ``job`` appended to the rotation."""
         ra = dict(self.rollout_assign)
         ta = dict(self.train_assign)

@@ -38,13 +38,14 @@ from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.grants import JOB_NAME_CHARS
 from slurm_rl.errors import InputError, LaunchError, WaitTimeout
 from slurm_rl.fsio import append_bytes, atomic_write_bytes, atomic_write_json
+from slurm_rl.mux.group_file import load_group
 from slurm_rl.mux.membership import MembershipError, add_job
 from slurm_rl.mux.live import (GROUP_FILES_DIR, PLACEMENTS_FILE, LiveGroup, QueueQuery, profile_of, read_cluster,
                                read_placements)
 from slurm_rl.mux.slurm_capacity import Capacity, SbatchError, resource_args, sbatch, slurm_capacity
 from slurm_rl.mux import admission
 from slurm_rl.mux.analysis import SLO_EPS, member_phases, meta_iteration, residency_problems
-from slurm_rl.mux.model import GroupSpec, JobProfile, Pools
+from slurm_rl.mux.model import GroupModel, JobProfile
 
 __all__ = ["Placement", "PlacerSpec", "decide", "place", "read_cluster", "LOCK_FILE"]
 
@@ -104,19 +105,6 @@ class Placement:
 
 # -- deciding ---------------------------------------------------------------------------------------
 
-def group_spec(g: LiveGroup, gid: int) -> GroupSpec:
-    """The admission model's view of a running group (a slot is one GPU; host memory per slot)."""
-    host = g.host_memory_gb * 1e9 / max(1, g.gpus_per_node) if g.host_memory_gb else math.inf
-    members = tuple(m.profile for m in g.members if m.profile is not None)
-    return GroupSpec(pools=Pools(tuple(g.pools["rollout"]), tuple(g.pools["train"]), 1, host),
-                     members=members,
-                     rollout_assign={m.name: m.rollout_slots for m in g.members if m.rollout_slots},
-                     train_assign={m.name: m.train_slots for m in g.members if m.train_slots},
-                     gid=gid, schedule=g.schedule,
-                     remaining={m.name: max(1, m.profile.iterations - m.done_iterations)
-                                for m in g.members if m.profile is not None})
-
-
 def group_problem(cfg: Config) -> str | None:
     """Why the config cannot be a group member (None: it can): a group's pools are disaggregated."""
     comps = {c: set(p.ranks) for c, p in cfg.placement.components.items()}
@@ -134,12 +122,12 @@ def group_problem(cfg: Config) -> str | None:
     return None
 
 
-def _admit(job: JobProfile, specs: Sequence[GroupSpec], cluster: admission.ClusterSpec, hybrid: bool = True) -> Any:
+def _admit(job: JobProfile, specs: Sequence[GroupModel], cluster: admission.ClusterSpec, hybrid: bool = True) -> Any:
     """The admission model's choice (``place_hybrid``: a ``colocated`` choice too; else ``place``)."""
     return admission.place_hybrid(job, specs, cluster) if hybrid else admission.place(job, specs, cluster)
 
 
-def _why_not(job: JobProfile, g: GroupSpec, name: str) -> str:
+def _why_not(job: JobProfile, g: GroupModel, name: str) -> str:
     """One line on why ``g`` does not take ``job`` as it is (conservative times, as admission)."""
     if len(g.pools.train) < job.train_slots:
         return f"group {name}: {len(g.pools.train)} train slots < the job's {job.train_slots}"
@@ -191,7 +179,7 @@ def decide(job_cfg: Config, name: str, slo: float, groups: Sequence[LiveGroup], 
     if problem is not None:
         fits = []
         notes.append(f"no group can take it: {problem}")
-    specs = [group_spec(g, i) for i, g in enumerate(fits)]
+    specs = [g.model(i) for i, g in enumerate(fits)]
     names = {i: g.name for i, g in enumerate(fits)}
     base = {"capacity_gpus": cap.total_gpus, "capacity_source": cap.source, "held_gpus": held, "free_gpus": free,
             "job": {"rollout_slots": job.rollout_slots, "train_slots": job.train_slots, "slo": slo,
@@ -325,8 +313,6 @@ def _range(slots: Sequence[int]) -> str:
 def write_group_file(cluster_dir: Path, group: str, name: str, config: Path, overrides: Sequence[str], slo: float,
                      cfg: Config, rollout: int, train: int, spec: PlacerSpec) -> tuple[Path, dict[str, Any]]:
     """``groups/<group>.yaml``: the job alone on its own pools (rollout slots first), validated."""
-    from slurm_rl.mux.group_file import load_group
-
     pools = {"rollout": list(range(rollout)), "train": list(range(rollout, rollout + train))}
     job: dict[str, Any] = {"config": str(config), "slo": slo, "overrides": list(overrides)}
     if spec.max_response_length:

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from slurm_rl.config import Config
-from slurm_rl.control.atomic import read_json
 from slurm_rl.control.grants import GrantWatcher, GroupPaths, write_member, write_release
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.errors import WaitTimeout, WorkerError
 from slurm_rl.launch.rank_env import RankInfo
+from slurm_rl.mux.group_state import read_group_json
 
 
 class GroupFailed(WorkerError, RuntimeError):
@@ -69,7 +69,7 @@ class PoolGate(PhaseGate):
         assert cfg.mux.group_dir is not None and cfg.mux.job is not None
         self.paths = GroupPaths(Path(cfg.mux.group_dir))
         self.job, self.rank, self.host = cfg.mux.job, info.rank, info.host
-        group = read_json(self.paths.run_dir / "group.json")
+        group = read_group_json(self.paths.run_dir)
         self.pool, self.slot = group["jobs"][self.job]["rank_slots"][str(info.rank)]
         self.timeout_s = float(group["timeout_s"])
         self.poll_s = max(float(group["poll_interval_s"]), cfg.runtime.poll_interval_s)

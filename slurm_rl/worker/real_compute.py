@@ -70,9 +70,9 @@ def _group_gpu(cfg: Config, info: RankInfo) -> int | None:
         return None
     from pathlib import Path
 
-    from slurm_rl.control.atomic import read_json
+    from slurm_rl.mux.group_state import read_group_json
 
-    group = read_json(Path(cfg.mux.group_dir) / "group.json")
+    group = read_group_json(Path(cfg.mux.group_dir))
     _, slot = group["jobs"][cfg.mux.job]["rank_slots"][str(info.rank)]
     return int(slot) % int(group.get("gpus_per_node", 8))
 
