@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
 import re
 import signal
 import threading
@@ -108,6 +109,12 @@ def test_heartbeat_writer_and_stale_ranks(paths: RunPaths) -> None:
     doc = read_heartbeat(paths, 3)
     assert doc["rank"] == 3 and doc["host"] == "n9" and doc["pid"] == os.getpid()
     assert writer.beats >= 2 and writer.last_error is None
+    # the last beat is written on stop, with the process's peak resident memory (this interpreter's ru_maxrss)
+    beats = writer.beats
+    writer.stop()
+    assert writer.beats == beats + 1
+    doc = read_heartbeat(paths, 3)
+    assert 10 * 2**20 < doc["peak_rss_bytes"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert stale_ranks(paths, [3, 4], timeout_s=5) == {4: None}
     stale = stale_ranks(paths, [3], timeout_s=5, now=doc["time"] + 9)
     assert stale[3] == pytest.approx(9)

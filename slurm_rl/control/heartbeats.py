@@ -1,8 +1,14 @@
-"""Per-rank liveness files: ``heartbeats/rank-NNNN.json`` rewritten every ``interval_s``."""
+"""Per-rank liveness files: ``heartbeats/rank-NNNN.json`` rewritten every ``interval_s``.
+
+Each beat also carries the rank's peak resident memory so far (``peak_rss_bytes``, the kernel's
+``ru_maxrss``: host memory, shared pages of the interpreter it was forked from included); the last
+beat, written when the rank stops, is its peak over the run.
+"""
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections.abc import Iterable
@@ -42,7 +48,8 @@ class HeartbeatWriter:
     def beat(self) -> None:
         """Write one heartbeat now."""
         doc: dict[str, Any] = {"rank": self.rank, "host": self.host, "pid": os.getpid(),
-                               "time": time.time(), "epoch": self.epoch}
+                               "time": time.time(), "epoch": self.epoch,
+                               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         atomic_write_json(self.paths.heartbeat(self.rank), doc, durable=False, fs=self.paths.fs)
         self.beats += 1
 
@@ -65,10 +72,15 @@ class HeartbeatWriter:
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread and wait for it (at most ``timeout_s``)."""
+        """Stop the thread and wait for it (at most ``timeout_s``), then write a last beat (the rank's
+        peak memory over the run)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        try:
+            self.beat()
+        except OSError as exc:
+            self.last_error = exc
 
     def __enter__(self) -> "HeartbeatWriter":
         return self.start()
@@ -87,7 +99,7 @@ def read_heartbeat(paths: RunPaths, rank: int) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     check_equal(doc, path, rank=rank)
-    check_fields(doc, path, {"time": "number"}, {"host": "str", "pid": "int", "epoch": "int?"})
+    check_fields(doc, path, {"time": "number"}, {"host": "str", "pid": "int", "epoch": "int?", "peak_rss_bytes": "int?"})
     return doc
 
 

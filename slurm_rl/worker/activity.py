@@ -149,7 +149,8 @@ class RecordingCompute:
         start = time.time()
         figures = self.inner.switch_phase(phase)
         if figures.get("bytes"):
-            self.span("offload", start, time.time(), phase=phase, bytes=int(figures["bytes"]))
+            peak = {"peak_gpu_bytes": int(figures["peak_gpu_bytes"])} if "peak_gpu_bytes" in figures else {}
+            self.span("offload", start, time.time(), phase=phase, bytes=int(figures["bytes"]), **peak)
         return figures
 
     def save_state(self, directory: Path) -> None:

@@ -634,6 +634,7 @@ class RealCompute:
     # -- collocated phases ----------------------------------------------------------------------
     def switch_phase(self, phase: str) -> dict[str, Any]:
         t0, nbytes = time.perf_counter(), 0
+        peak = self._phase_peak()
         a = self.cfg.actor
         if phase == "generate":
             if (a.offload_weight or a.offload_grad or a.offload_optimizer) and self.trainer.active:
@@ -650,7 +651,18 @@ class RealCompute:
                     nbytes += int(trainer.unpark().get("bytes", 0))
         else:
             raise ValueError(f"switch_phase: unknown phase {phase!r}; allowed: generate, train")
-        return {"phase": phase, "bytes": nbytes, "seconds": time.perf_counter() - t0}
+        return {"phase": phase, "bytes": nbytes, "seconds": time.perf_counter() - t0, **peak}
+
+    def _phase_peak(self) -> dict[str, int]:
+        """On cuda, the device memory peak of the phase a switch ends (``peak_gpu_bytes``; the peak is
+        reset for the next one): what the actor alone, or the rollout and inference alone, need."""
+        if self.device != "cuda":
+            return {}
+        import torch
+
+        peak = int(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        return {"peak_gpu_bytes": peak}
 
     # -- run checkpoints ------------------------------------------------------------------------
     def save_state(self, directory: Path) -> None:
