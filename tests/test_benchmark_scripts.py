@@ -122,3 +122,19 @@ def test_profile_step_counts_operators_and_host_syncs_per_depth() -> None:
     assert three["param_tensors"] > one["param_tensors"] and three["ops_per_step"] > one["ops_per_step"]
     assert one["host_syncs"] > 0 and len(one["top"]) == len(one["most_called"]) == 5
     assert all(t["self_cpu_s"] >= 0 and t["calls"] > 0 for t in one["top"])
+
+
+@pytest.mark.slow  # two short runs of the quickstart task (one rank, then three)
+def test_bench_collocated_prints_the_switches_and_each_ranks_peak_memory(tmp_path: Path) -> None:
+    toy = tmp_path / "toy"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_toy_files.py"), str(toy), "--max-operand", "4"],
+                   check=True, capture_output=True, timeout=120)
+    row = _run("bench_collocated.py", "--shapes", "quickstart", "--iterations", "2", "--toy", str(toy))
+    assert row["shape"] == "quickstart" and row["device"] == "cpu" and row["iterations"] == 2
+    assert row["to_train_s"] >= 0 and row["to_rollout_s"] >= 0  # iteration 1: its decode and its first step
+    for phase in ("generate", "train"):  # the actor parked before every decode, back before every training
+        assert row["offload"][phase]["moves"] == 2 and row["offload"][phase]["bytes"] > 0, row["offload"]
+    assert set(row["peak_rss_gib"]) == {"collocated", "actor", "rollout", "inference"}
+    assert all(0.05 < gib < 20 for gib in row["peak_rss_gib"].values()), row["peak_rss_gib"]
+    assert row["collocated"]["samples_per_s"] > 0 and row["disaggregated"]["samples_per_s"] > 0
+

@@ -9,7 +9,9 @@ Recipes (overrides of the quickstart config):
 - ``ppo``: ``algorithm.adv_estimator: gae`` (lambda 0.95) with a critic on the actor's ranks
   (``actor,critic: 0``, ``critic.lr`` 3e-3), auto;
 - ``dapo``: clip-higher 0.28, no KL, dynamic sampling (``filter_groups`` on ``acc``, generation batches of
-  16 prompts), static placement (dynamic sampling needs it).
+  16 prompts), static placement (dynamic sampling needs it);
+- ``collocated``: the quickstart's GRPO with every component on all 4 ranks (RLinf's collocated mode
+  ``actor,rollout,inference: all``, static: each rank decodes, scores, then trains).
 
     .venv/bin/python tools/bench_algorithms.py [--recipes ppo dapo] [--iterations 300]
 
@@ -33,6 +35,7 @@ RECIPES = {
             'cluster.component_placement={"actor,critic": 0, rollout: 1-2, inference: 3}'],
     "dapo": ["cluster.auto_scheduler=false", "algorithm.kl_coef=0.0", "algorithm.clip_ratio_high=0.28",
              "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16"],
+    "collocated": ["cluster.auto_scheduler=false", 'cluster.component_placement={"actor,rollout,inference": all}'],
 }
 WINDOW = 20
 

@@ -32,7 +32,8 @@ Llama-style model with the character tokenizer; ``--layers`` of its 24 layers on
     .venv/bin/python tools/bench_collocated.py [--shapes quickstart,qwen2.5-0.5b] [--layers 2] [--iterations 4]
         [--device cpu|cuda] [--rollout hf|vllm]
 
-Needs ``runs/toy`` (``tools/make_toy_files.py runs/toy --max-operand 4``, which ``tools/quickstart.sh`` runs).
+Needs ``runs/toy`` (``tools/make_toy_files.py runs/toy --max-operand 4``, which ``tools/quickstart.sh`` runs), or
+another directory of those files (``--toy``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ SHAPES = {
 
 def median(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
+
+
+def toy_overrides(toy: Path) -> list[str]:
+    """The quickstart's model and prompts read from ``toy`` (``tools/make_toy_files.py`` output)."""
+    return [f"model.path={toy / 'model'}", f"data.train_files=[{toy / 'train.jsonl'}]"]
 
 
 def launch(run_dir: Path, placement: dict[str, int], overrides: list[str]) -> float:
@@ -127,9 +133,9 @@ def switches(run_dir: Path) -> dict[str, Any]:
 
 
 def bench(shape: str, layers: int, iterations: int, tmp: Path, device: str, rollout: str,
-          disaggregated: bool) -> dict[str, Any]:
-    overrides = [*SHAPES[shape], f"train.num_iterations={iterations}", f"runtime.device={device}",
-                 f"rollout.backend={rollout}"]
+          disaggregated: bool, toy: Path) -> dict[str, Any]:
+    overrides = [*toy_overrides(toy), *SHAPES[shape], f"train.num_iterations={iterations}",
+                 f"runtime.device={device}", f"rollout.backend={rollout}"]
     if shape != "quickstart":
         overrides.append(f"model.num_layers={layers}")
     shared, apart = tmp / f"{shape}-collocated", tmp / f"{shape}-disaggregated"
@@ -157,6 +163,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--toy", type=Path, default=REPO / "runs" / "toy", help="the toy files (default: runs/toy)")
     args = parser.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
@@ -164,13 +171,13 @@ def main() -> None:
         sys.exit(f"bench_collocated: --shapes: unknown {unknown} (known: {', '.join(SHAPES)})")
     if args.iterations < 2:
         sys.exit(f"bench_collocated: --iterations: got {args.iterations}, at least 2 (the first one warms up)")
-    if not (REPO / "runs" / "toy" / "model").is_dir():
-        sys.exit("bench_collocated: runs/toy is missing: run tools/make_toy_files.py runs/toy --max-operand 4")
+    if not (args.toy / "model").is_dir():
+        sys.exit(f"bench_collocated: {args.toy} has no model: run tools/make_toy_files.py {args.toy} --max-operand 4")
     disaggregated = args.device == "cpu" or _cuda_devices() >= len(DISAGGREGATED)
     with tempfile.TemporaryDirectory(prefix="bench_collocated_") as tmp:
         for shape in shapes:
             print(json.dumps(bench(shape, args.layers, args.iterations, Path(tmp), args.device, args.rollout,
-                                   disaggregated)), flush=True)
+                                   disaggregated, args.toy.absolute())), flush=True)
 
 
 def _cuda_devices() -> int:
