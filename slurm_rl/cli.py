@@ -268,6 +268,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                       " (shared ranks time-slice their components: rollout, inference, then training)"))
     for roles, ranks in cfg.placement.ranks_by_roles().items():
         print(f"    ranks {compress_ranks(ranks):<12} {', '.join(roles) or 'idle'}")
+    if run["device"] == "cuda" and run["mode"] != "disaggregated":
+        from slurm_rl.memory_fit import phase_memory
+
+        fits = phase_memory(cfg, model["parameters"])
+        for pm in fits:
+            print(f"    ranks {compress_ranks(list(pm.ranks)):<12} memory at least: {pm.describe()}")
+        if not fits:
+            print("    memory per GPU: not checked (no GPU visible here: set runtime.gpu_memory_gb)")
     choices = actor["tensor_parallel_choices"]
     also = f" (choices {', '.join(map(str, choices))})" if len(choices) > 1 else ""
     print(f"  actor: tensor_parallel {actor['tensor_parallel']}{also}, precision {actor['precision']}"

@@ -154,6 +154,9 @@ class RuntimeConfig:
     ack_timeout_s: float = 60.0  # coordinator waits this long for all acks of an epoch
     wait_timeout_s: float = 600.0  # any other wait (batch manifests, collectives, weight sync)
     run_timeout_s: float = 14400.0  # the whole run (local launcher, coordinator, submitit time limit)
+    # cuda: one GPU's memory for validate's check that the phases of ranks serving several components fit;
+    # null: the GPU visible to validate, else unchecked
+    gpu_memory_gb: Optional[float] = None
     seed: int = 1234  # global seed
     keep_iterations: int = 2  # data-plane GC keeps the last K iterations
     checkpoint_every: int = 0  # take a run checkpoint at every N-th iteration gate (0: only on a stop request)
@@ -365,6 +368,8 @@ class RolloutSection:
     top_p: float = 1.0  # nucleus sampling mass (1: off)
     top_k: int = 0  # sample among the k most likely tokens (0: off)
     stop: List[str] = field(default_factory=list)  # strings that end a response (besides the tokenizer's EOS)
+    # vllm: the share of its GPU's memory the engine takes, weights and KV cache (verl's rollout.gpu_memory_utilization)
+    gpu_memory_utilization: float = 0.5
 
 
 @dataclass
@@ -809,7 +814,8 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
         if getattr(r, key) < 0:
             issues.append(ConfigIssue(f"runtime.{key}", getattr(r, key), "an integer >= 0"))
     _positive(issues, "runtime", r, "poll_interval_s", "heartbeat_interval_s", "heartbeat_timeout_s",
-              "ack_timeout_s", "wait_timeout_s", "run_timeout_s", "keep_iterations", "keep_checkpoints")
+              "ack_timeout_s", "wait_timeout_s", "run_timeout_s", "keep_iterations", "keep_checkpoints",
+              "gpu_memory_gb")
     if 0 < r.heartbeat_interval_s and r.heartbeat_timeout_s <= r.heartbeat_interval_s:
         issues.append(ConfigIssue("runtime.heartbeat_timeout_s", r.heartbeat_timeout_s,
                                   f"more than runtime.heartbeat_interval_s ({r.heartbeat_interval_s})"))
@@ -916,6 +922,8 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _positive(issues, "rollout", ro, "top_k", allow_zero=True)
     if not 0.0 < ro.top_p <= 1.0:
         issues.append(ConfigIssue("rollout.top_p", ro.top_p, "a number in (0, 1]"))
+    if not 0.0 < ro.gpu_memory_utilization <= 1.0:
+        issues.append(ConfigIssue("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, "a number in (0, 1]"))
     for i, text in enumerate(ro.stop):
         if not isinstance(text, str) or not text:
             issues.append(ConfigIssue(f"rollout.stop[{i}]", text, "a non-empty string"))

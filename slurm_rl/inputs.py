@@ -180,9 +180,14 @@ def schedule_problems(cfg: Config) -> list[ConfigIssue]:
 
 
 def check_inputs(cfg: Config) -> None:
-    """Raise :class:`ConfigError` with every problem of :func:`input_problems` and
-    :func:`schedule_problems` (exit code 2)."""
+    """Raise :class:`ConfigError` with every problem of :func:`input_problems`, :func:`schedule_problems`
+    and, on cuda, whether the phases of ranks that serve several components fit (:mod:`slurm_rl.memory_fit`)
+    (exit code 2)."""
     issues = schedule_problems(cfg) + input_problems(cfg)
+    if not issues and cfg.runtime.device == "cuda" and cfg.placement.mode != "disaggregated":
+        from slurm_rl.memory_fit import memory_problems
+
+        issues = memory_problems(cfg, model_summary(cfg)["parameters"])
     if issues:
         raise ConfigError(issues)
 

@@ -97,6 +97,49 @@ def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> No
     assert "cluster.component_placement" in proc.stderr and "need scheduler.policy static" in proc.stderr
 
 
+def test_a_collocated_placement_whose_phases_cannot_fit_is_refused(tmp_path: Path) -> None:
+    """On cuda, a shared rank's phases must fit in one GPU (``slurm_rl/memory_fit.py``, a lower bound): with
+    ``runtime.gpu_memory_gb`` below what the actor's state, the rollout engine and the scorers need, validate
+    exits 2 naming the placement and what to change; with room it prints what each phase holds."""
+    cfg = run_config("cpu", tmp_path / "run")
+    cfg["runtime"]["device"] = "cuda"
+    cfg["cluster"].update(gpus_per_node=2, component_placement={"actor,rollout,inference": "all"})
+    cfg["runtime"]["gpu_memory_gb"] = 1e-4  # 100 kB: the quick model's state alone is larger
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cluster.component_placement" in proc.stderr and "phases that fit in one GPU" in proc.stderr
+    assert "ranks [0, 1] serve actor, rollout, inference" in proc.stderr and "actor.offload_weight" in proc.stderr
+    cfg["runtime"]["gpu_memory_gb"] = 80.0
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "memory at least: generate" in proc.stdout and "of 80.0 GB" in proc.stdout, proc.stdout
+
+
+def test_phase_memory_counts_what_each_phase_holds(tmp_path: Path) -> None:
+    """The fit check's arithmetic for 1e9 parameters in fp32 on an 80 GB GPU: while generating, the hf engine's
+    weights, the reference and the old log-probs' copy (4 bytes a parameter each) and the actor's 16 bytes a
+    parameter unless offloaded; while training, the actor and the scorers; vLLM takes its memory share."""
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.memory_fit import phase_memory
+
+    cfg = run_config("cpu", tmp_path / "run")
+    cfg["runtime"].update(device="cuda", gpu_memory_gb=80.0)
+    cfg["actor"] = {**cfg.get("actor", {}), "precision": "fp32"}
+    cfg["algorithm"] = {**cfg.get("algorithm", {}), "kl_coef": 0.01, "old_logprobs": "actor"}
+    cfg["cluster"].update(gpus_per_node=2, component_placement={"actor,rollout,inference": "all"})
+    (pm,) = phase_memory(config_from_mapping(cfg), int(1e9))
+    assert pm.ranks == (0, 1) and pm.budget == 80e9
+    assert pm.generate == {"rollout": 4e9, "reference": 4e9, "old log-probs": 4e9, "actor kept": 16e9}
+    assert pm.train == {"actor": 16e9, "reference": 4e9, "old log-probs": 4e9} and pm.need == 28e9
+    cfg["actor"]["offload_weight"] = True
+    cfg["rollout"] = {**cfg.get("rollout", {}), "backend": "vllm", "gpu_memory_utilization": 0.5}
+    (pm,) = phase_memory(config_from_mapping(cfg), int(1e9))
+    assert pm.generate == {"rollout": 40e9, "reference": 4e9, "old log-probs": 4e9} and pm.need == 48e9
+    cfg["cluster"]["component_placement"] = {"actor": 0, "rollout,inference": 1}  # the actor on a rank of its own
+    (pm,) = phase_memory(config_from_mapping(cfg), int(1e9))
+    assert pm.ranks == (1,) and pm.train == {"reference": 4e9, "old log-probs": 4e9} and pm.need == 48e9
+
+
 @pytest.mark.parametrize(("backend", "slots", "placement", "mode"), [
     ("emulated", 1, {"actor,rollout,inference,reward": 0}, "collocated"),
     pytest.param("cpu", 1, {"actor,rollout,inference": 0}, "collocated", marks=pytest.mark.slow),

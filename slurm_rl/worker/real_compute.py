@@ -246,8 +246,9 @@ class RealCompute:
             if self.engine is None:
                 from slurm_rl.engines.rollout import make_rollout_engine
 
+                vllm = {"gpu_memory_utilization": self.cfg.rollout.gpu_memory_utilization} if self.backend == "vllm" else {}
                 self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
-                                                  pad_id=self.pad_id, checkpoint=self.checkpoint)
+                                                  pad_id=self.pad_id, checkpoint=self.checkpoint, **vllm)
                 figures["rollout_engine"] = "built"
             elif self.engine.released:
                 self.engine.resume()
