@@ -301,9 +301,14 @@ def serve(directory: Path, device: str) -> int:
     path = socket_path(directory, device)
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(str(path))
-    os.chmod(path, 0o600)
+    # bound under a temporary name and renamed once listening: a caller that sees the socket can connect
+    # (bound at its final name, a connect between bind and listen was refused, and the caller ran unforked)
+    staged = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    staged.unlink(missing_ok=True)
+    listener.bind(str(staged))
+    os.chmod(staged, 0o600)
     listener.listen(128)  # callers wait in the backlog while we import
+    os.replace(staged, path)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what the launchers give their servers (OpenBLAS: no threads)
     cpu0, wall0 = time.process_time(), time.monotonic()
     forkserver.preload(device)
