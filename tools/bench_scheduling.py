@@ -94,6 +94,12 @@ def _summary(gpus: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def _steady(row: dict[str, Any]) -> float:
+    """Mean seconds per iteration after the first (all of them for a one-iteration run)."""
+    later = row["iteration_s"][1:] or row["iteration_s"]
+    return statistics.mean(later)
+
+
 def _critical_path(row: dict[str, Any]) -> dict[str, Any]:
     """Which phase ends the iteration and how far it is from its bound."""
     ph, b, t = row["phases_s"], row["bounds_s"], row["mean_iteration_s"]
@@ -135,9 +141,13 @@ def simulated(profiles: list[str], gpus: list[int], iterations: int, seeds: list
             points = row["plan"]["reduction_vs_static"] - row[best]["reduction_vs_static"]
             steady = [row["plan"]["iteration_s"][i] for i in range(1, iterations)] or row["plan"]["iteration_s"]
             best_static = min(STATIC_MODES, key=lambda m: row[m]["mean_iteration_s"])
+            best_steady = min(STATIC_MODES, key=lambda m: _steady(row[m]))
             row["plan_vs_best_static_mode"] = {
                 "best_static_mode": best_static,
-                "speedup": round(row[best_static]["mean_iteration_s"] / row["plan"]["mean_iteration_s"], 3)}
+                "speedup": round(row[best_static]["mean_iteration_s"] / row["plan"]["mean_iteration_s"], 3),
+                # without iteration 0, which plan starts on RLinf's rules (no forecast yet): a long run's figure
+                "best_static_mode_after_first_iteration": best_steady,
+                "speedup_after_first_iteration": round(_steady(row[best_steady]) / _steady(row["plan"]), 3)}
             row["plan_vs_rules"] = {
                 "best_rule": best,
                 "points": round(points, 3),
