@@ -177,6 +177,11 @@ def test_summary_collapses_repeated_iterations_and_json_keeps_everything(followe
     assert len(doc["epochs"]) == len(records) and len(doc["metrics"]) == 4
     assert {"facts", "components", "switch", "timeline", "metrics_summary", "missing"} <= set(doc)
     assert doc["switch"]["latency_s"]["p50"] is not None
+    # every rank's peak host memory from its last heartbeat (written when it stopped), the largest named
+    peaks = {int(r): v for r, v in doc["memory"]["peak_rss_bytes"].items()}
+    assert sorted(peaks) == list(range(doc["facts"]["world_size"])) and all(v > 10 * 2**20 for v in peaks.values())
+    assert peaks[doc["memory"]["max_rank"]] == max(peaks.values())
+    assert f"peak host memory (RSS) per rank: max {max(peaks.values()) / 2**30:.2f} GiB" in short.stdout
 
 
 def test_compare_static_and_scripted(tmp_path: Path, scripted_run: tuple[Path, str]) -> None:

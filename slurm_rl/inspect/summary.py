@@ -157,8 +157,27 @@ def run_report_json(run_dir: str | Path, now: float | None = None, iterations: s
                    "bytes_moved": sum(r.bytes_moved for r in records),
                    "migrated_requests": sum(m["requests"] for m in tl.migrations)},
         "timeline": tl.to_json(),
+        "memory": peak_memory(root, facts.get("world_size")),
         "missing": list(tl.missing),
     }
+
+
+def peak_memory(root: Path, world_size: int | None) -> dict[str, Any]:
+    """Each rank's peak resident host memory so far (its last heartbeat's ``peak_rss_bytes``; ranks whose
+    heartbeat has none are left out) and the largest of them."""
+    from slurm_rl.control.heartbeats import read_heartbeat
+    from slurm_rl.control.paths import RunPaths
+
+    paths, peaks = RunPaths(root), {}
+    for rank in range(int(world_size or 0)):
+        try:
+            doc = read_heartbeat(paths, rank)
+        except Exception:  # a torn heartbeat: this rank's figure is missing, the report goes on
+            doc = None
+        if doc is not None and doc.get("peak_rss_bytes") is not None:
+            peaks[rank] = int(doc["peak_rss_bytes"])
+    top = max(peaks, key=lambda r: peaks[r]) if peaks else None
+    return {"peak_rss_bytes": peaks, "max_rank": top}
 
 
 def _facts(root: Path, tl: RunTimeline, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -211,6 +230,7 @@ def format_summary(run_dir: str | Path, all_epochs: bool = False, columns: int =
     out.extend(_metric_lines(r["metrics_summary"]))
     out.append("")
     out.extend(_component_lines(r))
+    out.extend(_memory_lines(r.get("memory") or {}))
     tl = _timeline_from_json(r["timeline"])
     out.append("")
     out.append(gantt_legend_text(tl, columns))
@@ -220,6 +240,16 @@ def format_summary(run_dir: str | Path, all_epochs: bool = False, columns: int =
         out.append("  missing / incomplete:")
         out.extend(f"   - {m}" for m in r["missing"])
     return "\n".join(out)
+
+
+def _memory_lines(memory: dict[str, Any]) -> list[str]:
+    peaks = {int(k): v for k, v in (memory.get("peak_rss_bytes") or {}).items()}
+    if not peaks:
+        return []
+    gib = sorted(v / 2**30 for v in peaks.values())
+    top = max(peaks, key=lambda r: peaks[r])
+    return [f"  peak host memory (RSS) per rank: max {peaks[top] / 2**30:.2f} GiB (rank {top}), "
+            f"median {gib[len(gib) // 2]:.2f}, min {gib[0]:.2f} GiB over {len(peaks)} ranks"]
 
 
 def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> list[str]:
