@@ -20,6 +20,9 @@ from slurm_rl.placement import COMPONENTS
 
 TB_DIR = "tensorboard"
 _SKIP = {"iteration", "time", "plan", "losses"}
+#: Metric prefixes kept as their own TensorBoard sections (verl's names: ``actor/pg_clipfrac``, ``critic/vf_loss``);
+#: every other metric goes under ``train/``
+TOP_LEVEL = ("val/", "mismatch/", "actor/", "critic/")
 
 
 def _import_tensorboardx() -> Any:
@@ -62,7 +65,7 @@ def scalars(run_dir: Path) -> list[tuple[str, float, int, float | None]]:
         for key, value in row.items():
             if key in _SKIP or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            out.append((key if key.startswith(("val/", "mismatch/")) else f"train/{key}", float(value), k, wall))
+            out.append((key if key.startswith(TOP_LEVEL) else f"train/{key}", float(value), k, wall))
     try:
         records = epoch_records(run_dir)
     except (OSError, ValueError):
