@@ -7,8 +7,8 @@ A shared rank holds, in each phase of an iteration (``worker/protocol.py``):
   where it serves inference (the reference where a KL is weighed, the old log-probs' copy of the policy under
   ``algorithm.old_logprobs: actor``, the critic's copy under ``gae``), and the actor's (and critic's)
   training state unless ``actor.offload_*`` parks it in host memory;
-- **train**: the actor's (and critic's) training state and the scorers (parked rollout engines hold
-  nothing on the device; the scorers are not parked between phases).
+- **train**: the actor's (and critic's) training state, and the scorers unless ``actor.offload_*`` parks
+  them too (a parked rollout engine holds nothing on the device).
 
 The training state per parameter: fp32 16 bytes (weights, gradients, two Adam moments), bf16 18 (bf16
 weights and fp32 master weights, gradients, moments), divided by the actor's tensor-parallel size. Activations,
@@ -89,7 +89,8 @@ def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
                 scorers["old log-probs"] = weights
             if critic:
                 scorers["values"] = weights
-        train = {**({"actor": state, **({"critic": state} if critic else {})} if actor else {}), **scorers}
+        train = {**({"actor": state, **({"critic": state} if critic else {})} if actor else {}),
+                 **({} if offload and actor else scorers)}
         generate: dict[str, Any] = {}
         if "rollout" in roles:
             generate["rollout"] = (cfg.rollout.gpu_memory_utilization * budget if cfg.rollout.backend == "vllm"

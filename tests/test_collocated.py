@@ -135,6 +135,7 @@ def test_phase_memory_counts_what_each_phase_holds(tmp_path: Path) -> None:
     cfg["rollout"] = {**cfg.get("rollout", {}), "backend": "vllm", "gpu_memory_utilization": 0.5}
     (pm,) = phase_memory(config_from_mapping(cfg), int(1e9))
     assert pm.generate == {"rollout": 40e9, "reference": 4e9, "old log-probs": 4e9} and pm.need == 48e9
+    assert pm.train == {"actor": 16e9}  # the scorers park with the actor's offload while the rank trains
     cfg["cluster"]["component_placement"] = {"actor": 0, "rollout,inference": 1}  # the actor on a rank of its own
     (pm,) = phase_memory(config_from_mapping(cfg), int(1e9))
     assert pm.ranks == (1,) and pm.train == {"reference": 4e9, "old log-probs": 4e9} and pm.need == 48e9

@@ -637,16 +637,25 @@ class RealCompute:
         t0, nbytes = time.perf_counter(), 0
         peak = self._phase_peak()
         a = self.cfg.actor
+        offload = a.offload_weight or a.offload_grad or a.offload_optimizer
+        scorers = [s for s in (self.ref, self.policy, self.values) if s is not None]
         if phase == "generate":
-            if (a.offload_weight or a.offload_grad or a.offload_optimizer) and self.trainer.active:
+            if offload and self.trainer.active:
                 for trainer in (self.trainer, self.critic):
                     if trainer is not None:
                         nbytes += int(trainer.park().get("bytes", 0))
             if self.engine is not None and self.engine.released:
                 nbytes += int((self.engine.resume() or {}).get("bytes", 0))
+            for scorer in scorers:  # parked while the rank trained (their weights of this iteration already in)
+                if scorer.parked:
+                    nbytes += int(scorer.unpark().get("bytes", 0))
         elif phase == "train":
             if self.engine is not None and not self.engine.released:
                 nbytes += int((self.engine.release() or {}).get("bytes", 0))
+            if offload:  # the scorers (reference, old log-probs, values) wait in host memory while it trains
+                for scorer in scorers:
+                    if not scorer.parked:
+                        nbytes += int(scorer.park().get("bytes", 0))
             for trainer in (self.trainer, self.critic):
                 if trainer is not None:
                     nbytes += int(trainer.unpark().get("bytes", 0))
