@@ -41,7 +41,7 @@ __all__ = [
     "ConfigError", "ConfigIssue", "DataSection", "EmulatedConfig", "InferenceSection", "ModelSection",
     "MuxMemberConfig", "Placement", "RolloutSection", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
     "EvalSection", "RewardSection", "TrainConfig", "model_sizes", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
-    "placement_from_ranks", "resolve_gpus_per_node", "actor_precision", "actor_tp_choices", "tp_shape_problems",
+    "placement_from_ranks", "resolve_gpus_per_node", "actor_offloads", "actor_precision", "actor_tp_choices", "tp_shape_problems",
     "straddling_tp_groups",
 ]
 
@@ -539,6 +539,14 @@ def actor_precision(cfg: Config) -> str:
     if cfg.actor.precision != "auto":
         return cfg.actor.precision
     return "bf16" if cfg.runtime.device == "cuda" else "fp32"
+
+
+def actor_offloads(cfg: Config) -> bool:
+    """Whether RLinf's ``actor.offload_weight`` / ``offload_grad`` / ``offload_optimizer`` park the actor's
+    state between a shared rank's phases (any of the three parks all of it, and the rank's scorers while it
+    trains)."""
+    a = cfg.actor
+    return bool(a.offload_weight or a.offload_grad or a.offload_optimizer)
 
 
 def actor_tp_choices(cfg: Config) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_rl.config import Config, ConfigIssue, actor_precision
+from slurm_rl.config import Config, ConfigIssue, actor_offloads, actor_precision
 
 GB = 1e9
 STATE_BYTES = {"fp32": 16, "bf16": 18}  # per parameter of the training state (see the module docstring)
@@ -50,7 +50,8 @@ class PhaseMemory:
 
 
 def device_budget(cfg: Config) -> float | None:
-    """Bytes of one GPU: ``runtime.gpu_memory_gb``, else the first visible GPU's, else None."""
+    """Bytes of one GPU: ``runtime.gpu_memory_gb``, else the first visible GPU's (a read that has not run on
+    a GPU yet), else None."""
     if cfg.runtime.gpu_memory_gb is not None:
         return float(cfg.runtime.gpu_memory_gb) * GB
     try:
@@ -75,7 +76,7 @@ def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
     critic = needs_critic(cfg.algorithm)
     state = params * STATE_BYTES[precision] / tp
     weights = params * WEIGHT_BYTES[precision]
-    offload = cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer
+    offload = actor_offloads(cfg)
     out = []
     for roles, ranks in cfg.placement.ranks_by_roles().items():
         if len(roles) < 2:
@@ -109,7 +110,7 @@ def memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
         if pm.need <= pm.budget:
             continue
         hints = []
-        if not (cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer):
+        if not actor_offloads(cfg):
             hints.append("actor.offload_weight: true (the actor's state waits in host memory while the rank generates)")
         if cfg.rollout.backend == "vllm":
             hints.append("a lower rollout.gpu_memory_utilization")

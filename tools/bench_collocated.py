@@ -21,7 +21,7 @@ One JSON line per shape:
 - on cuda, ``peak_gpu_gib`` of the collocated rank per phase (``train``: the actor alone; ``generate``: the
   rollout and inference alone; each switch reads the device's peak of the phase it ends and resets it).
 
-``--device cuda`` runs the collocated job on one GPU (what ``tools/gpu_check.sh`` does, with Qwen2.5-0.5B's
+``--device cuda`` (not run yet: no GPU has been at hand) runs the collocated job on one GPU (what ``tools/gpu_check.sh`` does, with Qwen2.5-0.5B's
 24 layers) and the disaggregated one only where three GPUs are visible; ``--rollout vllm`` decodes with vLLM
 (sleep mode between phases) where it is installed.
 

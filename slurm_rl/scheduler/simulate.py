@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from slurm_rl.config import Config
+from slurm_rl.config import Config, actor_offloads
 from slurm_rl.scheduler.collocated import HYBRID, MODE as COLLOCATED
 from slurm_rl.scheduler.collocated import decide_time_sliced, rank_components
 from slurm_rl.scheduler.cost_model import CostModel
@@ -130,8 +130,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         base = COLLOCATED if all(len(comps) == len(placed) for comps in comps_of.values()) else HYBRID
     t, s, e = cfg.train, cfg.scheduler, cfg.emulated
     cost = CostModel.from_config(dataclasses.asdict(e))
-    offloads = (cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer
-                or name.endswith("+offload"))
+    offloads = actor_offloads(cfg) or name.endswith("+offload")
     setup = SimSetup(
         gpus=world, initial=placement,
         batch=BatchSpec(t.global_batch_size, t.micro_batch_size, t.rollout_batch_size * t.group_size,
@@ -185,7 +184,7 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
             skipped.append(policy)
             continue
         if (mode == "disaggregated" and policy == own.policy) or \
-                (policy == COLLOCATED and own.policy == COLLOCATED and not _offloads(cfg)):
+                (policy == COLLOCATED and own.policy == COLLOCATED and not actor_offloads(cfg)):
             continue  # the configured run itself
         report = simulate(cfg, gpus=gpus, policy=policy, seed=seed)
         rows.append({"mode": mode, "policy": policy, "config": how.format(all=every),
@@ -197,7 +196,3 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
     why = "the configured placement shares ranks: give a disaggregated one to compare them" if skipped else None
     return {"gpus": own.gpus, "iterations": len(own.iterations), "modes": rows, "fastest": best,
             "not_compared": {"policies": skipped, "why": why}}
-
-
-def _offloads(cfg: Config) -> bool:
-    return bool(cfg.actor.offload_weight or cfg.actor.offload_grad or cfg.actor.offload_optimizer)

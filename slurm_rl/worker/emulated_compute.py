@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from slurm_rl.config import Config
+from slurm_rl.config import Config, actor_offloads
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.data import emulated as fake
 from slurm_rl.data.schemas import ID_STRIDE, count_tokens
@@ -148,8 +148,7 @@ class EmulatedCompute:
     def switch_phase(self, phase: str) -> dict[str, Any]:
         """Where ``actor.offload_*`` parks the actor, its share of the state moves to host memory or back:
         the cost model's ``offload_seconds`` (the simulator's collocated mode charges the same)."""
-        a = self.cfg.actor
-        if not (a.offload_weight or a.offload_grad or a.offload_optimizer):
+        if not actor_offloads(self.cfg):
             return {"phase": phase, "bytes": 0, "seconds": 0.0}
         nbytes = self.cost.model_params * BYTES_PER_PARAM_STATE // max(1, self.actor_tp)
         return {"phase": phase, "bytes": nbytes, "seconds": emulate(self.cost.offload_seconds(self.actor_tp))}

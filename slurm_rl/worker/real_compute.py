@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from slurm_rl.config import Config, actor_precision
+from slurm_rl.config import Config, actor_offloads, actor_precision
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
@@ -636,8 +636,7 @@ class RealCompute:
     def switch_phase(self, phase: str) -> dict[str, Any]:
         t0, nbytes = time.perf_counter(), 0
         peak = self._phase_peak()
-        a = self.cfg.actor
-        offload = a.offload_weight or a.offload_grad or a.offload_optimizer
+        offload = actor_offloads(self.cfg)
         scorers = [s for s in (self.ref, self.policy, self.values) if s is not None]
         if phase == "generate":
             if offload and self.trainer.active:
@@ -665,7 +664,8 @@ class RealCompute:
 
     def _phase_peak(self) -> dict[str, int]:
         """On cuda, the device memory peak of the phase a switch ends (``peak_gpu_bytes``; the peak is
-        reset for the next one): what the actor alone, or the rollout and inference alone, need."""
+        reset for the next one): what the actor alone, or the rollout and inference alone, need. Not run on a
+        GPU yet."""
         if self.device != "cuda":
             return {}
         import torch

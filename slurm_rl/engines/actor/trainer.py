@@ -38,16 +38,16 @@ from .reshard import (broadcast_json, broadcast_ranks, broadcast_source, copy_lo
                       decode_tensor, encode_tensor, execute_plan, holding, plan_bytes,
                       plan_reshard)
 
-#: (log-probs, batch) -> per-token loss, or (per-token loss, {name: per-token diagnostic})
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]],
                   "torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+"""``(logprobs [B, T-1], batch) -> per-token loss [B, T-1]``, or ``(per-token loss, {name: per-token
+diagnostic})``. The trainer multiplies by ``batch["loss_mask"]``, sums, and divides by the mini-batch's
+global token count."""
 
 
 def _split(out: "torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A loss function's per-token loss and its diagnostics (none when it returns the loss alone)."""
     return out if isinstance(out, tuple) else (out, {})
-"""``(logprobs [B, T-1], batch) -> per-token loss [B, T-1]``. The trainer multiplies by
-``batch["loss_mask"]``, sums, and divides by the mini-batch's global token count."""
 
 
 class ReshardTimeoutError(EngineError, WaitTimeout):
