@@ -262,12 +262,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     for name, comp in doc["components"].items():
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
-    if run["critic"]:
+    own_critic = list(cfg.placement.critic_ranks)
+    if run["critic"] and own_critic:
+        print(f"  {'critic':<10} ranks {compress_ranks(own_critic):<12} of its own (PPO: algorithm.adv_estimator gae; "
+              "idle in every epoch, they train the critic on the actor's mini-batches)")
+    elif run["critic"]:
         print(f"  {'critic':<10} on the actor's ranks (PPO: algorithm.adv_estimator gae; it moves with the actor)")
     print(f"  mode: {run['mode']}" + ("" if run["mode"] == "disaggregated" else
                                       " (shared ranks time-slice their components: rollout, inference, then training)"))
     for roles, ranks in cfg.placement.ranks_by_roles().items():
-        print(f"    ranks {compress_ranks(ranks):<12} {', '.join(roles) or 'idle'}")
+        critic = [r for r in ranks if r in own_critic]
+        if critic:
+            print(f"    ranks {compress_ranks(critic):<12} critic")
+        if len(critic) < len(ranks):
+            print(f"    ranks {compress_ranks([r for r in ranks if r not in own_critic]):<12} {', '.join(roles) or 'idle'}")
     if run["device"] == "cuda" and run["mode"] != "disaggregated":
         from slurm_rl.memory_fit import phase_memory
 

@@ -1006,13 +1006,24 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue("algorithm.adv_estimator", "gae", (
             "an estimator without a critic (grpo, rloo, reinforce_plus_plus, ...), or a critic in "
             "cluster.component_placement: name it in the actor's entry (RLinf's 'actor,critic: 0-3', "
-            "'actor,critic,rollout,inference: all'); it trains on the actor's ranks")))
+            "'actor,critic,rollout,inference: all'; it trains on the actor's ranks) or on ranks of its own "
+            "('critic: 4-5')")))
+    own = [k for k in named if str(k).strip() == "critic"]
+    if own and root.scheduler.policy != "static":
+        issues.append(ConfigIssue("scheduler.policy", root.scheduler.policy, (
+            f"static with the critic on ranks of its own (cluster.component_placement.{own[0]}): auto, plan and "
+            "scripted move ranks between actor, rollout and inference and never the critic's; name the critic in "
+            "the actor's entry ('actor,critic') to have it move with the actor")))
+    if own and root.mux.group_dir is not None:
+        issues.append(ConfigIssue(f"cluster.component_placement.{own[0]}", "critic", (
+            "the critic in the actor's entry inside a co-execution group (a job's pool slots serve actor, "
+            "rollout and inference)")))
     sizes = sorted({root.actor.tensor_parallel, *root.actor.tensor_parallel_choices})
     if sizes != [1]:
         key = "actor.tensor_parallel" if root.actor.tensor_parallel != 1 else "actor.tensor_parallel_choices"
         issues.append(ConfigIssue(key, getattr(root.actor, key.split(".")[1]), (
-            "1 (and no other choice) with algorithm.adv_estimator gae: the critic trains on the actor's ranks at "
-            "TP 1 in this version")))
+            "1 (and no other choice) with algorithm.adv_estimator gae: the critic is built at TP 1 in this "
+            "version")))
 
 
 def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:

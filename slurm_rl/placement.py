@@ -11,6 +11,7 @@ their (first) slot. Slots are numbered node-major; nodes may hold different numb
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +119,9 @@ class Placement:
     """Every slot each rank owns (default: its one slot); ``slot_of_rank`` is the first of them."""
     slots_per_node: tuple[int, ...] | None = None
     """Slots of each node (default: ``num_slots / num_nodes`` each)."""
+    critic_ranks: tuple[int, ...] = ()
+    """PPO's critic on ranks of its own (an entry ``critic: 4-5``): idle ranks in every epoch that train
+    the critic only; empty when the critic trains on the actor's ranks (``actor,critic``) or there is none."""
     _roles: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -202,6 +206,7 @@ class Placement:
             "slot_of_rank": list(self.slot_of_rank),
             "slots_of_rank": [list(slots) for slots in self.slots_of_rank],
             "components": comps,
+            **({"critic_ranks": list(self.critic_ranks)} if self.critic_ranks else {}),
         }
 
     @classmethod
@@ -256,7 +261,11 @@ class Placement:
             n: tuple(v.get("shared_with", ())) for n, v in comps_raw.items() if isinstance(v, Mapping)
         }
         groups = {n: v.get("node_group") for n, v in comps_raw.items() if isinstance(v, Mapping)}
-        return _build_from_ranks(ranks, base, key, shared, groups)
+        built = _build_from_ranks(ranks, base, key, shared, groups)
+        critic = data.get("critic_ranks", [])
+        if not isinstance(critic, list) or not all(_is_int(r) and 0 <= r < world and not built.roles_of(r) for r in critic):
+            raise ConfigError([ConfigIssue(f"{key}.critic_ranks", critic, "a list of idle ranks of the world")])
+        return dataclasses.replace(built, critic_ranks=tuple(critic)) if critic else built
 
 
 def _is_int(value: Any) -> bool:
@@ -413,17 +422,25 @@ def parse_placement(
     entries: list[_Entry] = []
     placed_by: dict[str, str] = {}
     beside_rollout: list[_Entry] = []  # the entries naming the reward: together they cover the rollout's slots
+    own_critic: _Entry | None = None  # 'critic: 4-5': ranks that train the critic only
     for raw_key, value in raw.items():
         entry_key = f"{key}.{raw_key}"
         names = tuple(n.strip() for n in str(raw_key).split(","))
         ok_names = True
         for name in names:
             if name in WITH_ACTOR:
-                if "actor" not in names:
+                if "actor" not in names and names != (name,):
                     ok_names = False
                     issues.append(ConfigIssue(entry_key, name, (
-                        f"{name!r} in the actor's entry (e.g. 'actor,{name}'): the {name} trains on the actor's "
-                        "ranks and moves with them; on ranks of its own it is not supported yet")))
+                        f"{name!r} in the actor's entry (e.g. 'actor,{name}': it trains on the actor's ranks and "
+                        f"moves with them) or alone on ranks of its own ('{name}: 4-5'); shared with "
+                        f"{', '.join(n for n in names if n != name)} it is not supported")))
+                elif name in placed_by:
+                    ok_names = False
+                    issues.append(ConfigIssue(entry_key, name, "each component in one entry only "
+                                              f"({name!r} is already placed by {placed_by[name]!r})"))
+                else:
+                    placed_by[name] = str(raw_key)
                 continue
             if name in WITH_ROLLOUT:
                 continue
@@ -467,6 +484,8 @@ def parse_placement(
                 beside_rollout.append(entry)
             if entry.names:
                 entries.append(entry)
+            elif names == ("critic",):  # the critic on ranks of its own
+                own_critic = _Entry(entry_key, names, spec, group, procs)
     for name in REQUIRED_COMPONENTS:
         if name not in placed_by:
             issues.append(ConfigIssue(f"{key}.{name}", MISSING_VALUE,
@@ -481,11 +500,18 @@ def parse_placement(
             f"slots {sorted(rollout_slots - reward_slots)} of the rollout have none; a reward on ranks without "
             "rollout is not supported yet)")))
     entries = _collocate(entries, issues)
+    if own_critic is not None:
+        clash = next((e for e in entries if e.slots & own_critic.slots), None)
+        if clash is not None:
+            issues.append(ConfigIssue(own_critic.key, own_critic.spec, (
+                f"slots no other component uses (slot {min(clash.slots & own_critic.slots)} is also used by "
+                f"{','.join(clash.names)!r}): a critic on ranks of its own serves nothing else; to share the "
+                "actor's ranks name it in the actor's entry ('actor,critic')")))
     if auto_scheduler:
         issues.extend(_check_auto_order(entries, num_slots))
     if issues:
         raise ConfigError(issues)
-    return _assign_ranks(entries, num_slots, num_nodes, per_node, world, issues)
+    return _assign_ranks(entries + ([own_critic] if own_critic else []), num_slots, num_nodes, per_node, world, issues)
 
 
 def _collocate(entries: Sequence[_Entry], issues: list[ConfigIssue]) -> list[_Entry]:
@@ -580,8 +606,9 @@ def _assign_ranks(
                 name=name, ranks=tuple(ranks), slots=tuple(sorted(entry.slots)),
                 node_group=entry.node_group,
                 shared_with=tuple(n for n in COMPONENTS if n in entry.names and n != name))
+    critic = comps.pop("critic", None)  # ranks of its own: idle in every epoch
     return Placement(num_slots, len(units), comps, tuple(u[0] for u in units), num_nodes,
-                     tuple(units), tuple(per_node))
+                     tuple(units), tuple(per_node), critic_ranks=critic.ranks if critic else ())
 
 
 

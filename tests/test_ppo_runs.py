@@ -1,10 +1,12 @@
-"""PPO with a critic (``algorithm.adv_estimator: gae``, the critic on the actor's ranks) through whole
-runs on both computes: the actor batches carry GAE of the critic's values, and a run stopped at
-iteration 2 and resumed ends as the uninterrupted one (the critic's value losses and, on cpu, its
-final weights included). The critic's DP changing inside iterations: ``test_scheduling_backends``."""
+"""PPO with a critic (``algorithm.adv_estimator: gae``, the critic on the actor's ranks or on its own)
+through whole runs on both computes: the actor batches carry GAE of the critic's values, and a run stopped
+at iteration 2 and resumed ends as the uninterrupted one (the critic's value losses and, on cpu, its final
+weights included), with the critic on a rank of its own as with the critic on the actor's. The critic's DP
+changing inside iterations: ``test_scheduling_backends``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +14,13 @@ import pytest
 import yaml
 
 from resume_helpers import BACKENDS, assert_same_outcome, cli, launch, run_config, run_until_stopped, shared_root, shared_run
+from slurm_rl.control.activity import read_spans
+from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.actor_batch import kl_per_token
 from slurm_rl.data.reader import StageReader
 from slurm_rl.metrics import read_metrics
 from slurm_rl.rl.advantages import compute_gae, token_level_rewards
+from slurm_rl.worker.protocol import critic_marker, trained_marker
 
 GAE = {"adv_estimator": "gae", "gamma": 0.99, "lam": 0.95}
 
@@ -90,20 +95,42 @@ def test_actor_batches_carry_gae_of_the_critics_values(backend: str, ppo_referen
         assert (run_dir / "checkpoints" / "final" / "critic" / "model.safetensors").exists()
 
 
+# The critic with the actor (the reference's placement), and on a rank of its own: rank 2 trains only the critic,
+# the actor keeps ranks 0-1 and the rollout has one rank
+OWN_CRITIC = {"actor": "0-1", "critic": "2", "rollout": "3"}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("critic", ["with-actor", "own-ranks"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str, ppo_reference,
+def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str, critic: str, ppo_reference,
                                                                    tmp_path: Path) -> None:
     """The critic's state (weights, Adam moments, LR schedule) is in the run checkpoint: the resumed run
-    has the same rewards, actor and critic losses and (cpu) final actor and critic weights."""
+    has the same rewards, actor and critic losses and (cpu) final actor and critic weights. With the critic
+    on a rank of its own the run trains exactly as with the critic on the actor's ranks (the reference): its
+    rank trains every mini-batch and nothing else, and sends its weights to the rank that scores the values."""
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(ppo_config(backend, run_dir)))
+    cfg = ppo_config(backend, run_dir)
+    if critic == "own-ranks":
+        cfg["cluster"]["component_placement"] = OWN_CRITIC
+    config.write_text(yaml.safe_dump(cfg))
     run_until_stopped(config, run_dir, at_iteration=2)
     if backend == "cpu":
         assert (run_dir / "checkpoints" / "iter-000002" / "critic" / "model.safetensors").exists()
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    if critic == "own-ranks":
+        for m in read_metrics(run_dir):
+            k = m["iteration"]
+            for i in range(m["minibatches"]):
+                actor = json.loads(trained_marker(run_dir, k, i).read_text())
+                own = json.loads(critic_marker(run_dir, k, i).read_text())
+                assert actor["ranks"] == [0, 1] and own["ranks"] == [2], (actor, own)
+                assert ("critic/loss" in own) == (backend == "cpu") and "critic/loss" not in actor
+        kinds = {r: {s["kind"] for s in read_spans(RunPaths(run_dir), r)} for r in range(4)}
+        assert {"critic", "sync"} <= kinds[2] <= {"critic", "sync", "checkpoint"}, kinds
+        assert all("critic" not in kinds[r] for r in (0, 1, 3)) and "sync" in kinds[0], kinds  # rank 0 scores
     # The critic's values come from a transformers copy scoring the responses in the shards they arrive in: the
     # shards' make-up follows the decoders' timing, and fp32 results move by ~1e-7 with a batch's shape. GAE
     # passes the values on one to one (not damped by a coefficient, as the reference's KL is), so the final
@@ -113,13 +140,18 @@ def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str,
 
 
 def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
-    """A critic on ranks of its own, a critic without gae, gae at actor TP 2, a bad cliprange, a critic warmup
-    without a critic: exit 2, each naming its key."""
+    """A critic on ranks the actor uses, or sharing its own with the rollout, a critic on ranks of its own under
+    auto, a critic without gae, gae at actor TP 2, a bad cliprange, a critic warmup without a critic: exit 2,
+    each naming its key; a critic on ranks of its own validates."""
     from emulated_configs import write_config
 
     cases = [
-        ({"cluster": {"component_placement": {"actor": "0-1", "critic": "0-1", "rollout": "2", "inference": "3"}}},
+        ({"cluster": {"component_placement": {"actor": "0-1", "critic": "1-2", "rollout": "3"}}},
+         "slot 1 is also used by 'actor'"),
+        ({"cluster": {"component_placement": {"actor": "0-1", "critic,rollout": "2-3"}}},
          "'critic' in the actor's entry"),
+        ({"cluster": {"component_placement": OWN_CRITIC, "auto_scheduler": True}, "scheduler": {"policy": "auto"}},
+         "scheduler.policy: got 'auto'"),
         ({"algorithm": {"adv_estimator": "grpo"}}, "no critic unless algorithm.adv_estimator is gae"),
         ({"cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "a critic in cluster.component_placement"),
         ({"actor": {"tensor_parallel": 2}}, "actor.tensor_parallel"),
@@ -129,6 +161,11 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
     ]
     ok = cli("validate", str(write_config(tmp_path / "ok.yaml", ppo_config("emulated", tmp_path / "ok"))))
     assert ok.returncode == 0 and "critic     on the actor's ranks" in ok.stdout, ok.stdout + ok.stderr
+    own = ppo_config("emulated", tmp_path / "own")
+    own["cluster"]["component_placement"] = OWN_CRITIC
+    ok = cli("validate", str(write_config(tmp_path / "own.yaml", own)))
+    assert ok.returncode == 0 and "critic     ranks 2            of its own" in ok.stdout, ok.stdout + ok.stderr
+    assert "    ranks 2            critic\n" in ok.stdout, ok.stdout
     for i, (change, message) in enumerate(cases):
         cfg = ppo_config("emulated", tmp_path / f"run{i}")
         for section, values in change.items():

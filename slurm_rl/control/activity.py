@@ -20,7 +20,7 @@ from slurm_rl.control.paths import RUN_DIR_MODE, RunPaths
 from slurm_rl.control.progress import write_progress
 from slurm_rl.fsio import read_jsonl
 
-SPAN_KINDS = ("rollout", "inference", "actor", "reshard", "sync", "checkpoint", "offload")
+SPAN_KINDS = ("rollout", "inference", "actor", "critic", "reshard", "sync", "checkpoint", "offload")
 
 
 def activity_dir(paths: RunPaths) -> Path:

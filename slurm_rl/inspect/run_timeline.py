@@ -34,7 +34,7 @@ from slurm_rl.control.progress import RankProgress
 from slurm_rl.control.status import read_coordinator_status
 from slurm_rl.placement import COMPONENTS
 
-BUSY_KINDS = ("rollout", "inference", "actor", "sync")
+BUSY_KINDS = ("rollout", "inference", "actor", "critic", "sync")
 _READ_ERRORS = (OSError, ValueError, ControlError, KeyError, TypeError)
 
 

@@ -153,9 +153,21 @@ class RecordingCompute:
             self.span("offload", start, time.time(), phase=phase, bytes=int(figures["bytes"]), **peak)
         return figures
 
-    def save_state(self, directory: Path) -> None:
+    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
         start = time.time()
-        self.inner.save_state(directory)
+        figures = self.inner.sync_critic(k, src, ranks)
+        self.span("sync", start, time.time(), iteration=k)
+        return figures
+
+    def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
+        start = time.time()
+        ready, stats = self.inner.train_critic(k, index, batch, ranks)
+        self.span("critic", start, max(ready, time.time()), iteration=k, minibatch=index)
+        return ready, stats
+
+    def save_state(self, directory: Path, iteration: int) -> None:
+        start = time.time()
+        self.inner.save_state(directory, iteration)
         self.span("checkpoint", start, time.time())
 
     def close(self, finished: bool = True) -> None:

@@ -94,6 +94,14 @@ class Compute(Protocol):
         """Train mini-batch ``index`` on actor ranks ``ranks`` (called by each of them):
         (ready at, step figures such as loss and lr)."""
 
+    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+        """The critic on ranks of its own: its weights of version ``k`` from its first rank ``src`` to
+        the value scorers among ``ranks`` (called by each of them); figures ``seconds`` and ``bytes``."""
+
+    def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
+        """The critic on ranks of its own: train it on mini-batch ``index`` over ``ranks`` (called by each
+        of them): (ready at, ``critic/*`` step figures)."""
+
     def park(self) -> dict[str, Any]:
         """Warm switch out: move this rank's engine state (actor params, optimizer state, rollout and
         reference weights) to host memory, keeping the engine objects and process groups;
@@ -107,9 +115,10 @@ class Compute(Protocol):
         None when the backend does not evaluate."""
         ...
 
-    def save_state(self, directory: Path) -> None:
-        """Write this rank's share of a run checkpoint into ``directory`` (collective over the
-        actor's ranks: its DP rank 0 writes ``directory/actor``)."""
+    def save_state(self, directory: Path, iteration: int) -> None:
+        """Write this rank's share of the run checkpoint taken at the gate of ``iteration`` into
+        ``directory`` (collective over the actor's ranks: its DP rank 0 writes ``directory/actor``; the
+        critic's likewise)."""
 
     def load_state(self, directory: Path) -> None:
         """Load a run checkpoint's state (the actor ranks of the config's placement read it)."""

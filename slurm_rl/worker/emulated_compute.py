@@ -9,6 +9,7 @@ emulated run and ``slurm-rl simulate`` see the same workload.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,14 @@ class EmulatedCompute:
         assert ready_at is not None  # stamped by the cutter from predict_train_seconds
         return ready_at, {}
 
+    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+        return {}
+
+    def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
+        """The critic's step costs what the actor's does on as many ranks (the same architecture)."""
+        tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
+        return time.time() + self.cost.seconds("actor", tokens, len(ranks)), {}
+
     def _switch(self) -> dict[str, Any]:
         """A warm switch costs ``mux.park_s`` (calibrated; the group file's ``park_s``)."""
         seconds = emulate(float(self.cfg.mux.park_s))
@@ -178,7 +187,7 @@ class EmulatedCompute:
     def evaluate(self, k: int) -> dict[str, Any] | None:
         return None  # emulated runs read no validation files
 
-    def save_state(self, directory: Path) -> None:
+    def save_state(self, directory: Path, iteration: int) -> None:
         pass  # the cost model has no state: a checkpoint is the manifest (iteration, epoch, metrics)
 
     def load_state(self, directory: Path) -> None:

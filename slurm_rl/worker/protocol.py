@@ -119,6 +119,11 @@ def trained_marker(run_dir: Path, k: int, index: int) -> Path:
     return stage_dir(run_dir, k, ACTOR_STAGE) / f"trained-{index:06d}.json"
 
 
+def critic_marker(run_dir: Path, k: int, index: int) -> Path:
+    """Written by the first critic rank once it trained mini-batch ``index`` (the critic on ranks of its own)."""
+    return stage_dir(run_dir, k, ACTOR_STAGE) / f"critic-trained-{index:06d}.json"
+
+
 def mean_k3(old: list[list[float]], ref: list[list[float]]) -> float | None:
     """Mean over samples of the k3 estimate of KL(rollout policy || reference) per response."""
     values = []
@@ -179,6 +184,8 @@ class IterationProtocol:
         # Ranks that hold the actor's state: a function of the plans walked so far, the same on every rank.
         self.actor_ranks: list[int] = list(self.initial_actor)
         self.actor_tp = int(cfg.actor.tensor_parallel)  # the actor's TP size, as the epochs walked so far say
+        # PPO's critic on ranks of its own (idle in every epoch; empty: it trains on the actor's ranks)
+        self.critic_ranks: list[int] = sorted(cfg.placement.critic_ranks)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
@@ -249,6 +256,8 @@ class IterationProtocol:
             with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {ranks}", self.info,
                             start.epoch, iteration):
                 sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks, gather, in_place=in_place)
+        if self.critic_ranks:
+            sync = self._sync_critic(iteration, start, sync)
         if rollout and self.info.rank == rollout[0] and eval_due(self.cfg.eval.every, iteration):
             figures = self.compute.evaluate(iteration)  # the weights v{iteration} just received
             if figures is not None:
@@ -264,13 +273,27 @@ class IterationProtocol:
             self._iteration = None
         self.gate.after_iteration()
 
+    def _sync_critic(self, k: int, start: Epoch, sync: dict[str, Any]) -> dict[str, Any]:
+        """The critic on ranks of its own: its weights of the iteration's start (it has trained every
+        mini-batch of the iteration before) from its first rank to the ranks that score the values: the
+        inference ranks, else the actor's leader. The figures add to this rank's weight-sync figures."""
+        scorers = sorted(start.ranks_of("inference")) or [self.actor_ranks[0]]
+        src = self.critic_ranks[0]
+        ranks = sorted({src, *scorers})
+        if self.info.rank not in ranks:
+            return sync
+        with collective(f"critic sync v{k} from rank {src} to {scorers}", self.info, start.epoch, k):
+            figures = self.compute.sync_critic(k, src, ranks)
+        return {**sync, **{key: float(sync.get(key) or 0) + float(figures.get(key) or 0) for key in ("seconds", "bytes")}}
+
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, directory: Path, iteration: int) -> None:
         """This rank's part of the run checkpoint at the gate of ``iteration`` (the actor's state
-        by its DP rank 0; the data plane is not saved: a resumed run re-runs the iteration)."""
+        by its DP rank 0, the critic's by its; the data plane is not saved: a resumed run re-runs the
+        iteration)."""
         fault_point("rank_checkpoint", rank=self.info.rank, iteration=iteration)
         with collective(f"checkpoint of the actor into {directory}", self.info, None, iteration):
-            self.compute.save_state(directory)
+            self.compute.save_state(directory, iteration)
 
     def restore(self, directory: Path) -> None:
         """Load the state of a run checkpoint (before the first epoch of a resumed incarnation)."""
@@ -844,11 +867,13 @@ class _ActorFollower:
         if len(self.plan) < len(self.shards):
             self.plan = read_json(self.plan_path)["minibatches"]
 
+    marker_path = staticmethod(trained_marker)
+
     def _finish(self) -> None:
         assert self.busy is not None
         _, index, marker = self.busy
         if marker is not None:
-            atomic_write_json(trained_marker(self.it.p.run_dir, self.it.k, index), marker, durable=False)
+            atomic_write_json(self.marker_path(self.it.p.run_dir, self.it.k, index), marker, durable=False)
         self.busy = None
         self.trained += 1
         self.trained_index = index
@@ -891,6 +916,37 @@ class _ActorFollower:
         return None
 
 
+class _CriticFollower(_ActorFollower):
+    """A rank of the critic's own: walk the stamped mini-batches and train the critic on each, over
+    the critic's ranks (its DP group; no epoch moves it), as verl's critic trains on the actor's."""
+
+    marker_path = staticmethod(critic_marker)
+
+    def step(self, now: float, rt: WorkerRuntime) -> float | None:
+        p, ranks = self.it.p, self.it.p.critic_ranks
+        while not self.done:
+            if self.busy is not None:
+                if now < self.busy[0]:
+                    return self.busy[0]
+                self._finish()
+                continue
+            if self.next >= len(self.shards):
+                self._refresh()
+                if self.next >= len(self.shards):
+                    return None
+            info = self.shards[self.next]
+            batch = open_shard(stage_dir(p.run_dir, self.it.k, ACTOR_STAGE) / info.name,
+                               nbytes=info.bytes, digest=info.xxh3_64)
+            with collective(f"critic step {self.next} on critic ranks {ranks}", p.info,
+                            rt.epoch.epoch if rt.epoch else None, self.it.k):
+                ready_at, stats = p.compute.train_critic(self.it.k, self.next, batch, ranks)
+            marker = ({"index": self.next, "ranks": ranks, "done_at": ready_at, **stats}
+                      if self.it.rank == ranks[0] else None)
+            self.busy = (ready_at, self.next, marker)
+            now = time.time()
+        return None
+
+
 class _Iteration:
     """One rank's cooperative loop over one iteration."""
 
@@ -923,6 +979,7 @@ class _Iteration:
             _Inference(self, self.start_inference) if self.rank in self.start_inference else None)
         self.cutter = _Cutter(self, INFERENCE_STAGE if self.start_inference else ROLLOUTS_STAGE) if self.rank == self.leader else None
         self.actor = _ActorFollower(self, self.leader)
+        self.critic = _CriticFollower(self, self.leader) if self.rank in p.critic_ranks else None
         self.last_report = 0.0
         self.last_doc: dict[str, Any] = {}
         self.report_due: float | None = None  # a throttled change is written at this time
@@ -989,7 +1046,7 @@ class _Iteration:
 
     def _finished(self) -> bool:
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
-                and all(part is None or part.done for part in (self.rollout, self.inference)))
+                and all(part is None or part.done for part in (self.rollout, self.inference, self.critic)))
 
     def enter_training(self) -> None:
         """A shared rank's switch to training (once per iteration, before its first step)."""
@@ -1003,13 +1060,13 @@ class _Iteration:
             self.p.compute.switch_phase("generate")
         quantum = max(2 * self.p.poll, 0.02)
         deadline = time.monotonic() + self.p.timeout
-        last_progress = (-1, -1, -1, -1)
+        last_progress = (-1, -1, -1, -1, -1)
         next_status_check = 0.0
         while True:
             rt.safe_point()
             now = time.time()
             active = (self.cutter is not None or "actor" in rt.roles
-                      or any(part is not None and not part.done for part in (self.rollout, self.inference)))
+                      or any(part is not None and not part.done for part in (self.rollout, self.inference, self.critic)))
             # A rank outside the actor that only follows the mini-batch plan needs no fast polling.
             wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
@@ -1019,6 +1076,8 @@ class _Iteration:
             if self.cutter is not None:
                 wakes.append(self.cutter.step(time.time(), rt) or wakes[0])
             wakes.append(self.actor.step(time.time(), rt) or wakes[0])
+            if self.critic is not None:
+                wakes.append(self.critic.step(time.time(), rt) or wakes[0])
             self._pool_turn()
             now = time.time()
             self._report(now)
@@ -1027,7 +1086,7 @@ class _Iteration:
             if self._finished():
                 break
             marker = (self.rollout.finished if self.rollout else 0, self.inference.done_rows if self.inference else 0,
-                      self.actor.next, self.cutter.cut if self.cutter else 0)
+                      self.actor.next, self.cutter.cut if self.cutter else 0, self.critic.next if self.critic else 0)
             if marker != last_progress:
                 last_progress, deadline = marker, time.monotonic() + self.p.timeout
             elif time.monotonic() > deadline:
@@ -1058,6 +1117,8 @@ class _Iteration:
             return f"rollout requests of iteration {self.k} ({self.rollout.held} held, {self.rollout.finished} finished)"
         if self.inference is not None and not self.inference.done:
             return f"rollouts shards of iteration {self.k} ({self.inference.done_rows} scored)"
+        if self.critic is not None and not self.critic.done:
+            return f"mini-batch {self.critic.next} for the critic from the cutter rank {self.leader} ({self.critic.manifest})"
         return f"mini-batch {self.actor.next} from the cutter rank {self.leader} ({self.actor.manifest})"
 
     def _finish(self) -> None:
@@ -1073,11 +1134,17 @@ class _Iteration:
                             keep_last=self.p.cfg.runtime.keep_iterations)
 
     def _markers(self) -> list[dict[str, Any]]:
-        """The trained markers of every mini-batch (written by each one's first actor rank)."""
-        paths = [trained_marker(self.p.run_dir, self.k, i) for i in range(self.minibatches)]
-        self.rt.wait_for(lambda: all(p.exists() for p in paths),
-                         f"the trained markers of iteration {self.k} ({paths[0].parent})")
-        return [read_json(p) for p in paths]
+        """The trained markers of every mini-batch (written by each one's first actor rank), with the
+        critic's figures of the same step where the critic has ranks of its own."""
+        kinds = [trained_marker] + ([critic_marker] if self.p.critic_ranks else [])
+        paths = [[kind(self.p.run_dir, self.k, i) for kind in kinds] for i in range(self.minibatches)]
+        self.rt.wait_for(lambda: all(p.exists() for step in paths for p in step),
+                         f"the trained markers of iteration {self.k} ({paths[0][0].parent})")
+        steps = []
+        for step in paths:
+            actor, *critic = (read_json(p) for p in step)
+            steps.append({**actor, **{key: v for c in critic for key, v in c.items() if key.startswith("critic/")}})
+        return steps
 
     def _record_metrics(self) -> None:
         assert self.cutter is not None

@@ -201,17 +201,20 @@ class RealCompute:
                                     checkpoint=self.checkpoint, tp=cfg.actor.tensor_parallel,
                                     precision=actor_precision(cfg), recompute=cfg.actor.recompute,
                                     attention=cfg.actor.attention_backend)
-        self.critic: Any = None  # algorithm.adv_estimator gae: PPO's critic, on the actor's ranks
+        self.critic: Any = None  # algorithm.adv_estimator gae: PPO's critic, on the actor's ranks or its own
+        self.critic_own = bool(cfg.placement.critic_ranks)  # 'critic: 4-5': ranks that train the critic only
         if needs_critic(cfg.algorithm):
             from slurm_rl.engines.actor.critic import CriticTrainer
 
-            self.critic = CriticTrainer(self.model_cfg, critic_optim_config(cfg), batch_cfg, initial, self.groups,
+            critic_ranks = sorted(cfg.placement.critic_ranks) if self.critic_own else initial
+            self.critic = CriticTrainer(self.model_cfg, critic_optim_config(cfg), batch_cfg, critic_ranks, self.groups,
                                         self.seed, self.device, checkpoint=self.checkpoint, tp=1,
                                         precision=actor_precision(cfg), recompute=cfg.actor.recompute,
                                         attention=cfg.actor.attention_backend)
         self.warm_s = 0.0
         if cfg.actor.warm_joiners and cfg.scheduler.policy != "static" and not self.trainer.active:
-            self.warm_s = self.trainer.warm() + (self.critic.warm() if self.critic is not None else 0.0)
+            self.warm_s = self.trainer.warm() + (self.critic.warm() if self.critic is not None and not self.critic_own
+                                                 else 0.0)
         self.engine: Any = None
         self.ref: Any = None
         self.policy: Any = None  # inference ranks: the iteration's actor weights (algorithm.old_logprobs: actor)
@@ -431,7 +434,7 @@ class RealCompute:
                 self.engine.update_weights(own, version=k)
             if self.policy is not None:
                 self.policy.load_weights(own)
-            if self.values is not None:
+            if self.values is not None and not self.critic_own:
                 self.values.load_weights(self.critic.full_parameters())
             return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
@@ -449,14 +452,20 @@ class RealCompute:
         if self.policy is not None:  # an inference rank's copy of the actor (algorithm.old_logprobs: actor)
             self.policy.load_weights(named if self.rank == src else received)
         figures = {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
-        if self.critic is not None:
+        if self.critic is not None and not self.critic_own:
             self._sync_critic(k, src, ranks, figures)
+        return figures
+
+    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+        figures: dict[str, Any] = {"seconds": 0.0, "bytes": 0}
+        self._sync_critic(k, src, ranks, figures)
         return figures
 
     def _sync_critic(self, k: int, src: int, ranks: list[int], figures: dict[str, Any]) -> None:
         """The critic's weights of version ``k`` from ``src`` to the value scorers of ``ranks`` (the
-        inference ranks use them; the rollout ranks receive and drop them) and of ``src`` itself (the
-        actor's leader computes the values where no inference rank does)."""
+        inference ranks use them; the rollout ranks receive and drop them). On the actor's ranks ``src`` is
+        the actor's leader, which computes the values itself where no inference rank does; on ranks of its
+        own ``src`` is the critic's first rank and the leader, then, one of ``ranks``."""
         from slurm_rl.engines.weight_sync import broadcast_weights
 
         mine = self.critic.full_parameters() if self.rank == src else None
@@ -466,7 +475,7 @@ class RealCompute:
                                                 timeout=self.cfg.runtime.wait_timeout_s, what=f"critic sync v{k}")
             figures["seconds"] += float(getattr(stats, "seconds", 0.0))
             figures["bytes"] += int(getattr(stats, "bytes", 0))
-        if self.rank == src and self.values is None:
+        if self.values is None and (self.rank != src if self.critic_own else self.rank == src):
             self.values = self._value_scorer()
         if self.values is not None:
             self.values.load_weights(mine if self.rank == src else received)
@@ -501,7 +510,7 @@ class RealCompute:
     def reshard(self, old: list[int], new: list[int], epoch: int, old_tp: int = 1, new_tp: int = 1
                 ) -> dict[str, Any]:
         figures = self.trainer.reshard(new, epoch=epoch, old_ranks=old, new_tp=new_tp, old_tp=old_tp)
-        if self.critic is not None:  # the critic moves with the actor (its own state, the same ranks)
+        if self.critic is not None and not self.critic_own:  # the critic moves with the actor (its own state)
             critic = self.critic.reshard(new, epoch=epoch, old_ranks=old, new_tp=1, old_tp=1)
             figures = {key: v + float(critic.get(key, 0.0)) if key.endswith(("seconds", "bytes")) else v
                        for key, v in figures.items()}
@@ -524,11 +533,26 @@ class RealCompute:
         if t.critic_warmup <= k + 1 or self.critic is None:  # verl: the actor updates once critic_warmup <= step
             stats = self.trainer.train_step(samples, *self._loss(), entropy=bool(self.algorithm.entropy_coeff),
                                             schedule_samples=0 if later_pass else None)
-        if self.critic is not None:  # PPO's critic, on the same mini-batch (verl: update_critic, then the actor)
-            critic = self.critic.train_step([self._critic_sample(r, s) for r, s in zip(mine, samples)],
-                                            *self._value_loss(), schedule_samples=0 if later_pass else None)
-            stats.update({f"critic/{key}": critic[key] for key in ("loss", "grad_norm", "lr", "vf_clipfrac")})
+        if self.critic is not None and not self.critic_own:  # on the same mini-batch (verl: critic, then actor)
+            stats.update(self._critic_step(mine, samples, later_pass))
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
+
+    def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
+        from slurm_rl.engines.actor.microbatch import shard_for_rank
+
+        t0 = time.perf_counter()
+        mine = shard_for_rank(batch.to_pylist(), self.critic.dp_rank, self.critic.dp_size)
+        t = self.cfg.train
+        later_pass = index >= t.rollout_batch_size * t.group_size // t.global_batch_size  # actor.ppo_epochs > 1
+        stats = self._critic_step(mine, [self._sample(r) for r in mine], later_pass)
+        return time.time(), {**stats, "critic/train_s": time.perf_counter() - t0}
+
+    def _critic_step(self, rows: list[dict[str, Any]], samples: list[dict[str, Any]], later_pass: bool
+                     ) -> dict[str, Any]:
+        """One step of PPO's critic on this rank's share of a mini-batch: its ``critic/*`` figures."""
+        critic = self.critic.train_step([self._critic_sample(r, s) for r, s in zip(rows, samples)],
+                                        *self._value_loss(), schedule_samples=0 if later_pass else None)
+        return {f"critic/{key}": critic[key] for key in ("loss", "grad_norm", "lr", "vf_clipfrac")}
 
     @staticmethod
     def _critic_sample(row: dict[str, Any], sample: dict[str, Any]) -> dict[str, Any]:
@@ -641,7 +665,7 @@ class RealCompute:
         if phase == "generate":
             if offload and self.trainer.active:
                 for trainer in (self.trainer, self.critic):
-                    if trainer is not None:
+                    if trainer is not None and trainer.active:
                         nbytes += int(trainer.park().get("bytes", 0))
             if self.engine is not None and self.engine.released:
                 nbytes += int((self.engine.resume() or {}).get("bytes", 0))
@@ -656,7 +680,7 @@ class RealCompute:
                     if not scorer.parked:
                         nbytes += int(scorer.park().get("bytes", 0))
             for trainer in (self.trainer, self.critic):
-                if trainer is not None:
+                if trainer is not None and trainer.active:
                     nbytes += int(trainer.unpark().get("bytes", 0))
         else:
             raise ValueError(f"switch_phase: unknown phase {phase!r}; allowed: generate, train")
@@ -675,29 +699,26 @@ class RealCompute:
         return {"peak_gpu_bytes": peak}
 
     # -- run checkpoints ------------------------------------------------------------------------
-    def save_state(self, directory: Path) -> None:
+    def save_state(self, directory: Path, iteration: int) -> None:
         """The actor's state into ``directory/actor`` (collective over its DP group; DP rank 0 writes),
-        with the data position (the next iteration's first prompt) in its metadata."""
+        with the data position (``iteration``'s first prompt) in its metadata; the critic's into
+        ``directory/critic`` by its ranks."""
         from slurm_rl.engines.actor.checkpoint import save_checkpoint
         from slurm_rl.rl.dataset import data_position
 
-        if not self.trainer.active:
-            return
-        per_iteration = self.cfg.train.rollout_batch_size * self.cfg.train.group_size
-        # the critic trains every mini-batch; the actor not in the critic's warmup (train.critic_warmup)
-        iteration = (self.critic or self.trainer).consumed_samples // per_iteration
-        consumed = None
-        if self.cfg.algorithm.filter_groups.enable:  # dynamic sampling drew more: the metrics rows say how many
-            from slurm_rl.metrics import read_metrics
-            from slurm_rl.rl.filter_groups import prompts_before
+        if self.trainer.active:
+            consumed = None
+            if self.cfg.algorithm.filter_groups.enable:  # dynamic sampling drew more: the metrics rows say how many
+                from slurm_rl.metrics import read_metrics
+                from slurm_rl.rl.filter_groups import prompts_before
 
-            consumed = prompts_before(read_metrics(self.run_dir), iteration, self.cfg.train.rollout_batch_size)
-        self.trainer.data_state = {"iteration": iteration, "files": list(self.cfg.data.train_files),
-                                   "fingerprint": self.dataset().fingerprint,
-                                   **data_position(iteration, self.cfg.train.rollout_batch_size,
-                                                   len(self.dataset().rows), consumed)}
+                consumed = prompts_before(read_metrics(self.run_dir), iteration, self.cfg.train.rollout_batch_size)
+            self.trainer.data_state = {"iteration": iteration, "files": list(self.cfg.data.train_files),
+                                       "fingerprint": self.dataset().fingerprint,
+                                       **data_position(iteration, self.cfg.train.rollout_batch_size,
+                                                       len(self.dataset().rows), consumed)}
         for trainer, name in ((self.trainer, ACTOR_DIR), (self.critic, CRITIC_DIR)):
-            if trainer is None:
+            if trainer is None or not trainer.active:
                 continue
             parked = trainer.parked  # a group member waits at the gate parked
             if parked:
@@ -715,6 +736,13 @@ class RealCompute:
         if self.critic is not None and self.critic.active:
             load_checkpoint(self.critic, directory / CRITIC_DIR)
 
+    def _wait_for_file(self, path: Path, what: str) -> None:
+        deadline = time.monotonic() + self.cfg.runtime.wait_timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: waited {self.cfg.runtime.wait_timeout_s:.0f}s for {what} ({path})")
+            time.sleep(self.cfg.runtime.poll_interval_s)
+
     def close(self, finished: bool = True) -> None:
         """Save the trained actor (``RUN_DIR/checkpoints/final``, by its DP rank 0) when the run
         is complete, free the engines."""
@@ -722,14 +750,14 @@ class RealCompute:
 
         from slurm_rl.engines.actor.checkpoint import save_checkpoint
 
-        if self.trainer.active and finished:
-            if getattr(self.trainer, "parked", False):  # a group member ends parked
-                self.trainer.unpark()
-            save_checkpoint(self.trainer, self.run_dir / "checkpoints" / "final")
-            if self.critic is not None:
-                if self.critic.parked:
-                    self.critic.unpark()
-                save_checkpoint(self.critic, self.run_dir / "checkpoints" / "final" / CRITIC_DIR)
+        final = self.run_dir / "checkpoints" / "final"
+        for trainer, where in ((self.trainer, final), (self.critic, final / CRITIC_DIR)):
+            if trainer is not None and trainer.active and finished:
+                if trainer.parked:  # a group member ends parked
+                    trainer.unpark()
+                if trainer is self.critic and self.critic_own:  # its directory sits inside the actor's
+                    self._wait_for_file(final / "meta.json", "the actor's final checkpoint")
+                save_checkpoint(trainer, where)
         if self.engine is not None:
             self.engine.close()
         if self._rewards is not None:
