@@ -1019,11 +1019,11 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
             "the critic in the actor's entry inside a co-execution group (a job's pool slots serve actor, "
             "rollout and inference)")))
     sizes = sorted({root.actor.tensor_parallel, *root.actor.tensor_parallel_choices})
-    if sizes != [1]:
+    if sizes != [1] and not own:  # on ranks of its own the critic is at TP 1 whatever the actor's
         key = "actor.tensor_parallel" if root.actor.tensor_parallel != 1 else "actor.tensor_parallel_choices"
         issues.append(ConfigIssue(key, getattr(root.actor, key.split(".")[1]), (
-            "1 (and no other choice) with algorithm.adv_estimator gae: the critic is built at TP 1 in this "
-            "version")))
+            "1 (and no other choice) with the critic on the actor's ranks: the critic is built at TP 1 in this "
+            "version (on ranks of its own, 'critic: 4-5', the actor may use any TP)")))
 
 
 def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:

@@ -74,6 +74,7 @@ def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
     precision = actor_precision(cfg)
     tp = max(1, cfg.actor.tensor_parallel)
     critic = needs_critic(cfg.algorithm)
+    with_actor = critic and not cfg.placement.critic_ranks  # a critic on ranks of its own: not on a shared rank
     state = params * STATE_BYTES[precision] / tp
     weights = params * WEIGHT_BYTES[precision]
     offload = actor_offloads(cfg)
@@ -90,7 +91,7 @@ def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
                 scorers["old log-probs"] = weights
             if critic:
                 scorers["values"] = weights
-        train = {**({"actor": state, **({"critic": state} if critic else {})} if actor else {}),
+        train = {**({"actor": state, **({"critic": state} if with_actor else {})} if actor else {}),
                  **({} if offload and actor else scorers)}
         generate: dict[str, Any] = {}
         if "rollout" in roles:
@@ -98,7 +99,7 @@ def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
                                    else weights)
         generate.update(scorers)
         if actor and not offload:
-            generate.update({"actor kept": state, **({"critic kept": state} if critic else {})})
+            generate.update({"actor kept": state, **({"critic kept": state} if with_actor else {})})
         out.append(PhaseMemory(tuple(ranks), tuple(roles), generate, train, budget))
     return out
 

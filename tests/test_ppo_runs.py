@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
-from resume_helpers import BACKENDS, assert_same_outcome, cli, launch, run_config, run_until_stopped, shared_root, shared_run
+from identity import assert_losses_match
+from resume_helpers import (BACKENDS, assert_same_outcome, cli, launch, outcome, run_config, run_until_stopped, shared_root,
+                            shared_run)
 from slurm_rl.control.activity import read_spans
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.actor_batch import kl_per_token
@@ -154,7 +156,7 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
          "scheduler.policy: got 'auto'"),
         ({"algorithm": {"adv_estimator": "grpo"}}, "no critic unless algorithm.adv_estimator is gae"),
         ({"cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "a critic in cluster.component_placement"),
-        ({"actor": {"tensor_parallel": 2}}, "actor.tensor_parallel"),
+        ({"actor": {"tensor_parallel": 2}}, "with the critic on the actor's ranks"),
         ({"critic": {"cliprange_value": -1}}, "critic.cliprange_value"),
         ({"algorithm": {"adv_estimator": "grpo"}, "train": {"critic_warmup": 2},
           "cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "train.critic_warmup: got 2"),
@@ -172,3 +174,31 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
             cfg[section] = {**cfg.get(section, {}), **values}
         proc = cli("validate", str(write_config(tmp_path / f"c{i}.yaml", cfg)))
         assert proc.returncode == 2 and message in proc.stderr, (change, proc.stdout + proc.stderr)
+
+
+@pytest.mark.slow
+def test_ppo_at_actor_tp_2_with_the_critic_on_a_rank_of_its_own(ppo_reference, tmp_path: Path) -> None:
+    """On ranks of its own the critic stays at TP 1 while the actor trains at TP 2: the same samples, rewards,
+    actor and critic losses as the TP 1 reference with the critic on the actor's ranks, and the same final
+    critic. The final actors are not compared: TP 2 sums the row-parallel products in another order and six
+    Adam steps carry that on (measured 4e-5 of the largest entry; the TP identities are test_actor_tp_runs')."""
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    cfg = ppo_config("cpu", run_dir)
+    cfg["cluster"]["component_placement"] = OWN_CRITIC
+    cfg["actor"] = {**cfg.get("actor", {}), "tensor_parallel": 2}
+    launch(tmp_path / "c.yaml", cfg, "--no-inspect")
+    got, want = outcome(run_dir), outcome(ppo_reference("cpu"))
+    strip = ("losses", "kl_coef", "critic_losses")
+    assert [{k: v for k, v in m.items() if k not in strip} for m in got] == [
+        {k: v for k, v in m.items() if k not in strip} for m in want]
+    for a, b in zip(got, want):
+        assert_losses_match(a["losses"], b["losses"])
+        assert_losses_match(a["critic_losses"], b["critic_losses"])
+    assert all(m["actor_tp"] == [2] for m in read_metrics(run_dir))
+    critic = Path("checkpoints") / "final" / "critic" / "model.safetensors"
+    mine, ref = load_file(str(run_dir / critic)), load_file(str(ppo_reference("cpu") / critic))
+    assert mine.keys() == ref.keys()
+    for name, tensor in ref.items():
+        assert float((mine[name] - tensor).abs().max()) <= 1e-5 * (float(tensor.abs().max()) or 1.0), name
