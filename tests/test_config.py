@@ -200,8 +200,11 @@ BAD_PLACEMENTS = [
                  "each component in one entry only", id="listed-twice"),
     pytest.param({"actor": "0-1", "judge": "2-3", "rollout": "4"}, "cluster.component_placement.judge",
                  "judge", "component names among actor, rollout, inference, critic, reward", id="unknown-component"),
-    pytest.param({"actor": "0-1", "critic": "2-3", "rollout": "4"}, "cluster.component_placement.critic",
-                 "critic", "'critic' in the actor's entry", id="critic-on-its-own-ranks"),
+    pytest.param({"actor": "0-1", "critic,inference": "2-3", "rollout": "4"},
+                 "cluster.component_placement.critic,inference", "critic", "'critic' in the actor's entry",
+                 id="critic-sharing-its-own-ranks"),
+    pytest.param({"actor": "0-2", "critic": "2-3", "rollout": "4"}, "cluster.component_placement.critic",
+                 "2-3", "slots no other component uses", id="critic-on-the-actors-ranks-in-its-own-entry"),
     pytest.param({"actor": "0-1", "reward": "2-3", "rollout": "3-4"}, "cluster.component_placement.reward",
                  "2-3", "slots covering the rollout's", id="reward-beside-part-of-the-rollout"),
     pytest.param({"actor": "0-3", "rollout": "3-5"}, "cluster.component_placement.rollout", "3-5",
@@ -238,7 +241,7 @@ def test_example_message_text() -> None:
 
 
 def test_all_placement_errors_reported_at_once() -> None:
-    raw = {"actor": "3-1", "rollout": "0-9", "critic": "1", "inference": "0-2:0-4"}
+    raw = {"actor": "3-1", "rollout": "0-9", "critic,reward": "1", "inference": "0-2:0-4"}
     with pytest.raises(ConfigError) as exc:
         parse_placement(raw, 8)
     lines = str(exc.value).splitlines()
