@@ -139,6 +139,10 @@ def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str,
         assert critic_steps == {0: [], 1: [2, 3], 2: [0, 1, 2, 3], 3: []}, critic_steps
         assert {"critic", "sync"} <= {s["kind"] for s in spans[2]} <= {"critic", "sync", "checkpoint"}
         assert any(s["kind"] == "sync" for s in spans[0])  # the actor's leader scores the values
+        shown = cli("inspect", str(run_dir), "--json")  # its ranks' time is the critic's, not idle
+        assert shown.returncode == 0, shown.stderr
+        components = json.loads(shown.stdout)["components"]
+        assert components["critic"]["busy_s"] > 0 and "idle" not in components, components
     # The critic's values come from a transformers copy scoring the responses in the shards they arrive in: the
     # shards' make-up follows the decoders' timing, and fp32 results move by ~1e-7 with a batch's shape. GAE
     # passes the values on one to one (not damped by a coefficient, as the reference's KL is), so the final

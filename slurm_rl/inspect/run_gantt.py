@@ -25,8 +25,8 @@ from slurm_rl.inspect.run_timeline import (BUSY_KINDS, RunTimeline, clip_timelin
 from slurm_rl.placement import COMPONENTS
 
 TEXT_COLUMNS = 72
-LETTERS = {"actor": "A", "rollout": "R", "inference": "I"}
-COLOURS = {"actor": "#1f77b4", "rollout": "#2ca02c", "inference": "#ff7f0e", "idle": "#bbbbbb"}
+LETTERS = {"actor": "A", "rollout": "R", "inference": "I", "critic": "V"}
+COLOURS = {"actor": "#1f77b4", "rollout": "#2ca02c", "inference": "#ff7f0e", "critic": "#9467bd", "idle": "#bbbbbb"}
 MIXED_COLOUR = "#9467bd"
 MAX_EPOCH_LINES = 120  # more epoch lines than this would grey the whole chart
 MAX_MIGRATION_LABELS = 40
@@ -109,7 +109,7 @@ def text_gantt(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> list[str]:
 
 def gantt_legend_text(tl: RunTimeline, columns: int = TEXT_COLUMNS) -> str:
     width = (tl.end - tl.t0) / columns if tl.t0 is not None and tl.end is not None else 0.0
-    return (f"  placement timeline, 1 column = {width:.2f}s: A actor, R rollout, I inference, C collocated, . no role\n"
+    return (f"  placement timeline, 1 column = {width:.2f}s: A actor, R rollout, I inference, V critic, C collocated, . no role\n"
             f"  (lower case = holding the role idle: bubble; # = actor reshard; digit or | = iteration gate, ' = epoch)")
 
 

@@ -182,13 +182,13 @@ def build_timeline(run_dir: str | Path, now: float | None = None) -> RunTimeline
                           "boundary": e.boundary, "reason": e.reason,
                           "placement": {c: list(s["ranks"]) for c, s in e.placement.items()}})
     tl.t0 = tl.epochs[0]["published_at"] if tl.epochs else None
-    _add_bars(tl, paths, epochs, progress)
-    _add_reshards(tl, paths, epochs)
     for rank in world:
         try:
             tl.spans[rank] = read_spans(paths, rank)
         except OSError as exc:
             missing.append(f"activity of rank {rank}: unreadable ({exc})")
+    _add_bars(tl, paths, epochs, progress)
+    _add_reshards(tl, paths, epochs)
     if epochs and not any(tl.spans.values()):
         missing.append(f"{paths.control / 'activity'}: no activity spans (busy time and bubbles unknown)")
     failed = sorted(r for r, d in progress.items() if d.state == "failed")
@@ -227,6 +227,9 @@ def _add_bars(tl: RunTimeline, paths: RunPaths, epochs: list[Epoch], progress: d
         for i, (start, epoch, roles) in enumerate(starts):
             last = i + 1 == len(starts)
             end = starts[i + 1][0] if not last else (doc.time if doc is not None and finished else tl.end or start)
+            if not roles and any(sp["kind"] == "critic" and sp["end"] > start and sp["start"] < end
+                                 for sp in tl.spans.get(rank, [])):
+                roles = ("critic",)  # a rank of the critic's own: idle in the epoch, training the critic
             tl.bars.append(RoleBar(rank, epoch, roles, start, max(start, end), open=last and not finished))
     if unacked:
         tl.missing.append("epochs not acknowledged by every rank: " + "; ".join(
