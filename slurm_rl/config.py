@@ -1174,6 +1174,10 @@ def _tp_placement_problems(root: RootSchema, placement: Placement,
     if actor is not None:
         key, spec = _placement_entry(root.cluster.component_placement, "actor", "cluster.component_placement")
         out += _tp_layout_problems(key, spec, actor.ranks, a.tensor_parallel, placement)
+        out += _dp_problems(root, key, spec, len(actor.ranks) // a.tensor_parallel, "actor")
+    if placement.critic_ranks:
+        key, spec = _placement_entry(root.cluster.component_placement, "critic", "cluster.component_placement")
+        out += _dp_problems(root, key, spec, len(placement.critic_ranks), "critic")
     if len(scripted) != len(steps) or any(
             st.at_iteration is MISSING_VALUE or st.at_phase not in PHASES for st in steps):
         return out  # reported on their own
@@ -1186,7 +1190,25 @@ def _tp_placement_problems(root: RootSchema, placement: Placement,
         if actor is not None:
             key, spec = _placement_entry(steps[i].placement, "actor", f"scheduler.script[{i}].placement")
             out += _tp_layout_problems(key, spec, actor.ranks, tp, scripted[i])
+            out += _dp_problems(root, key, spec, len(actor.ranks) // tp, "actor")
     return out
+
+
+def _dp_problems(root: RootSchema, key: str, spec: Any, dp: int, what: str) -> list[ConfigIssue]:
+    """On cpu / cuda, a mini-batch must split over the ``dp`` replicas in whole micro-batches (the rule of
+    ``scheduler.state.valid_dp_sizes``); the emulated compute splits nothing."""
+    from slurm_rl.scheduler.state import valid_dp_sizes
+
+    t = root.train
+    if root.runtime.device not in ("cpu", "cuda") or dp < 1 or t.global_batch_size <= 0 or t.micro_batch_size <= 0:
+        return []
+    if dp in valid_dp_sizes(t.global_batch_size, t.micro_batch_size, dp):
+        return []
+    allowed = valid_dp_sizes(t.global_batch_size, t.micro_batch_size, max(dp, 1))
+    return [ConfigIssue(key, spec, (
+        f"ranks that give the {what} a DP size (ranks / TP) over which a mini-batch splits in whole micro-batches: DP {dp} does not "
+        f"divide train.global_batch_size {t.global_batch_size} into micro-batches of train.micro_batch_size "
+        f"{t.micro_batch_size} (DP sizes {', '.join(map(str, allowed))} do)"))]
 
 
 def _choice(issues: list[ConfigIssue], key: str, value: Any, allowed: Sequence[str]) -> None:

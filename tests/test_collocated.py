@@ -6,7 +6,8 @@ disaggregated reference run of the resume tests (actor 0-1, rollout 2, inference
 the same prompts, samples, rewards and, on cpu, per-step losses and final weights. No mini-batch
 starts before the iteration's last response is generated and scored, and the weight sync moves no
 bytes (each rank's engines take its own replica of the actor). A whole job on one rank and a
-hybrid placement (actor and rollout shared, inference apart) run every iteration too.
+hybrid placement (actor and rollout shared, inference apart) run every iteration too, and a collocated
+job on two Slurm nodes trains as the reference.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from slurm_rl.data.reader import StageReader
 from slurm_rl.metrics import read_metrics
 from emulated_configs import write_config
 
+REPO = Path(__file__).resolve().parents[1]
 COLLOCATED = {"actor,rollout,inference,reward": "all"}  # RLinf's collocated form (reward beside the rollout)
 
 
@@ -169,3 +171,46 @@ def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, p
         check_phases_in_order(tmp_path / "run", k, shared_inference=mode == "collocated")
     validate = cli("validate", str(tmp_path / "c.yaml"))
     assert f"mode: {mode}" in validate.stdout, validate.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_node_collocated_job_through_sbatch_trains_as_the_disaggregated_one(slurm_cluster, backend: str,
+                                                                                reference, tmp_path: Path) -> None:
+    """RLinf's two-node collocated example as an sbatch job (2 nodes x 1 GPU here, every component on every
+    GPU): the ranks ran on both nodes, each iteration generated, then scored, then trained, and the run
+    trained as the disaggregated reference (the same prompts, rewards and, on cpu, per-step losses and final
+    weights)."""
+    run_dir = tmp_path / "run"
+    cfg = collocated_config(backend, run_dir)
+    cfg["cluster"]["num_nodes"] = 2
+    del cfg["cluster"]["gpus_per_node"]  # from the allocation
+    log = tmp_path / "job.out"
+    rc, _ = slurm_cluster.sbatch_wait("--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", f"--output={log}",
+                                      "sbatch/train.sh", str(write_config(tmp_path / "c.yaml", cfg)), cwd=REPO,
+                                      timeout=900)
+    assert rc == 0, log.read_text() if log.exists() else ""
+    assert_same_outcome(run_dir, reference(backend))
+    hosts = {json.loads(p.read_text())["host"] for p in (run_dir / "control" / "acks" / "000000").glob("rank-*.json")}
+    assert len(hosts) == 2, hosts
+    for epoch in EpochStore(RunPaths(run_dir)).all():
+        assert epoch.ranks_of("actor") == epoch.ranks_of("rollout") == epoch.ranks_of("inference") == [0, 1]
+    for k in range(4):
+        check_phases_in_order(run_dir, k)
+
+
+def test_an_actor_dp_the_mini_batch_cannot_split_is_refused_before_launch(tmp_path: Path) -> None:
+    """Collocated on 4 ranks, a mini-batch of 8 in micro-batches of 4 cannot split over DP 4: validate (and so
+    run, submit, sbatch/train.sh) exits 2 naming the actor's entry and the DP sizes that would do, where the
+    ranks used to fail at start; the emulated compute, which splits nothing, takes it."""
+    cfg = collocated_config("cpu", tmp_path / "run")
+    cfg["cluster"]["gpus_per_node"] = 4
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("cluster.component_placement.actor: got 'all'" in proc.stderr and "DP 4 does not divide "
+            "train.global_batch_size 8 into micro-batches of train.micro_batch_size 4 (DP sizes 1, 2 do)" in proc.stderr)
+    assert not (tmp_path / "run").exists()
+    emulated = collocated_config("emulated", tmp_path / "run")
+    emulated["cluster"]["gpus_per_node"] = 4
+    assert cli("validate", str(write_config(tmp_path / "e.yaml", emulated))).returncode == 0

@@ -91,8 +91,10 @@ def epochs_of(run_dir: Path) -> list[Epoch]:
 @pytest.mark.parametrize("device", [pytest.param("emulated", marks=pytest.mark.serial), "cpu"])
 def test_auto_grows_the_actor_at_a_minibatch_boundary(tmp_path: Path, device: str) -> None:
     """auto changes placement at least twice inside an iteration; the actor grows at a stamped
-    mini-batch boundary, in place (reshard records with bytes), and shrinks back at the gate."""
+    mini-batch boundary, in place (reshard records with bytes), and shrinks back at the gate. The placement is
+    RLinf's dynamic example's: ``reward: all`` beside the disaggregated actor, rollout and inference."""
     cfg = config(device, tmp_path / "run", "auto")
+    cfg["cluster"]["component_placement"] = {**cfg["cluster"]["component_placement"], "reward": "all"}
     run_dir = run(tmp_path, "auto", cfg)
     paths = RunPaths(run_dir)
     decisions = read_events(paths, "decision")
