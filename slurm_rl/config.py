@@ -983,7 +983,7 @@ def _validate_filter_groups(root: RootSchema, issues: list[ConfigIssue]) -> None
 
 
 def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
-    """The critic's keys; ``gae``'s critic is built at the actor's TP 1 only (its value head is not split)."""
+    """The critic's keys and where it is placed (with the actor, at its TP; or on ranks of its own, static)."""
     from slurm_rl.rl.advantages import needs_critic
     from slurm_rl.rl.options import AGG_MODES
 
@@ -1018,12 +1018,6 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue(f"cluster.component_placement.{own[0]}", "critic", (
             "the critic in the actor's entry inside a co-execution group (a job's pool slots serve actor, "
             "rollout and inference)")))
-    sizes = sorted({root.actor.tensor_parallel, *root.actor.tensor_parallel_choices})
-    if sizes != [1] and not own:  # on ranks of its own the critic is at TP 1 whatever the actor's
-        key = "actor.tensor_parallel" if root.actor.tensor_parallel != 1 else "actor.tensor_parallel_choices"
-        issues.append(ConfigIssue(key, getattr(root.actor, key.split(".")[1]), (
-            "1 (and no other choice) with the critic on the actor's ranks: the critic is built at TP 1 in this "
-            "version (on ranks of its own, 'critic: 4-5', the actor may use any TP)")))
 
 
 def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None:

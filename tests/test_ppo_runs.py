@@ -153,8 +153,8 @@ def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str,
 
 def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
     """A critic on ranks the actor uses, or sharing its own with the rollout, a critic on ranks of its own under
-    auto, a critic without gae, gae at actor TP 2, a bad cliprange, a critic warmup without a critic: exit 2,
-    each naming its key; a critic on ranks of its own validates."""
+    auto, a critic without gae, a bad cliprange, a critic warmup without a critic: exit 2, each naming its key;
+    a critic on ranks of its own validates."""
     from emulated_configs import write_config
 
     cases = [
@@ -166,7 +166,6 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
          "scheduler.policy: got 'auto'"),
         ({"algorithm": {"adv_estimator": "grpo"}}, "no critic unless algorithm.adv_estimator is gae"),
         ({"cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "a critic in cluster.component_placement"),
-        ({"actor": {"tensor_parallel": 2}}, "with the critic on the actor's ranks"),
         ({"critic": {"cliprange_value": -1}}, "critic.cliprange_value"),
         ({"algorithm": {"adv_estimator": "grpo"}, "train": {"critic_warmup": 2},
           "cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "train.critic_warmup: got 2"),
@@ -187,17 +186,26 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ppo_at_actor_tp_2_with_the_critic_on_a_rank_of_its_own(ppo_reference, tmp_path: Path) -> None:
-    """On ranks of its own the critic stays at TP 1 while the actor trains at TP 2: the same samples, rewards,
-    actor and critic losses as the TP 1 reference with the critic on the actor's ranks, and the same final
-    critic. The final actors are not compared: TP 2 sums the row-parallel products in another order and six
-    Adam steps carry that on (measured 4e-5 of the largest entry; the TP identities are test_actor_tp_runs')."""
+@pytest.mark.parametrize("critic", ["with-actor", "with-actor-tp-2-to-1", "own-ranks"])
+def test_ppo_at_actor_tp_2_trains_as_at_tp_1(critic: str, ppo_reference, tmp_path: Path) -> None:
+    """The actor at TP 2 with the critic on its ranks (the critic at TP 2 too, its value head replicated over
+    TP; in one run a scripted epoch turns both to TP 1 at iteration 2, resharding the critic's state in place),
+    or on a rank of its own (the critic at TP 1 there): the same samples, rewards, actor and critic losses as
+    the TP 1 reference (a critic state resharded wrong would move the later value losses far beyond float
+    noise), and on its own rank the same final critic. Final weights trained at TP 2 are not
+    compared with TP 1's: TP 2 sums the row-parallel products in another order and six Adam steps carry that
+    on (measured 4e-5 of the largest entry; the TP identities are test_actor_tp_runs')."""
     from safetensors.torch import load_file
 
     run_dir = tmp_path / "run"
     cfg = ppo_config("cpu", run_dir)
-    cfg["cluster"]["component_placement"] = OWN_CRITIC
+    if critic == "own-ranks":
+        cfg["cluster"]["component_placement"] = OWN_CRITIC
     cfg["actor"] = {**cfg.get("actor", {}), "tensor_parallel": 2}
+    if critic == "with-actor-tp-2-to-1":
+        cfg["actor"]["tensor_parallel_choices"] = [1, 2]
+        cfg["scheduler"] = {**cfg.get("scheduler", {}), "policy": "scripted", "script": [
+            {"at_iteration": 2, "placement": {"actor": "0-1", "rollout": "2-3"}, "actor_tp": 1, "reason": "TP 2 -> 1"}]}
     launch(tmp_path / "c.yaml", cfg, "--no-inspect")
     got, want = outcome(run_dir), outcome(ppo_reference("cpu"))
     strip = ("losses", "kl_coef", "critic_losses")
@@ -206,9 +214,11 @@ def test_ppo_at_actor_tp_2_with_the_critic_on_a_rank_of_its_own(ppo_reference, t
     for a, b in zip(got, want):
         assert_losses_match(a["losses"], b["losses"])
         assert_losses_match(a["critic_losses"], b["critic_losses"])
-    assert all(m["actor_tp"] == [2] for m in read_metrics(run_dir))
-    critic = Path("checkpoints") / "final" / "critic" / "model.safetensors"
-    mine, ref = load_file(str(run_dir / critic)), load_file(str(ppo_reference("cpu") / critic))
-    assert mine.keys() == ref.keys()
-    for name, tensor in ref.items():
-        assert float((mine[name] - tensor).abs().max()) <= 1e-5 * (float(tensor.abs().max()) or 1.0), name
+    tps = [1, 1] if critic == "with-actor-tp-2-to-1" else [2, 2]
+    assert [m["actor_tp"] for m in read_metrics(run_dir)] == [[2], [2], [tps[0]], [tps[1]]]
+    final = Path("checkpoints") / "final" / "critic" / "model.safetensors"
+    mine, ref = load_file(str(run_dir / final)), load_file(str(ppo_reference("cpu") / final))
+    assert mine.keys() == ref.keys()  # at TP 2 the critic checkpoints whole, as at TP 1
+    if critic == "own-ranks":
+        for name, tensor in ref.items():
+            assert float((mine[name] - tensor).abs().max()) <= 1e-5 * (float(tensor.abs().max()) or 1.0), name

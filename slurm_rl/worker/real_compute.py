@@ -208,7 +208,8 @@ class RealCompute:
 
             critic_ranks = sorted(cfg.placement.critic_ranks) if self.critic_own else initial
             self.critic = CriticTrainer(self.model_cfg, critic_optim_config(cfg), batch_cfg, critic_ranks, self.groups,
-                                        self.seed, self.device, checkpoint=self.checkpoint, tp=1,
+                                        self.seed, self.device, checkpoint=self.checkpoint,
+                                        tp=1 if self.critic_own else cfg.actor.tensor_parallel,
                                         precision=actor_precision(cfg), recompute=cfg.actor.recompute,
                                         attention=cfg.actor.attention_backend)
         self.warm_s = 0.0
@@ -440,6 +441,8 @@ class RealCompute:
 
         full = self.trainer.full_parameters() if self.rank in (gather or [src]) else None
         named = list(megatron_to_hf(full, self.model_cfg)) if self.rank == src and full is not None else None
+        with_actor = self.critic is not None and not self.critic_own
+        critic = self.critic.full_parameters() if with_actor and self.rank in (gather or [src]) else None
         if self.rank not in ranks:  # a TP peer of the source: its shards are given
             return {}
         stats = None
@@ -452,23 +455,23 @@ class RealCompute:
         if self.policy is not None:  # an inference rank's copy of the actor (algorithm.old_logprobs: actor)
             self.policy.load_weights(named if self.rank == src else received)
         figures = {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
-        if self.critic is not None and not self.critic_own:
-            self._sync_critic(k, src, ranks, figures)
+        if with_actor:
+            self._sync_critic(k, src, ranks, figures, critic)
         return figures
 
     def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
         figures: dict[str, Any] = {"seconds": 0.0, "bytes": 0}
-        self._sync_critic(k, src, ranks, figures)
+        self._sync_critic(k, src, ranks, figures, self.critic.full_parameters() if self.rank == src else None)
         return figures
 
-    def _sync_critic(self, k: int, src: int, ranks: list[int], figures: dict[str, Any]) -> None:
+    def _sync_critic(self, k: int, src: int, ranks: list[int], figures: dict[str, Any], mine: Any) -> None:
         """The critic's weights of version ``k`` from ``src`` to the value scorers of ``ranks`` (the
         inference ranks use them; the rollout ranks receive and drop them). On the actor's ranks ``src`` is
         the actor's leader, which computes the values itself where no inference rank does; on ranks of its
-        own ``src`` is the critic's first rank and the leader, then, one of ``ranks``."""
+        own ``src`` is the critic's first rank and the leader, then, one of ``ranks``. ``mine``: the full
+        critic on ``src`` (gathered over its TP group)."""
         from slurm_rl.engines.weight_sync import broadcast_weights
 
-        mine = self.critic.full_parameters() if self.rank == src else None
         received: list[Any] = []
         if len(ranks) > 1:
             received, stats = broadcast_weights(mine, src, self.groups.get(ranks, "weight sync"),
@@ -511,7 +514,7 @@ class RealCompute:
                 ) -> dict[str, Any]:
         figures = self.trainer.reshard(new, epoch=epoch, old_ranks=old, new_tp=new_tp, old_tp=old_tp)
         if self.critic is not None and not self.critic_own:  # the critic moves with the actor (its own state)
-            critic = self.critic.reshard(new, epoch=epoch, old_ranks=old, new_tp=1, old_tp=1)
+            critic = self.critic.reshard(new, epoch=epoch, old_ranks=old, new_tp=new_tp, old_tp=old_tp)
             figures = {key: v + float(critic.get(key, 0.0)) if key.endswith(("seconds", "bytes")) else v
                        for key, v in figures.items()}
         return {key: float(v) for key, v in figures.items()}

@@ -2,8 +2,9 @@
 value head in place of the LM output layer, trained by the actor's machinery.
 
 :class:`CriticTrainer` is an :class:`~slurm_rl.engines.actor.trainer.ActorTrainer` over the same
-ranks, DP group and layout as the actor: its own parameters and AdamW state, resharded in place,
-checkpointed and parked like the actor's. The body starts from the actor's initial weights (the
+ranks, DP group and TP layout as the actor (or over ranks of its own): its own parameters and AdamW
+state, resharded in place (TP changes included: the head is replicated over TP), checkpointed and
+parked like the actor's. The body starts from the actor's initial weights (the
 HF checkpoint, or the same seeded init), the head from a seeded normal init, as verl's critic
 (``AutoModelForTokenClassification`` of the actor's checkpoint, one label). Its forward gives the
 value of each next-token position (the state before the response token it predicts), the layout
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .layout import ParamSpec
 from .model import attention_mask_4d
 from .trainer import ActorTrainer
 
@@ -55,10 +57,14 @@ class CriticTrainer(ActorTrainer):
 
     not_in_checkpoint = HEAD_PARAMS
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if int(kwargs.get("tp", 1)) != 1:
-            raise ValueError(f"critic: tensor parallel {kwargs.get('tp')}: the value head is built at TP 1 only")
-        super().__init__(*args, **kwargs)
+    @staticmethod
+    def _specs_of(model: torch.nn.Module, tp: int) -> list[ParamSpec]:
+        """The actor's split rules, but the value head is replicated over TP (``hidden -> 1`` has no
+        vocabulary to split: every TP rank holds it whole and computes the same values and gradients,
+        as megatron's norms)."""
+        return [ParamSpec(s.name, tuple(p.shape), None) if s.name in HEAD_PARAMS else s
+                for s, (_, p) in zip(ActorTrainer._specs_of(model, tp),
+                                     ((n, p) for n, p in model.named_parameters() if p.requires_grad))]
 
     def _build_model(self, tp_group: dist.ProcessGroup | None, initialize: bool, load: bool) -> torch.nn.Module:
         model = super()._build_model(tp_group, initialize, load)
