@@ -17,6 +17,7 @@ import pytest
 from emulated_configs import write_config
 from shared_runs import shared_root, shared_run
 from slurm_rl.config import load_config
+from slurm_rl.control.activity import read_spans
 from slurm_rl.control.epochs import Epoch, EpochStore
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
@@ -289,3 +290,35 @@ def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
         assert abs(live / simulated - 1) < 0.10, (policy, live, simulated)
         totals[policy] = live
     assert totals["auto"] < totals["static"]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.parametrize("placement", [{"actor,rollout,inference": "all"}, {"actor,inference": "0-3", "rollout": "4-7"}],
+                         ids=["collocated", "hybrid"])
+def test_live_time_sliced_run_agrees_with_the_simulator(tmp_path: Path, placement: dict) -> None:
+    """Calibration of co-location: one iteration of the math-RL profile (1/20 time, 1/16 tokens) collocated
+    on 8 emulated ranks, and hybrid (actor and inference on 0-3), with ``actor.offload_*`` on and each move
+    of the actor's state costing 3 s (about a fifth of the iteration), agrees with ``slurm-rl simulate`` on
+    the same config within 10 %. Measured 0.98 and 0.99 of the model (with the profile's 5.6 s moves 0.99 and
+    0.99, over two iterations 1.004 and 1.001). Before the simulator charged the park that comes before a
+    shared rank decodes, and the live emulation the switch before an iteration's first mini-batch, the 5.6 s
+    runs were at 1.31 and 0.95."""
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.scheduler.profiles import math_rl, scaled_for_live
+    from slurm_rl.scheduler.simulate import simulate
+
+    cfg = scaled_for_live(math_rl(8, num_iterations=1), time_scale=0.05, token_scale=16.0)
+    cfg["cluster"]["component_placement"] = placement
+    cfg["actor"] = {"offload_weight": True, "offload_grad": True, "offload_optimizer": True}
+    state_gb = cfg["emulated"]["model_params"] * 16 / 1e9  # parameters, gradients and Adam moments (fp32)
+    cfg["emulated"]["offload_s_per_gb"] = 3.0 / state_gb
+    cfg["scheduler"].update(switch_latency_s=0.1)
+    cfg["runtime"] = live_config(tmp_path / "run", "static")["runtime"]
+    run_dir = _run(tmp_path, "time-sliced", cfg)
+    live = sum(iteration_times(run_dir))
+    simulated = simulate(config_from_mapping(cfg), policy="static").total_time_s
+    assert abs(live / simulated - 1) < 0.10, (live, simulated)
+    for rank in range(4):  # each shared rank parked the actor's state to score (and decode), then brought it back
+        offloads = [s for s in read_spans(RunPaths(run_dir), rank) if s["kind"] == "offload"]
+        assert [s["phase"] for s in offloads] == ["generate", "train"] and all(s["end"] - s["start"] >= 3.0 for s in offloads)

@@ -11,7 +11,9 @@ Recipes (overrides of the quickstart config):
 - ``dapo``: clip-higher 0.28, no KL, dynamic sampling (``filter_groups`` on ``acc``, generation batches of
   16 prompts), static placement (dynamic sampling needs it);
 - ``collocated``: the quickstart's GRPO with every component on all 4 ranks (RLinf's collocated mode
-  ``actor,rollout,inference: all``, static: each rank decodes, scores, then trains).
+  ``actor,rollout,inference: all``, static: each rank decodes, scores, then trains);
+- ``ppo_own_critic``: ``ppo`` with the critic on a rank of its own (``actor: 0, critic: 1, rollout: 2,
+  inference: 3``), static (no policy moves such a critic).
 
     .venv/bin/python tools/bench_algorithms.py [--recipes ppo dapo] [--iterations 300]
 
@@ -36,6 +38,9 @@ RECIPES = {
     "dapo": ["cluster.auto_scheduler=false", "algorithm.kl_coef=0.0", "algorithm.clip_ratio_high=0.28",
              "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16"],
     "collocated": ["cluster.auto_scheduler=false", 'cluster.component_placement={"actor,rollout,inference": all}'],
+    "ppo_own_critic": ["algorithm.adv_estimator=gae", "algorithm.lam=0.95", "critic.lr=3.0e-3",
+                       "cluster.auto_scheduler=false",
+                       "cluster.component_placement={actor: 0, critic: 1, rollout: 2, inference: 3}"],
 }
 WINDOW = 20
 
@@ -56,7 +61,7 @@ def run(recipe: str, iterations: int, run_dir: Path) -> dict:
     rewards = [r["reward_mean"] for r in rows]
     out = {"recipe": recipe, "overrides": RECIPES[recipe], "iterations": len(rows), "seconds": round(seconds, 1),
            f"reward_first_{WINDOW}": mean(rewards[:WINDOW]), f"reward_last_{WINDOW}": mean(rewards[-WINDOW:])}
-    if recipe == "ppo":
+    if recipe.startswith("ppo"):
         vf = [r["critic/vf_loss"] for r in rows]
         out.update({f"vf_loss_first_{WINDOW}": mean(vf[:WINDOW]), f"vf_loss_last_{WINDOW}": mean(vf[-WINDOW:])})
     if recipe == "dapo":

@@ -71,11 +71,14 @@ def scaled_for_live(cfg: dict[str, Any], time_scale: float, token_scale: float) 
     the simulator the same copy to compare the two on one workload."""
     import copy
 
+    from slurm_rl.config import EmulatedConfig
+
     out = copy.deepcopy(cfg)
     emu = out["emulated"]
     for key in ("rollout_s_per_token", "inference_s_per_token", "actor_s_per_token"):
         emu[key] *= time_scale * token_scale
-    emu["reshard_s_per_gb"] *= time_scale
+    for key in ("reshard_s_per_gb", "offload_s_per_gb"):
+        emu[key] = emu.get(key, getattr(EmulatedConfig, key)) * time_scale
     for key in ("response_len_mean", "response_len_max", "prompt_len"):
         emu[key] = max(1, int(round(emu[key] / token_scale)))
     return out

@@ -432,6 +432,10 @@ class Simulation:
         ready = self.t + self.s.switch_latency_s
         if self.s.collocated and new["actor"] != old["actor"]:  # a shared rank's actor state parks or comes back
             ready += self.s.phase_switch_s
+            parked = set(old["actor"]) - set(new["actor"])
+            for inst in self.instances.values():  # a shared rank decodes once its actor state has left
+                if parked.intersection(inst.ranks):
+                    inst.ready_at = max(inst.ready_at, ready)
         self.seen_growth = 0.0
         if new["inference"] != old["inference"]:
             if self.inf_batch:

@@ -89,6 +89,10 @@ class Compute(Protocol):
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         """Seconds a mini-batch takes (reshard ``old`` -> ``new`` included), when known in advance."""
 
+    def predict_switch_seconds(self) -> float | None:
+        """Seconds a shared rank's switch into training takes (the actor's state back in place), when
+        known in advance: the first mini-batch of an iteration on shared ranks waits for it."""
+
     def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
               ) -> tuple[float, dict[str, Any]]:
         """Train mini-batch ``index`` on actor ranks ``ranks`` (called by each of them):

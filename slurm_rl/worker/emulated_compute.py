@@ -154,6 +154,9 @@ class EmulatedCompute:
         nbytes = self.cost.model_params * BYTES_PER_PARAM_STATE // max(1, self.actor_tp)
         return {"phase": phase, "bytes": nbytes, "seconds": emulate(self.cost.offload_seconds(self.actor_tp))}
 
+    def predict_switch_seconds(self) -> float:
+        return self.cost.offload_seconds(self.actor_tp) if actor_offloads(self.cfg) else 0.0
+
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float:
         reshard = 0.0
         if old and new and sorted(old) != sorted(new):  # the simulator's law, paid by the next mini-batch

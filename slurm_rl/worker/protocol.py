@@ -789,6 +789,8 @@ class _Cutter:
         self.boundary_at = None
         tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
         seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
+        if seconds is not None and self.it.collocated and self.cut == 0:  # the shared ranks switch to training first
+            seconds += self.it.p.compute.predict_switch_seconds() or 0.0
         self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
                           "ready_at": None if seconds is None else now + seconds, "rows": batch.num_rows,
                           "tokens": tokens, "dp": len(actor), "tp": rt.epoch.tp_of("actor"),  # dp: actor ranks

@@ -522,6 +522,9 @@ class RealCompute:
     def predict_train_seconds(self, tokens: int, old: list[int], new: list[int]) -> float | None:
         return None  # measured, not predicted
 
+    def predict_switch_seconds(self) -> float | None:
+        return None
+
     def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
               ) -> tuple[float, dict[str, Any]]:
         from slurm_rl.engines.actor.microbatch import shard_for_rank
