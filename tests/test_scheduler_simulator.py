@@ -108,6 +108,16 @@ def test_fixed_workload_matches_hand_computation() -> None:
     assert it.busy_gpu_s["rollout"] == pytest.approx(2 * 16)
 
 
+def test_without_inference_the_rollouts_go_to_the_actor_as_they_are() -> None:
+    # as above with no inference component (it is optional): the first wave's groups reach the actor at 8 s,
+    # which trains 4 mini-batches of 8 s (the simulator stalled on such placements before)
+    cfg = _tiny("static")
+    cfg["cluster"]["component_placement"] = {"actor": "0", "rollout": "1-2"}
+    it = simulate(config_from_mapping(cfg)).iterations[0]
+    assert it.time_s == pytest.approx(8 + 4 * 8, rel=1e-6)
+    assert it.phases["inference_end_s"] == it.phases["rollout_end_s"] == pytest.approx(16)
+
+
 def test_ppo_epochs_add_the_later_passes_after_the_first() -> None:
     # as above, then actor.ppo_epochs: 2 retrains the 4 mini-batches once the first pass is done
     report = simulate(config_from_mapping({**_tiny("static"), "actor": {"ppo_epochs": 2}}))

@@ -333,7 +333,14 @@ class Simulation:
         self.group_left[req.group] -= 1
         if self.group_left[req.group] == 0:
             first = req.group * self.s.group_size
-            self.inf_queue.extend(range(first, first + self.s.group_size))
+            group = range(first, first + self.s.group_size)
+            if self.s.initial["inference"]:
+                self.inf_queue.extend(group)
+            else:  # no inference component: the rollouts go to the actor as they are (its leader's scoring
+                self.inf_done += len(group)  # of a KL's reference or a critic's values is not modelled)
+                if self.inf_done >= len(self.requests):
+                    self.phase_end["inference_end_s"] = self.t - self.t_start
+                self.actor_queue.extend(group)
             return True
         return False
 
