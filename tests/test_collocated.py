@@ -214,3 +214,30 @@ def test_an_actor_dp_the_mini_batch_cannot_split_is_refused_before_launch(tmp_pa
     emulated = collocated_config("emulated", tmp_path / "run")
     emulated["cluster"]["gpus_per_node"] = 4
     assert cli("validate", str(write_config(tmp_path / "e.yaml", emulated))).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_changes_mode_at_iteration_boundaries_and_trains_as_the_reference(backend: str, reference,
+                                                                                tmp_path: Path) -> None:
+    """Placement is data, modes included: a scripted run starts disaggregated (actor 0-1, rollout 2,
+    inference 3), is collocated on ranks 0-1 for iterations 1-2 (ranks 2-3 idle) and disaggregated again from
+    iteration 3. Only the collocated iterations time-slice (park the actor's state to generate, bring it back
+    to train; on cpu their weight sync moves no bytes), and the run trains as the disaggregated reference."""
+    cfg = run_config(backend, tmp_path / "run", keep_iterations=10)
+    cfg["actor"] = {**cfg.get("actor", {}), "offload_weight": True}
+    cfg["scheduler"] = {**cfg.get("scheduler", {}), "policy": "scripted", "script": [
+        {"at_iteration": 1, "placement": {"actor,rollout,inference": "0-1"}, "reason": "collocate"},
+        {"at_iteration": 3, "placement": {"actor": "0-1", "rollout": "2", "inference": "3"}, "reason": "disaggregate"}]}
+    proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = tmp_path / "run"
+    assert_same_outcome(run_dir, reference(backend))
+    modes = [(e.iteration, e.ranks_of("rollout"), e.ranks_of("inference")) for e in EpochStore(RunPaths(run_dir)).all()]
+    assert modes == [(0, [2], [3]), (1, [0, 1], [0, 1]), (3, [2], [3])], modes
+    offloads = [s for s in read_spans(RunPaths(run_dir), 0) if s["kind"] == "offload"]
+    assert [s["phase"] for s in offloads] == ["generate", "train"] * 2, offloads
+    for k in (1, 2):
+        check_phases_in_order(run_dir, k)
+    if backend == "cpu":
+        assert [m["sync_bytes"] > 0 for m in read_metrics(run_dir)] == [True, False, False, True]
