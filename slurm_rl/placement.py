@@ -428,23 +428,15 @@ def parse_placement(
         names = tuple(n.strip() for n in str(raw_key).split(","))
         ok_names = True
         for name in names:
-            if name in WITH_ACTOR:
-                if "actor" not in names and names != (name,):
-                    ok_names = False
-                    issues.append(ConfigIssue(entry_key, name, (
-                        f"{name!r} in the actor's entry (e.g. 'actor,{name}': it trains on the actor's ranks and "
-                        f"moves with them) or alone on ranks of its own ('{name}: 4-5'); shared with "
-                        f"{', '.join(n for n in names if n != name)} it is not supported")))
-                elif name in placed_by:
-                    ok_names = False
-                    issues.append(ConfigIssue(entry_key, name, "each component in one entry only "
-                                              f"({name!r} is already placed by {placed_by[name]!r})"))
-                else:
-                    placed_by[name] = str(raw_key)
-                continue
             if name in WITH_ROLLOUT:
                 continue
-            if name not in COMPONENTS:
+            if name in WITH_ACTOR and "actor" not in names and names != (name,):
+                ok_names = False
+                issues.append(ConfigIssue(entry_key, name, (
+                    f"{name!r} in the actor's entry (e.g. 'actor,{name}': it trains on the actor's ranks and "
+                    f"moves with them) or alone on ranks of its own ('{name}: 4-5'); shared with "
+                    f"{', '.join(n for n in names if n != name)} it is not supported")))
+            elif name not in COMPONENTS + WITH_ACTOR:
                 ok_names = False
                 issues.append(ConfigIssue(entry_key, name, "component names among "
                                           f"{', '.join(COMPONENTS + WITH_ACTOR + WITH_ROLLOUT)} "

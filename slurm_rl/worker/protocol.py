@@ -881,19 +881,24 @@ class _ActorFollower:
         self.trained_index = index
         self.next += 1
 
+    def _free(self, now: float) -> tuple[bool, float | None]:
+        """Finish the step in flight once it is due; (True, None) when mini-batch ``self.next`` is stamped
+        and this rank is free for it, else (False, when to look again: None for the next poll)."""
+        while self.busy is not None:
+            if now < self.busy[0]:
+                return False, self.busy[0]
+            self._finish()
+            self.it.report_now(now)
+        if not self.done and self.next >= len(self.shards):
+            self._refresh()
+        return not self.done and self.next < len(self.shards), None
+
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         p, rank = self.it.p, self.it.rank
         while not self.done:
-            if self.busy is not None:
-                if now < self.busy[0]:
-                    return self.busy[0]
-                self._finish()
-                self.it.report_now(now)
-                continue
-            if self.next >= len(self.shards):
-                self._refresh()
-                if self.next >= len(self.shards):
-                    return None
+            free, wake = self._free(now)
+            if not free:
+                return wake
             entry = self.plan[self.next]
             assert rt.epoch is not None
             if rt.epoch.epoch < entry["epoch"]:
@@ -927,15 +932,9 @@ class _CriticFollower(_ActorFollower):
     def step(self, now: float, rt: WorkerRuntime) -> float | None:
         p, ranks = self.it.p, self.it.p.critic_ranks
         while not self.done:
-            if self.busy is not None:
-                if now < self.busy[0]:
-                    return self.busy[0]
-                self._finish()
-                continue
-            if self.next >= len(self.shards):
-                self._refresh()
-                if self.next >= len(self.shards):
-                    return None
+            free, wake = self._free(now)
+            if not free:
+                return wake
             info = self.shards[self.next]
             batch = open_shard(stage_dir(p.run_dir, self.it.k, ACTOR_STAGE) / info.name,
                                nbytes=info.bytes, digest=info.xxh3_64)
