@@ -657,7 +657,6 @@ def test_multi_accelerator_ranks_fix_the_world() -> None:
 def test_validate_json_shows_several_slots_of_a_rank(tmp_path: Path) -> None:
     import json
     import subprocess
-    import sys
 
     path = tmp_path / "c.yaml"
     path.write_text("cluster: {num_nodes: 1, gpus_per_node: 4, component_placement: {actor: '0-1', rollout: '2-3:0'}}\n"
