@@ -262,6 +262,23 @@ def test_errors_score_zero_and_are_counted(user_pkg: str) -> None:
             runner.score(_samples(["r"], extras={0: {"exit": 3}}, first_id=8))
 
 
+def test_a_pool_that_breaks_mid_batch_is_started_again_once_and_the_batch_completes(user_pkg: str) -> None:
+    """A fault seen once in a CI run: the pool's named semaphores were gone from /dev/shm while a batch ran,
+    the worker started in place of one a sample had killed could not open them and died, and pebble broke
+    the whole pool ("All workers expired"), failing the batch. Caused here for real: the live pool's
+    semaphores are unlinked, then a sample kills its worker. The runner starts a fresh pool once and scores
+    there what was not scored yet; the killed sample's error is counted once."""
+    fn = f"{user_pkg}.rewards:misbehave"
+    with RewardRunner(fn=fn, on_error="zero", workers=1) as runner:
+        assert runner.score(_samples(["r"])).values == [0.5]
+        mutex = runner._pool._pool_manager.worker_manager.workers_channel.mutex
+        for lock in (mutex.reader_mutex, mutex.writer_mutex):
+            os.unlink(f"/dev/shm/sem.{lock._semlock.name.lstrip('/')}")
+        result = runner.score(_samples(["r"] * 4, extras={1: {"exit": 3}}))
+        assert result == RewardResult(values=[0.5, 0.0, 0.5, 0.5], errors=1, timeouts=0)
+        assert runner.score(_samples(["r"])).values == [0.5]  # the fresh pool goes on
+
+
 def test_timeout_kills_the_worker_and_the_pool_goes_on(user_pkg: str) -> None:
     fn = f"{user_pkg}.rewards:misbehave"
     with RewardRunner(fn=fn, timeout_s=0.5, on_error="raise", workers=2) as runner:

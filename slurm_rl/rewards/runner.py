@@ -131,6 +131,14 @@ def _score_one(name: str | None, fn: str | None,
     return number, None, None
 
 
+class _BrokenPool(Exception):
+    """The pool broke under a batch (``cause``: pebble's error)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class RewardRunner:
     """Scores batches of :class:`RewardSample` with one reward in ``workers`` processes.
 
@@ -206,35 +214,50 @@ class RewardRunner:
     def score(self, samples: Sequence[RewardSample]) -> RewardResult:
         """The rewards of ``samples``, in their order. With ``on_error="raise"`` the first failed
         sample raises :class:`RewardError` (:class:`RewardTimeout`), and the pool is restarted
-        on the next call; with ``"zero"`` it scores 0.0 and is counted."""
+        on the next call; with ``"zero"`` it scores 0.0 and is counted. A pool that breaks under
+        the batch (pebble's ``BrokenProcessPool``: a worker it started could not run) is started
+        again once and the samples not scored yet are scored there; a second break raises."""
         samples = list(samples)
         result = RewardResult(values=[0.0] * len(samples))
-        if not samples:
-            return result
-        pool = self._live_pool()
-        futures: dict[ProcessFuture, int] = {}
+        done: set[int] = set()
+        restarted = False
         try:
-            try:
-                for i, sample in enumerate(samples):
-                    future = pool.schedule(_score_one, args=(self.name, self.fn, sample), timeout=self.timeout_s)
-                    futures[future] = i
-            except RuntimeError as exc:  # pebble: the pool is no longer running
-                raise self._pool_error(exc) from exc
-            for future in self._completed(futures):
-                i = futures[future]
-                value, kind, message = self._outcome(future)
-                if kind is None:
-                    result.values[i] = value  # type: ignore[assignment]
-                elif self.on_error == "raise":
-                    raise self._error(samples[i].sample_id, kind, message)
-                elif kind == "timeout":
-                    result.timeouts += 1
-                else:
-                    result.errors += 1
+            while len(done) < len(samples):
+                try:
+                    self._score_some(samples, [i for i in range(len(samples)) if i not in done], result, done)
+                except _BrokenPool as broken:
+                    if restarted:
+                        raise self._pool_error(broken.cause) from broken.cause
+                    restarted = True
+                    self._discard_pool()  # the next _live_pool() starts a fresh one
         except BaseException:
             self._discard_pool()  # queued tasks of this batch must not run into the next one
             raise
         return result
+
+    def _score_some(self, samples: list[RewardSample], indices: list[int], result: RewardResult,
+                    done: set[int]) -> None:
+        """Score ``samples[i]`` for ``i`` in ``indices`` into ``result``, adding each to ``done`` once its
+        outcome is in; raises :class:`_BrokenPool` when the pool breaks."""
+        pool = self._live_pool()
+        futures: dict[ProcessFuture, int] = {}
+        try:
+            for i in indices:
+                futures[pool.schedule(_score_one, args=(self.name, self.fn, samples[i]), timeout=self.timeout_s)] = i
+        except RuntimeError as exc:  # pebble: the pool is no longer running
+            raise _BrokenPool(exc) from exc
+        for future in self._completed(futures):
+            i = futures[future]
+            value, kind, message = self._outcome(future)
+            done.add(i)
+            if kind is None:
+                result.values[i] = value  # type: ignore[assignment]
+            elif self.on_error == "raise":
+                raise self._error(samples[i].sample_id, kind, message)
+            elif kind == "timeout":
+                result.timeouts += 1
+            else:
+                result.errors += 1
 
     def _completed(self, futures: dict[ProcessFuture, int]) -> Iterator[ProcessFuture]:
         """The futures as they finish; a pool that stops finishing them (its threads died) is
@@ -264,7 +287,7 @@ class RewardRunner:
         except CancelledError:
             return None, "worker", "its task was cancelled"
         except BrokenProcessPool as exc:
-            raise self._pool_error(exc) from exc
+            raise _BrokenPool(exc) from exc
         except (AttributeError, TypeError, pickle.PicklingError) as exc:  # pebble could not pickle the task
             return None, "error", f"the sample cannot be sent to a worker: {type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001 - _score_one catches the reward's own; anything else
