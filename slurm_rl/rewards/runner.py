@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from slurm_rl.engines.errors import EngineStateError
+from slurm_rl.errors import EngineError
 from slurm_rl.placement import ConfigError, ConfigIssue
 from slurm_rl.rewards.builtin import BUILTIN, RewardFn
 from slurm_rl.rewards.errors import RewardError, RewardTimeout
@@ -131,8 +132,8 @@ def _score_one(name: str | None, fn: str | None,
     return number, None, None
 
 
-class _BrokenPool(Exception):
-    """The pool broke under a batch (``cause``: pebble's error)."""
+class _BrokenPool(EngineError):
+    """The pool broke under a batch (``cause``: pebble's error); caught by :meth:`RewardRunner.score`."""
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
