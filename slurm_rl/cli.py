@@ -264,8 +264,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
     own_critic = list(cfg.placement.critic_ranks)
     if run["critic"] and own_critic:
-        print(f"  {'critic':<10} ranks {compress_ranks(own_critic):<12} of its own (PPO: algorithm.adv_estimator gae; "
-              "idle in every epoch, they train the critic on the actor's mini-batches)")
+        print(f"  {'critic':<10} ranks {compress_ranks(own_critic):<12} of its own, TP {cfg.critic.tensor_parallel or 1} "
+              "(PPO: algorithm.adv_estimator gae; idle in every epoch, they train the critic on the actor's mini-batches)")
     elif run["critic"]:
         print(f"  {'critic':<10} on the actor's ranks (PPO: algorithm.adv_estimator gae; it moves with the actor)")
     print(f"  mode: {run['mode']}" + ("" if run["mode"] == "disaggregated" else

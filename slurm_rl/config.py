@@ -356,6 +356,8 @@ class CriticSection:
     lr: Optional[float] = None  # peak learning rate (verl: critic.optim.lr); null: actor.lr
     cliprange_value: float = 0.5  # values further than this from the rollout-time ones are clipped in the loss
     loss_agg_mode: Optional[str] = None  # null: algorithm.loss_agg_mode
+    # on ranks of its own: the critic's TP size (null: 1); on the actor's ranks it takes the actor's (null)
+    tensor_parallel: Optional[int] = None
 
 
 @dataclass
@@ -1009,6 +1011,22 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
             "'actor,critic,rollout,inference: all'; it trains on the actor's ranks) or on ranks of its own "
             "('critic: 4-5')")))
     own = [k for k in named if str(k).strip() == "critic"]
+    if c.tensor_parallel is not None and not own:
+        issues.append(ConfigIssue("critic.tensor_parallel", c.tensor_parallel, (
+            "null with the critic on the actor's ranks (it takes actor.tensor_parallel); a TP size of its own "
+            "needs ranks of its own ('critic: 4-5')")))
+    elif c.tensor_parallel is not None and (isinstance(c.tensor_parallel, bool) or c.tensor_parallel < 1):
+        issues.append(ConfigIssue("critic.tensor_parallel", c.tensor_parallel, "a positive int, or null (1)"))
+    elif c.tensor_parallel is not None and root.runtime.device in ("cpu", "cuda") and root.model.path is None:
+        sizes = model_sizes(root.model)
+        hidden = sizes["hidden_size"]
+        if sizes["ffn_hidden_size"] is None and isinstance(hidden, int) and hidden > 0:
+            sizes["ffn_hidden_size"] = ((8 * hidden // 3) + 63) // 64 * 64  # the engines' default
+        problems = tp_shape_problems(sizes, c.tensor_parallel)
+        if problems:
+            issues.append(ConfigIssue("critic.tensor_parallel", c.tensor_parallel, (
+                f"a tensor-parallel size that divides the model's attention heads, query groups, FFN and "
+                f"vocabulary ({'; '.join(problems)})")))
     if own and root.scheduler.policy != "static":
         issues.append(ConfigIssue("scheduler.policy", root.scheduler.policy, (
             f"static with the critic on ranks of its own (cluster.component_placement.{own[0]}): auto, plan and "
@@ -1146,14 +1164,16 @@ def _placement_entry(mapping: Any, component: str, key: str) -> tuple[str, Any]:
     return f"{key}.{component}", None
 
 
-def _tp_layout_problems(key: str, spec: Any, ranks: Sequence[int], tp: int, placement: Placement) -> list[ConfigIssue]:
-    """The actor's ranks split into whole TP groups of ``tp``, each inside one node."""
+def _tp_layout_problems(key: str, spec: Any, ranks: Sequence[int], tp: int, placement: Placement,
+                        what: str = "actor") -> list[ConfigIssue]:
+    """The ``what``'s ranks (the actor's, or a critic's of its own) split into whole TP groups of ``tp``,
+    each inside one node."""
     if len(ranks) % tp:
         return [ConfigIssue(key, spec, (
-            f"a rank count that is a multiple of the actor's tensor-parallel size {tp} "
-            f"(actor.tensor_parallel): the actor holds {len(ranks)} ranks"))]
+            f"a rank count that is a multiple of the {what}'s tensor-parallel size {tp} "
+            f"({what}.tensor_parallel): the {what} holds {len(ranks)} ranks"))]
     return [ConfigIssue(key, spec, (
-        f"TP groups ({tp} consecutive actor ranks) inside one node: ranks {list(group)} lie on nodes "
+        f"TP groups ({tp} consecutive {what} ranks) inside one node: ranks {list(group)} lie on nodes "
         f"{sorted({placement.node_of_rank(r) for r in group})}"))
         for group in straddling_tp_groups(ranks, tp, placement.node_of_rank)[:1]]
 
@@ -1171,7 +1191,10 @@ def _tp_placement_problems(root: RootSchema, placement: Placement,
         out += _dp_problems(root, key, spec, len(actor.ranks) // a.tensor_parallel, "actor")
     if placement.critic_ranks:
         key, spec = _placement_entry(root.cluster.component_placement, "critic", "cluster.component_placement")
-        out += _dp_problems(root, key, spec, len(placement.critic_ranks), "critic")
+        ctp = root.critic.tensor_parallel or 1
+        if ctp >= 1:
+            layout = _tp_layout_problems(key, spec, placement.critic_ranks, ctp, placement, "critic")
+            out += layout or _dp_problems(root, key, spec, len(placement.critic_ranks) // ctp, "critic")
     if len(scripted) != len(steps) or any(
             st.at_iteration is MISSING_VALUE or st.at_phase not in PHASES for st in steps):
         return out  # reported on their own

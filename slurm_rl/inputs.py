@@ -81,12 +81,16 @@ def ground_truth_problems(cfg: Config, dataset: Any) -> list[ConfigIssue]:
 
 
 def tp_model_problems(cfg: Config, tok: Any) -> list[ConfigIssue]:
-    """Whether the actor's model splits over every tensor-parallel size it may take: the sizes of
-    ``model.path``'s config.json, or of a random model whose vocabulary is the tokenizer's
-    (``load_config`` checks a random model's own sizes)."""
+    """Whether the actor's model splits over every tensor-parallel size it may take (and a critic with
+    ranks of its own over ``critic.tensor_parallel``): the sizes of ``model.path``'s config.json, or of a
+    random model whose vocabulary is the tokenizer's (``load_config`` checks a random model's own sizes)."""
     m = cfg.model
-    choices = actor_tp_choices(cfg)
-    if choices == (1,) or (m.path is None and m.vocab_size is not None):
+    sizes_of = {tp: ("actor.tensor_parallel" if tp == cfg.actor.tensor_parallel else "actor.tensor_parallel_choices")
+                for tp in actor_tp_choices(cfg)}
+    wanted = [(key, tp) for tp, key in sizes_of.items() if tp > 1]
+    if (cfg.critic.tensor_parallel or 1) > 1:
+        wanted.append(("critic.tensor_parallel", cfg.critic.tensor_parallel))
+    if not wanted or (m.path is None and m.vocab_size is not None):
         return []
     from slurm_rl.worker.real_compute import engine_model_config
 
@@ -106,10 +110,9 @@ def tp_model_problems(cfg: Config, tok: Any) -> list[ConfigIssue]:
              "num_query_groups": mc.kv_groups if mc.kv_groups != mc.num_attention_heads else None, "ffn_hidden_size": mc.ffn_size, "hidden_size": mc.hidden_size}
     where = f"{m.path}/config.json" if m.path is not None else f"the tokenizer's vocabulary of {vocab}"
     out = []
-    for tp in choices:
+    for key, tp in wanted:
         problems = tp_shape_problems(sizes, tp)
         if problems:
-            key = "actor.tensor_parallel" if tp == cfg.actor.tensor_parallel else "actor.tensor_parallel_choices"
             out.append(ConfigIssue(key, tp, (
                 "a tensor-parallel size that divides the model's attention heads, query groups, FFN and "
                 f"vocabulary ({where}: {'; '.join(problems)})")))

@@ -153,8 +153,8 @@ def test_ppo_run_stopped_and_resumed_ends_as_the_uninterrupted_one(backend: str,
 
 def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
     """A critic on ranks the actor uses, or sharing its own with the rollout, a critic on ranks of its own under
-    auto, a critic without gae, a bad cliprange, a critic warmup without a critic: exit 2, each naming its key;
-    a critic on ranks of its own validates."""
+    auto, a critic without gae, a bad cliprange, a critic TP size on the actor's ranks or one its ranks cannot
+    hold, a critic warmup without a critic: exit 2, each naming its key; a critic on ranks of its own validates."""
     from emulated_configs import write_config
 
     cases = [
@@ -167,6 +167,9 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
         ({"algorithm": {"adv_estimator": "grpo"}}, "no critic unless algorithm.adv_estimator is gae"),
         ({"cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "a critic in cluster.component_placement"),
         ({"critic": {"cliprange_value": -1}}, "critic.cliprange_value"),
+        ({"critic": {"tensor_parallel": 2}}, "critic.tensor_parallel: got 2; allowed: null with the critic on the actor's"),
+        ({"cluster": {"component_placement": OWN_CRITIC}, "critic": {"tensor_parallel": 2}},
+         "a rank count that is a multiple of the critic's tensor-parallel size 2"),
         ({"algorithm": {"adv_estimator": "grpo"}, "train": {"critic_warmup": 2},
           "cluster": {"component_placement": {"actor": "0-1", "rollout": "2-3"}}}, "train.critic_warmup: got 2"),
     ]
@@ -175,7 +178,7 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
     own = ppo_config("emulated", tmp_path / "own")
     own["cluster"]["component_placement"] = OWN_CRITIC
     ok = cli("validate", str(write_config(tmp_path / "own.yaml", own)))
-    assert ok.returncode == 0 and "critic     ranks 2            of its own" in ok.stdout, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and "critic     ranks 2            of its own, TP 1" in ok.stdout, ok.stdout + ok.stderr
     assert "    ranks 2            critic\n" in ok.stdout, ok.stdout
     for i, (change, message) in enumerate(cases):
         cfg = ppo_config("emulated", tmp_path / f"run{i}")
@@ -186,13 +189,14 @@ def test_critic_placement_and_keys_are_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("critic", ["with-actor", "with-actor-tp-2-to-1", "own-ranks"])
+@pytest.mark.parametrize("critic", ["with-actor", "with-actor-tp-2-to-1", "own-ranks", "own-ranks-critic-tp-2"])
 def test_ppo_at_actor_tp_2_trains_as_at_tp_1(critic: str, ppo_reference, tmp_path: Path) -> None:
     """The actor at TP 2 with the critic on its ranks (the critic at TP 2 too, its value head replicated over
     TP; in one run a scripted epoch turns both to TP 1 at iteration 2, resharding the critic's state in place),
-    or on a rank of its own (the critic at TP 1 there): the same samples, rewards, actor and critic losses as
+    or on a rank of its own (the critic at TP 1 there); or the actor at TP 1 and the critic at TP 2 on ranks
+    2-3 of its own (``critic.tensor_parallel``, 5 ranks): the same samples, rewards, actor and critic losses as
     the TP 1 reference (a critic state resharded wrong would move the later value losses far beyond float
-    noise), and on its own rank the same final critic. Final weights trained at TP 2 are not
+    noise), and on its own rank at TP 1 the same final critic. Final weights trained at TP 2 are not
     compared with TP 1's: TP 2 sums the row-parallel products in another order and six Adam steps carry that
     on (measured 4e-5 of the largest entry; the TP identities are test_actor_tp_runs')."""
     from safetensors.torch import load_file
@@ -202,6 +206,10 @@ def test_ppo_at_actor_tp_2_trains_as_at_tp_1(critic: str, ppo_reference, tmp_pat
     if critic == "own-ranks":
         cfg["cluster"]["component_placement"] = OWN_CRITIC
     cfg["actor"] = {**cfg.get("actor", {}), "tensor_parallel": 2}
+    if critic == "own-ranks-critic-tp-2":
+        cfg["cluster"].update(gpus_per_node=5, component_placement={"actor": "0-1", "critic": "2-3", "rollout": "4"})
+        cfg["actor"]["tensor_parallel"] = 1
+        cfg["critic"] = {**cfg["critic"], "tensor_parallel": 2}
     if critic == "with-actor-tp-2-to-1":
         cfg["actor"]["tensor_parallel_choices"] = [1, 2]
         cfg["scheduler"] = {**cfg.get("scheduler", {}), "policy": "scripted", "script": [
@@ -214,8 +222,8 @@ def test_ppo_at_actor_tp_2_trains_as_at_tp_1(critic: str, ppo_reference, tmp_pat
     for a, b in zip(got, want):
         assert_losses_match(a["losses"], b["losses"])
         assert_losses_match(a["critic_losses"], b["critic_losses"])
-    tps = [1, 1] if critic == "with-actor-tp-2-to-1" else [2, 2]
-    assert [m["actor_tp"] for m in read_metrics(run_dir)] == [[2], [2], [tps[0]], [tps[1]]]
+    tps = {"with-actor-tp-2-to-1": [2, 2, 1, 1], "own-ranks-critic-tp-2": [1] * 4}.get(critic, [2] * 4)
+    assert [m["actor_tp"] for m in read_metrics(run_dir)] == [[tp] for tp in tps]
     final = Path("checkpoints") / "final" / "critic" / "model.safetensors"
     mine, ref = load_file(str(run_dir / final)), load_file(str(ppo_reference("cpu") / final))
     assert mine.keys() == ref.keys()  # at TP 2 the critic checkpoints whole, as at TP 1

@@ -153,9 +153,9 @@ class RecordingCompute:
             self.span("offload", start, time.time(), phase=phase, bytes=int(figures["bytes"]), **peak)
         return figures
 
-    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+    def sync_critic(self, k: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
         start = time.time()
-        figures = self.inner.sync_critic(k, src, ranks)
+        figures = self.inner.sync_critic(k, src, ranks, gather)
         self.span("sync", start, time.time(), iteration=k)
         return figures
 

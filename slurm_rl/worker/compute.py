@@ -98,9 +98,10 @@ class Compute(Protocol):
         """Train mini-batch ``index`` on actor ranks ``ranks`` (called by each of them):
         (ready at, step figures such as loss and lr)."""
 
-    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+    def sync_critic(self, k: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
         """The critic on ranks of its own: its weights of version ``k`` from its first rank ``src`` to
-        the value scorers among ``ranks`` (called by each of them); figures ``seconds`` and ``bytes``."""
+        the value scorers among ``ranks`` (called by each of them, and by ``gather``: the TP group of
+        ``src``, which gathers the full critic first); figures ``seconds`` and ``bytes``."""
 
     def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
         """The critic on ranks of its own: train it on mini-batch ``index`` over ``ranks`` (called by each

@@ -168,13 +168,14 @@ class EmulatedCompute:
         assert ready_at is not None  # stamped by the cutter from predict_train_seconds
         return ready_at, {}
 
-    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+    def sync_critic(self, k: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
         return {}
 
     def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
         """The critic's step costs what the actor's does on as many ranks (the same architecture)."""
         tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
-        return time.time() + self.cost.seconds("actor", tokens, len(ranks)), {}
+        tp = int(self.cfg.critic.tensor_parallel or 1)
+        return time.time() + self.cost.seconds("actor", tokens, max(1, len(ranks) // tp)), {}
 
     def _switch(self) -> dict[str, Any]:
         """A warm switch costs ``mux.park_s`` (calibrated; the group file's ``park_s``)."""

@@ -186,6 +186,7 @@ class IterationProtocol:
         self.actor_tp = int(cfg.actor.tensor_parallel)  # the actor's TP size, as the epochs walked so far say
         # PPO's critic on ranks of its own (idle in every epoch; empty: it trains on the actor's ranks)
         self.critic_ranks: list[int] = sorted(cfg.placement.critic_ranks)
+        self.critic_tp = int(cfg.critic.tensor_parallel or 1)  # its TP size there (critic.tensor_parallel)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
@@ -280,10 +281,11 @@ class IterationProtocol:
         scorers = sorted(start.ranks_of("inference")) or [self.actor_ranks[0]]
         src = self.critic_ranks[0]
         ranks = sorted({src, *scorers})
-        if self.info.rank not in ranks:
+        gather = self.critic_ranks[:self.critic_tp]  # the source's TP group gathers the full critic
+        if self.info.rank not in ranks and self.info.rank not in gather:
             return sync
         with collective(f"critic sync v{k} from rank {src} to {scorers}", self.info, start.epoch, k):
-            figures = self.compute.sync_critic(k, src, ranks)
+            figures = self.compute.sync_critic(k, src, ranks, gather)
         return {**sync, **{key: float(sync.get(key) or 0) + float(figures.get(key) or 0) for key in ("seconds", "bytes")}}
 
     # -- checkpoints -----------------------------------------------------------------------------

@@ -209,7 +209,8 @@ class RealCompute:
             critic_ranks = sorted(cfg.placement.critic_ranks) if self.critic_own else initial
             self.critic = CriticTrainer(self.model_cfg, critic_optim_config(cfg), batch_cfg, critic_ranks, self.groups,
                                         self.seed, self.device, checkpoint=self.checkpoint,
-                                        tp=1 if self.critic_own else cfg.actor.tensor_parallel,
+                                        tp=(cfg.critic.tensor_parallel or 1) if self.critic_own
+                                        else cfg.actor.tensor_parallel,
                                         precision=actor_precision(cfg), recompute=cfg.actor.recompute,
                                         attention=cfg.actor.attention_backend)
         self.warm_s = 0.0
@@ -459,9 +460,11 @@ class RealCompute:
             self._sync_critic(k, src, ranks, figures, critic)
         return figures
 
-    def sync_critic(self, k: int, src: int, ranks: list[int]) -> dict[str, Any]:
+    def sync_critic(self, k: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
+        full = self.critic.full_parameters() if self.rank in gather else None  # a collective of src's TP group
         figures: dict[str, Any] = {"seconds": 0.0, "bytes": 0}
-        self._sync_critic(k, src, ranks, figures, self.critic.full_parameters() if self.rank == src else None)
+        if self.rank in ranks:
+            self._sync_critic(k, src, ranks, figures, full if self.rank == src else None)
         return figures
 
     def _sync_critic(self, k: int, src: int, ranks: list[int], figures: dict[str, Any], mine: Any) -> None:
