@@ -118,6 +118,20 @@ def test_without_inference_the_rollouts_go_to_the_actor_as_they_are() -> None:
     assert it.phases["inference_end_s"] == it.phases["rollout_end_s"] == pytest.approx(16)
 
 
+def test_a_critic_on_ranks_of_its_own_trains_each_stamped_minibatch_in_turn() -> None:
+    # actor on 2 GPUs (8 x 100 x 0.01 / 2 = 4 s a mini-batch), stamped at 8.8, 12.8, 16.8 and 20.8 s (the first
+    # wave's groups scored by 9.6 s, the second's from 16.8 s): the actor ends at 24.8 s. PPO's critic on one GPU
+    # of its own takes 8 s a mini-batch from its stamp or when it is free: 16.8, 24.8, 32.8, 40.8 s, and the
+    # iteration ends with it (live emulated runs wait for it too: their next weight sync needs its weights)
+    cfg = _tiny("static", gpus_per_node=6, component_placement={"actor": "0-1", "rollout": "2-3", "inference": 4})
+    plain = simulate(config_from_mapping(cfg)).iterations[0]
+    cfg["cluster"]["component_placement"]["critic"] = "5"
+    cfg["algorithm"] = {"adv_estimator": "gae"}
+    critic = simulate(config_from_mapping(cfg)).iterations[0]
+    assert plain.time_s == pytest.approx(24.8, rel=1e-6) and critic.time_s == pytest.approx(40.8, rel=1e-6)
+    assert critic.phases["last_minibatch_start_s"] == pytest.approx(20.8, rel=1e-6)
+
+
 def test_ppo_epochs_add_the_later_passes_after_the_first() -> None:
     # as above, then actor.ppo_epochs: 2 retrains the 4 mini-batches once the first pass is done
     report = simulate(config_from_mapping({**_tiny("static"), "actor": {"ppo_epochs": 2}}))

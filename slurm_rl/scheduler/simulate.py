@@ -143,6 +143,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
         collocated=time_sliced,
         phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if time_sliced and offloads else 0.0,
+        critic_dp=len(cfg.placement.critic_ranks) // (cfg.critic.tensor_parallel or 1),
     )
     return setup, base
 

@@ -75,6 +75,9 @@ class SimSetup:
     # ranks of ``initial`` that serve several components time-slice them (``scheduler.collocated``)
     collocated: bool = False
     phase_switch_s: float = 0.0  # time-sliced: extra seconds of a move of the actor (its offload or onload)
+    # PPO's critic on ranks of its own (0: none, or on the actor's ranks): its DP size. It trains each mini-batch
+    # once it is stamped and it is free, at the actor's cost law; the iteration ends once it has trained them all
+    critic_dp: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
@@ -164,6 +167,7 @@ class Simulation:
         self.actor_started_at = 0.0
         self.phase_end: dict[str, float] = {}
         self.actor_tokens = 0
+        self.critic_free = 0.0  # when the critic with ranks of its own has trained the mini-batches stamped so far
         self.inference_busy_gpu_s = 0.0
         self.longest = 0
         self.length_hist = [0] * NUM_BUCKETS
@@ -368,6 +372,8 @@ class Simulation:
             self.phase_end["last_minibatch_start_s"] = self.t - self.t_start
             self.actor_tokens = tokens
             self._push(self.t + self.s.cost.seconds("actor", tokens, len(actor)), "actor")
+            if self.s.critic_dp:  # the critic's ranks take the stamped mini-batch in turn
+                self.critic_free = max(self.critic_free, self.t) + self.s.cost.seconds("actor", tokens, self.s.critic_dp)
 
     def _wake(self, t: float) -> None:
         if t not in self.wakes:
@@ -536,3 +542,5 @@ class Simulation:
                 force = True
             self._call_policy(force=force)  # before the actor picks its next mini-batch
             self._start_stages()
+        if self.critic_free > self.t:  # the critic's last steps: the next iteration's values need them
+            self._advance(self.critic_free)
