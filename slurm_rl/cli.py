@@ -233,7 +233,7 @@ def cmd_validate_group(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from slurm_rl.config import actor_precision, actor_tp_choices, load_config
+    from slurm_rl.config import actor_precision, actor_tp_choices, critic_tp, load_config
     from slurm_rl.inputs import check_inputs, model_summary
 
     if is_group_file(args.config):
@@ -264,7 +264,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  {name:<10} ranks {compress_ranks(comp['ranks']):<12} slots {compress_ranks(comp['slots'])}")
     own_critic = list(cfg.placement.critic_ranks)
     if run["critic"] and own_critic:
-        print(f"  {'critic':<10} ranks {compress_ranks(own_critic):<12} of its own, TP {cfg.critic.tensor_parallel or 1} "
+        print(f"  {'critic':<10} ranks {compress_ranks(own_critic):<12} of its own, TP {critic_tp(cfg)} "
               "(PPO: algorithm.adv_estimator gae; idle in every epoch, they train the critic on the actor's mini-batches)")
     elif run["critic"]:
         print(f"  {'critic':<10} on the actor's ranks (PPO: algorithm.adv_estimator gae; it moves with the actor)")

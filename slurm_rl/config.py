@@ -41,7 +41,7 @@ __all__ = [
     "ConfigError", "ConfigIssue", "DataSection", "EmulatedConfig", "InferenceSection", "ModelSection",
     "MuxMemberConfig", "Placement", "RolloutSection", "RuntimeConfig", "SchedulerConfig", "ScriptStep",
     "EvalSection", "RewardSection", "TrainConfig", "model_sizes", "config_from_mapping", "config_from_yaml_text", "load_config", "parse_placement",
-    "placement_from_ranks", "resolve_gpus_per_node", "actor_offloads", "actor_precision", "actor_tp_choices", "tp_shape_problems",
+    "placement_from_ranks", "resolve_gpus_per_node", "actor_offloads", "actor_precision", "actor_tp_choices", "critic_tp", "tp_shape_problems",
     "straddling_tp_groups",
 ]
 
@@ -280,6 +280,16 @@ MODEL_SIZE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_attention_hea
 def model_sizes(m: ModelSection) -> Dict[str, Any]:
     """The size keys of a random model, nulls replaced by :data:`MODEL_DEFAULTS`."""
     return {k: getattr(m, k) if getattr(m, k) is not None else MODEL_DEFAULTS.get(k) for k in MODEL_SIZE_KEYS}
+
+
+def split_sizes(m: ModelSection) -> Dict[str, Any]:
+    """:func:`model_sizes` with a null ``ffn_hidden_size`` replaced by the engines' default
+    (``ModelConfig.ffn_size``): what :func:`tp_shape_problems` checks of a random model."""
+    sizes = model_sizes(m)
+    hidden = sizes["hidden_size"]
+    if sizes["ffn_hidden_size"] is None and isinstance(hidden, int) and hidden > 0:
+        sizes["ffn_hidden_size"] = ((8 * hidden // 3) + 63) // 64 * 64
+    return sizes
 
 
 def tp_shape_problems(sizes: Mapping[str, Any], tp: int) -> list[str]:
@@ -549,6 +559,14 @@ def actor_offloads(cfg: Config) -> bool:
     trains)."""
     a = cfg.actor
     return bool(a.offload_weight or a.offload_grad or a.offload_optimizer)
+
+
+def critic_tp(cfg: Config) -> int:
+    """The critic's TP size: the actor's on the actor's ranks, ``critic.tensor_parallel`` (null: 1) on ranks
+    of its own."""
+    if not cfg.placement.critic_ranks:
+        return int(cfg.actor.tensor_parallel)
+    return int(cfg.critic.tensor_parallel or 1)
 
 
 def actor_tp_choices(cfg: Config) -> tuple[int, ...]:
@@ -1018,11 +1036,7 @@ def _validate_critic(root: RootSchema, issues: list[ConfigIssue]) -> None:
     elif c.tensor_parallel is not None and (isinstance(c.tensor_parallel, bool) or c.tensor_parallel < 1):
         issues.append(ConfigIssue("critic.tensor_parallel", c.tensor_parallel, "a positive int, or null (1)"))
     elif c.tensor_parallel is not None and root.runtime.device in ("cpu", "cuda") and root.model.path is None:
-        sizes = model_sizes(root.model)
-        hidden = sizes["hidden_size"]
-        if sizes["ffn_hidden_size"] is None and isinstance(hidden, int) and hidden > 0:
-            sizes["ffn_hidden_size"] = ((8 * hidden // 3) + 63) // 64 * 64  # the engines' default
-        problems = tp_shape_problems(sizes, c.tensor_parallel)
+        problems = tp_shape_problems(split_sizes(root.model), c.tensor_parallel)
         if problems:
             issues.append(ConfigIssue("critic.tensor_parallel", c.tensor_parallel, (
                 f"a tensor-parallel size that divides the model's attention heads, query groups, FFN and "
@@ -1141,10 +1155,7 @@ def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:
                 "actor.tensor_parallel), or null (keep the size in force)")))
     m = root.model
     if root.runtime.device in ("cpu", "cuda") and m.path is None:
-        sizes = model_sizes(m)
-        hidden = sizes["hidden_size"]
-        if sizes["ffn_hidden_size"] is None and isinstance(hidden, int) and hidden > 0:
-            sizes["ffn_hidden_size"] = ((8 * hidden // 3) + 63) // 64 * 64  # the engines' default (ModelConfig.ffn_size)
+        sizes = split_sizes(m)
         for tp in choices:
             problems = tp_shape_problems(sizes, tp)
             if problems:
@@ -1223,9 +1234,9 @@ def _dp_problems(root: RootSchema, key: str, spec: Any, dp: int, what: str) -> l
         return []
     allowed = valid_dp_sizes(t.global_batch_size, t.micro_batch_size, max(dp, 1))
     return [ConfigIssue(key, spec, (
-        f"ranks that give the {what} a DP size (ranks / TP) over which a mini-batch splits in whole micro-batches: DP {dp} does not "
-        f"divide train.global_batch_size {t.global_batch_size} into micro-batches of train.micro_batch_size "
-        f"{t.micro_batch_size} (DP sizes {', '.join(map(str, allowed))} do)"))]
+        f"ranks that give the {what} a DP size (ranks / TP) over which a mini-batch splits in whole "
+        f"micro-batches: DP {dp} does not divide train.global_batch_size {t.global_batch_size} into "
+        f"micro-batches of train.micro_batch_size {t.micro_batch_size} (DP sizes {', '.join(map(str, allowed))} do)"))]
 
 
 def _choice(issues: list[ConfigIssue], key: str, value: Any, allowed: Sequence[str]) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from slurm_rl.config import Config, actor_offloads
+from slurm_rl.config import Config, actor_offloads, critic_tp
 from slurm_rl.scheduler.collocated import HYBRID, MODE as COLLOCATED
 from slurm_rl.scheduler.collocated import decide_time_sliced, rank_components
 from slurm_rl.scheduler.cost_model import CostModel
@@ -143,7 +143,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
         collocated=time_sliced,
         phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if time_sliced and offloads else 0.0,
-        critic_dp=len(cfg.placement.critic_ranks) // (cfg.critic.tensor_parallel or 1),
+        critic_dp=len(cfg.placement.critic_ranks) // critic_tp(cfg),
     )
     return setup, base
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from slurm_rl.config import Config, actor_offloads
+from slurm_rl.config import Config, actor_offloads, critic_tp
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.data import emulated as fake
 from slurm_rl.data.schemas import ID_STRIDE, count_tokens
@@ -172,10 +172,9 @@ class EmulatedCompute:
         return {}
 
     def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
-        """The critic's step costs what the actor's does on as many ranks (the same architecture)."""
+        """The critic's step costs what the actor's does at the same DP size (the same architecture)."""
         tokens = count_tokens(batch, "response_ids") + count_tokens(batch, "prompt_ids")
-        tp = int(self.cfg.critic.tensor_parallel or 1)
-        return time.time() + self.cost.seconds("actor", tokens, max(1, len(ranks) // tp)), {}
+        return time.time() + self.cost.seconds("actor", tokens, max(1, len(ranks) // critic_tp(self.cfg))), {}
 
     def _switch(self) -> dict[str, Any]:
         """A warm switch costs ``mux.park_s`` (calibrated; the group file's ``park_s``)."""

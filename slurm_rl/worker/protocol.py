@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from slurm_rl.config import Config
+from slurm_rl.config import Config, critic_tp
 from slurm_rl.control.acks import write_reshard
 from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.epochs import Epoch, read_epoch_file
@@ -186,7 +186,7 @@ class IterationProtocol:
         self.actor_tp = int(cfg.actor.tensor_parallel)  # the actor's TP size, as the epochs walked so far say
         # PPO's critic on ranks of its own (idle in every epoch; empty: it trains on the actor's ranks)
         self.critic_ranks: list[int] = sorted(cfg.placement.critic_ranks)
-        self.critic_tp = int(cfg.critic.tensor_parallel or 1)  # its TP size there (critic.tensor_parallel)
+        self.critic_tp = critic_tp(cfg)  # its TP size there (critic.tensor_parallel)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.

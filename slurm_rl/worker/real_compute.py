@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from slurm_rl.config import Config, actor_offloads, actor_precision
+from slurm_rl.config import Config, actor_offloads, actor_precision, critic_tp
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
@@ -209,8 +209,7 @@ class RealCompute:
             critic_ranks = sorted(cfg.placement.critic_ranks) if self.critic_own else initial
             self.critic = CriticTrainer(self.model_cfg, critic_optim_config(cfg), batch_cfg, critic_ranks, self.groups,
                                         self.seed, self.device, checkpoint=self.checkpoint,
-                                        tp=(cfg.critic.tensor_parallel or 1) if self.critic_own
-                                        else cfg.actor.tensor_parallel,
+                                        tp=critic_tp(cfg),
                                         precision=actor_precision(cfg), recompute=cfg.actor.recompute,
                                         attention=cfg.actor.attention_backend)
         self.warm_s = 0.0
