@@ -184,13 +184,16 @@ def schedule_problems(cfg: Config) -> list[ConfigIssue]:
 
 def check_inputs(cfg: Config) -> None:
     """Raise :class:`ConfigError` with every problem of :func:`input_problems`, :func:`schedule_problems`
-    and, on cuda, whether the phases of ranks that serve several components fit (:mod:`slurm_rl.memory_fit`)
-    (exit code 2)."""
+    and, on cuda, whether the phases of ranks that serve several components fit (:mod:`slurm_rl.memory_fit`),
+    also those of an iteration ``plan`` may run collocated (exit code 2)."""
     issues = schedule_problems(cfg) + input_problems(cfg)
-    if not issues and cfg.runtime.device == "cuda" and cfg.placement.mode != "disaggregated":
-        from slurm_rl.memory_fit import memory_problems
+    if not issues and cfg.runtime.device == "cuda":
+        from slurm_rl.memory_fit import memory_problems, time_slicing_memory_problems
 
-        issues = memory_problems(cfg, model_summary(cfg)["parameters"])
+        params = model_summary(cfg)["parameters"]
+        issues = time_slicing_memory_problems(cfg, params)
+        if cfg.placement.mode != "disaggregated":
+            issues += memory_problems(cfg, params)
     if issues:
         raise ConfigError(issues)
 

@@ -63,8 +63,10 @@ def device_budget(cfg: Config) -> float | None:
     return float(torch.cuda.get_device_properties(0).total_memory)
 
 
-def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
-    """Each set of shared ranks' phases (empty: no rank serves several components, or no budget known)."""
+def phase_memory(cfg: Config, params: int,
+                 roles_ranks: dict[tuple[str, ...], list[int]] | None = None) -> list[PhaseMemory]:
+    """Each set of shared ranks' phases (empty: no rank serves several components, or no budget known);
+    ``roles_ranks``: the ranks of each combination of components (default: the configured placement's)."""
     budget = device_budget(cfg) if cfg.runtime.device == "cuda" else None
     if budget is None:
         return []
@@ -79,7 +81,8 @@ def phase_memory(cfg: Config, params: int) -> list[PhaseMemory]:
     weights = params * WEIGHT_BYTES[precision]
     offload = actor_offloads(cfg)
     out = []
-    for roles, ranks in cfg.placement.ranks_by_roles().items():
+    by_roles = cfg.placement.ranks_by_roles() if roles_ranks is None else roles_ranks
+    for roles, ranks in by_roles.items():
         if len(roles) < 2:
             continue
         actor = "actor" in roles
@@ -119,4 +122,20 @@ def memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
         issues.append(ConfigIssue("cluster.component_placement", dict(cfg.raw.cluster.component_placement), (
             f"phases that fit in one GPU: ranks {list(pm.ranks)} serve {', '.join(pm.components)} and need at least "
             f"{pm.describe()} (runtime.gpu_memory_gb, or the visible GPU); try {', or '.join(hints)}")))
+    return issues
+
+
+def time_slicing_memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
+    """Under ``plan`` with ``scheduler.time_slicing``: a problem when every configured component on one
+    GPU (an iteration plan runs collocated) cannot fit (see the module docstring)."""
+    if cfg.scheduler.policy != "plan" or not cfg.scheduler.time_slicing:
+        return []
+    roles = tuple(c for c, comp in cfg.placement.components.items() if comp.ranks)
+    issues = []
+    for pm in phase_memory(cfg, params, {roles: list(range(cfg.placement.world_size))}):
+        if pm.need > pm.budget:
+            hint = "" if actor_offloads(cfg) else ", or actor.offload_weight: true"
+            issues.append(ConfigIssue("scheduler.time_slicing", True, (
+                f"false, or phases that fit in one GPU: plan may run an iteration with {', '.join(roles)} on every "
+                f"rank, which needs at least {pm.describe()} (runtime.gpu_memory_gb, or the visible GPU){hint}")))
     return issues

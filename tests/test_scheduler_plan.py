@@ -351,7 +351,9 @@ def test_make_policy_knows_plan() -> None:
 
 @pytest.fixture(scope="module")
 def math8_runs() -> dict:
-    cfg = config_from_mapping(math_rl(8, num_iterations=3))
+    doc = math_rl(8, num_iterations=3)
+    doc["scheduler"]["time_slicing"] = False  # plan's own disaggregated schedule (its collocated iterations: below)
+    cfg = config_from_mapping(doc)
     return {p: simulate(cfg, policy=p) for p in ("static", "auto+pre_process", "plan")}
 
 
@@ -383,7 +385,35 @@ def test_every_profile_runs_under_plan(profile: str) -> None:
     world = range(8)
     for it in report.iterations:
         for d in it.decisions:
-            assert sum(d["placement"].values()) <= len(world)
+            if d.get("time_sliced"):  # every component on every rank, the ranks switching phases
+                assert set(d["placement"].values()) == {len(world)}, d
+            else:
+                assert sum(d["placement"].values()) <= len(world), d
+
+
+@pytest.mark.parametrize(("profile", "expected"), [
+    # short responses on 8 GPUs: collocated (72-75 s an iteration) beats plan's disaggregated schedule (81-86 s)
+    ("short_response", [True, False, True, True]),
+    # math-RL: the long tail leaves GPUs that only a disaggregated schedule fills (196-216 s against 216-227 s)
+    ("math_rl", [True, False, False, False]),
+])
+def test_plan_runs_each_iteration_in_the_mode_measured_faster(profile: str, expected: list[bool]) -> None:
+    """``scheduler.time_slicing``: plan runs the first iteration collocated (its first epoch: the actor loads
+    on every rank), the second disaggregated, then the one whose last iteration was faster (collocated by a
+    margin of 5 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
+    report = simulate(config_from_mapping(PROFILES[profile](8, num_iterations=4)), policy="plan")
+    firsts = [next((d for d in it.decisions if d.get("boundary") == "iteration"), None) for it in report.iterations]
+    assert firsts[0] is not None and firsts[0].get("time_sliced") and "first iteration" in firsts[0]["reason"]
+    modes = [True]
+    for it, first in zip(report.iterations[1:], firsts[1:]):
+        modes.append(bool(first.get("time_sliced")) if first is not None else modes[-1])
+    assert modes == expected, [(f or {}).get("reason") for f in firsts]
+    times = [it.time_s for it in report.iterations]
+    sliced, apart = times[0], times[1]
+    assert modes[2] == (sliced < 0.95 * apart), times
+    # a collocated iteration: rollout, then inference, then the actor on every rank (each phase's time-slice)
+    phases = [d["reason"] for d in report.iterations[0].decisions if d["reason"].startswith("time-sliced")]
+    assert phases[:3] == ["time-sliced: rollout 8", "time-sliced: inference 8", "time-sliced: actor 8"], phases
 
 
 def test_plan_properties_on_random_placements() -> None:
@@ -395,3 +425,39 @@ def test_plan_properties_on_random_placements() -> None:
     d = decide_plan(s)
     assert d is not None
     assert placement_problems(d.placement, s.world_ranks, s.cfg, GBS, 4) == []
+
+
+def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
+    """The boundary decision as a pure function of the history: each mode's latest measured iteration, collocated
+    only when 5 % faster, and the slower mode tried again once its measurement is 8 iterations old."""
+    cfg = dataclasses.replace(PolicyConfig(max_running_requests=64), time_slicing=True)
+    everywhere = {c: tuple(range(8)) for c in INITIAL}
+
+    def boundary(times: tuple[float, ...], sliced: tuple[bool, ...]) -> dict:
+        h = dataclasses.replace(learned_history(), iteration_s=times, time_sliced=sliced)
+        s = dataclasses.replace(state(finished=TOTAL, inference_done=TOTAL, mb_done=TOTAL // GBS, history=h),
+                                cfg=cfg)
+        assert s.phase == "end"
+        d = decide_plan(s)
+        return d.placement if d is not None else s.current
+
+    start = dataclasses.replace(state(pending=TOTAL, finished=0, phase="start", iteration=0), cfg=cfg)
+    d = decide_plan(start)
+    assert d is not None and d.placement == everywhere and "first iteration" in d.reason
+    assert boundary((70.0,), (True,)) != everywhere  # disaggregated not measured yet
+    assert boundary((70.0, 85.0), (True, False)) == everywhere
+    assert boundary((82.0, 85.0), (True, False)) != everywhere  # under the margin: disaggregated
+    assert boundary((85.0, 70.0), (False, True)) == everywhere  # the latest of each mode counts
+    assert boundary((85.0,) + (70.0,) * 7, (False,) + (True,) * 7) == everywhere  # disaggregated 8 ago: kept out
+    assert boundary((85.0,) + (70.0,) * 8, (False,) + (True,) * 8) != everywhere  # 9 ago: tried again
+    d = decide_plan(dataclasses.replace(start, cfg=PolicyConfig(max_running_requests=64)))  # time_slicing off
+    assert d is None or d.placement != everywhere
+    rec = HistoryRecorder()  # the recorder marks an iteration collocated from its ticks
+    for k, sliced in enumerate((True, False)):
+        rec.observe(Tick(iteration=k, elapsed_s=1.0, samples=TOTAL, finished=TOTAL, inference_done=TOTAL,
+                         groups_ready=TOTAL, inference_gpus=0 if sliced else 2, max_running=64, running=0,
+                         instances=8, inference_busy_gpu_s=5.0, lengths=(), time_sliced=sliced))
+        h = rec.end_iteration(10.0 + k)
+    assert h.time_sliced == (True, False) and h.last_iteration_s(True) == (10.0, 2)
+    assert h.last_iteration_s(False) == (11.0, 1)
+    assert h.inference == (TOTAL, 5.0)  # a collocated iteration's inference pace is not a disaggregated one's

@@ -274,7 +274,7 @@ class CoordinatorLoop:
             check_setup(self.cfg)
         checkpoints.remove_staging(self.paths.run_dir)  # left by a coordinator killed while checkpointing
         if self.fresh:
-            decision = initial_decision(self.cfg)
+            decision = initial_decision(self.cfg, self.policy if self.resume is None else None)
             if self.resume is not None:
                 decision = dataclasses.replace(decision, reason=f"resumed at iteration {self.first_iteration} "
                                                                 f"(incarnation {self.resume.incarnation})",

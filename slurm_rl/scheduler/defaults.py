@@ -58,3 +58,8 @@ __all__ = ["DECODE_FIXED_FRACTION", "LIVE_TICK_S", "MAX_RUNNING_REQUESTS", "PARE
            "PRE_PROCESS_MIN_FINISHED", "PRE_PROCESS_THRESHOLD", "RANKS_PER_INSTANCE", "RESPONSE_LEN_DIST",
            "RESPONSE_LEN_SIGMA", "SEED", "SWITCH_LATENCY_S", "TICK_S", "USE_PRE_PROCESS_POLICY",
            "USE_WAIT_BEFORE_LAST_ITER_POLICY"]
+
+#: plan: iterations after which the slower of its two modes (collocated, disaggregated) is tried again
+TIME_SLICING_RETRY = 8
+#: plan: collocated is chosen over disaggregated only when its last iteration was this fraction faster
+TIME_SLICING_MARGIN = 0.05

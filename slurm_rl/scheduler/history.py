@@ -102,6 +102,7 @@ class History:
     curve_work: tuple[float, ...] = ()     # ... and rollout instance-seconds spent until then (the
                                            # tail after the queue drained on the instances at the drain)
     iteration_s: tuple[float, ...] = ()    # wall time of earlier iterations
+    time_sliced: tuple[bool, ...] = ()     # ... whether each ran collocated (every rank time-sliced)
     switches: tuple[float, ...] = ()       # seconds from a decision to the switch being applied
     reshards: tuple[tuple[float, float], ...] = ()  # (state fraction moved, seconds) of actor growths
     longest: int = 0                       # longest response seen (earlier iterations)
@@ -118,13 +119,23 @@ class History:
         """Inverse of ``to_json``."""
         fields = dict(doc)
         fields["decode"] = DecodeFit(**fields.get("decode", {}))
-        for key in ("lengths", "current_lengths", "curve", "curve_work", "iteration_s", "switches"):
+        for key in ("lengths", "current_lengths", "curve", "curve_work", "iteration_s", "time_sliced", "switches"):
             fields[key] = tuple(fields.get(key, ()))
         for key in ("inference", "current_inference"):
             fields[key] = tuple(fields.get(key, (0.0, 0.0)))
         fields["minibatches"] = tuple(tuple(m) for m in fields.get("minibatches", ()))
         fields["reshards"] = tuple(tuple(m) for m in fields.get("reshards", ()))
         return cls(**fields)
+
+    def last_iteration_s(self, time_sliced: bool) -> tuple[float, int] | None:
+        """The wall time of the latest earlier iteration that ran collocated (``time_sliced``) or not,
+        and how many iterations ago it ended (1: the last one); None when none did."""
+        modes = self.time_sliced[-len(self.iteration_s):] if self.iteration_s else ()
+        modes = (False,) * (len(self.iteration_s) - len(modes)) + modes
+        for age, (seconds, mode) in enumerate(zip(reversed(self.iteration_s), reversed(modes)), start=1):
+            if mode == time_sliced:
+                return seconds, age
+        return None
 
     @property
     def switch_s(self) -> float | None:
@@ -160,3 +171,4 @@ class Tick:
     longest: int = 0                                 # longest response finished this iteration
     switch_s: float | None = None                 # a switch that was applied since the last tick
     switch_fraction: float = 0.0                  # ... the fraction of the actor's state it moved
+    time_sliced: bool = False                     # the iteration runs collocated (every rank time-sliced)

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from slurm_rl.config import Config, actor_tp_choices
+import dataclasses
+
+from slurm_rl.config import Config, actor_offloads, actor_tp_choices
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.progress import IterationCounters, LastMinibatch, RankProgress
+from slurm_rl.scheduler.collocated import shares_ranks
+from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.history import NUM_BUCKETS, History, Tick
 from slurm_rl.scheduler.placement_ops import rollout_instances, setup_problems
 from slurm_rl.scheduler.policies import make_policy
@@ -24,14 +28,25 @@ from slurm_rl.scheduler.state import (
     SchedState,
     ScriptedSwitch,
     derive_phase,
+    valid_dp_sizes,
 )
 
 PolicyFn = Callable[[SchedState], "Decision | None"]
 
 
-def initial_decision(cfg: Config) -> Decision:
-    """Epoch 0: the configured placement."""
-    return Decision(placement=_ranks(cfg.placement), reason="initial placement", boundary="iteration")
+def initial_decision(cfg: Config, policy: PolicyFn | None = None) -> Decision:
+    """Epoch 0: the configured placement; or, where ``policy`` runs the first iteration on ranks that serve
+    several components (``plan`` starting collocated), that placement: the actor loads its checkpoint on
+    those ranks, so no reshard follows."""
+    configured = Decision(placement=_ranks(cfg.placement), reason="initial placement", boundary="iteration")
+    if policy is None:
+        return configured
+    start = Epoch(epoch=0, generation=0, created_at=0.0, reason=configured.reason, iteration=0,
+                  boundary="iteration", placement=placement_json(configured, cfg.actor.tensor_parallel))
+    first = policy(build_state(cfg, start, {}, 0, at_gate=True))
+    if first is None or not shares_ranks(first.placement):
+        return configured
+    return dataclasses.replace(first, reason=f"initial placement; {first.reason}")
 
 
 def restart_decision(epoch: Epoch, reason: str) -> Decision:
@@ -70,7 +85,10 @@ def policy_config(cfg: Config) -> PolicyConfig:
     """The policies' knobs from the resolved config (defaults live in ``scheduler.defaults``).
 
     The node of each rank comes from the placement: ``ranks_per_node`` (``cluster.gpus_per_node``)
-    when rank ``r`` lives on node ``r // gpus_per_node``, else ``rank_nodes``."""
+    when rank ``r`` lives on node ``r // gpus_per_node``, else ``rank_nodes``. ``time_slicing``: under
+    ``plan`` with ``scheduler.time_slicing`` (see :func:`time_slicing_problems` for what rules it out);
+    ``phase_switch_s`` is costed from the ``emulated`` section (``offload_s_per_gb``, ``model_params``)
+    where ``actor.offload_*`` park the actor between phases."""
     steps = tuple(
         ScriptedSwitch(at_phase=step.at_phase, placement=_ranks(parsed), at_iteration=step.at_iteration,
                        at_rollout_fraction=step.at_rollout_fraction, actor_tp=step.actor_tp)
@@ -90,7 +108,27 @@ def policy_config(cfg: Config) -> PolicyConfig:
         use_pre_process_policy=cfg.cluster.use_pre_process_policy,
         use_wait_before_last_iter_policy=cfg.cluster.use_wait_before_last_iter_policy,
         script=steps,
+        time_slicing=cfg.scheduler.policy == "plan" and not time_slicing_problems(cfg),
+        phase_switch_s=(CostModel.from_config(dataclasses.asdict(cfg.emulated)).offload_seconds(cfg.actor.tensor_parallel)
+                        if actor_offloads(cfg) else 0.0),
     )
+
+
+def time_slicing_problems(cfg: Config) -> list[str]:
+    """Why ``plan`` may not run an iteration collocated under ``cfg`` (empty: it may): switched off by
+    ``scheduler.time_slicing``, a critic on ranks of its own, or an actor that cannot train on every rank
+    (its DP there must split the batch)."""
+    problems = []
+    if not cfg.scheduler.time_slicing:
+        problems.append("scheduler.time_slicing is false")
+    if cfg.placement.critic_ranks:
+        problems.append("the critic has ranks of its own")
+    world, tp = cfg.placement.world_size, cfg.actor.tensor_parallel
+    if world % tp or world // tp not in valid_dp_sizes(cfg.train.global_batch_size, cfg.train.micro_batch_size,
+                                                      world // tp):
+        problems.append(f"the actor at DP {world // max(1, tp)} on every rank cannot split train.global_batch_size "
+                        f"{cfg.train.global_batch_size} into micro-batches of {cfg.train.micro_batch_size}")
+    return problems
 
 
 def check_setup(cfg: Config) -> None:
@@ -186,15 +224,19 @@ def live_tick(state: SchedState, progress: Mapping[int, RankProgress], minibatch
         if c.rollout_step_s and c.rollout_decoding:
             decode.append((float(c.rollout_decoding), c.rollout_step_s))
     inf_gpus = len(state.current["inference"])
+    time_sliced = shares_ranks(state.current)
+    # a collocated iteration scores only once its rollout ended: its curve follows the rollout's groups
+    ready = state.rollout.finished if time_sliced else state.actor.samples_ready or 0
     return Tick(iteration=state.iteration, elapsed_s=state.elapsed_s, samples=state.rollout.total,
                 finished=state.rollout.finished, inference_done=state.inference.done,
-                groups_ready=state.actor.samples_ready or 0,
+                groups_ready=ready,
                 inference_gpus=inf_gpus, max_running=state.cfg.max_running_requests,
                 running=state.rollout.running,
                 instances=len(rollout_instances(state.current["rollout"], state.cfg.rollout_ranks_per_instance)),
                 inference_busy_gpu_s=sum(c.inference_busy_s for c in counters), lengths=tuple(hist),
                 decode=tuple(decode), minibatch=minibatch, switch_s=switch_s,
-                switch_fraction=switch_fraction if switch_s is not None else 0.0, longest=longest)
+                switch_fraction=switch_fraction if switch_s is not None else 0.0, longest=longest,
+                time_sliced=time_sliced)
 
 
 def last_minibatch(progress: Mapping[int, RankProgress], iteration: int) -> LastMinibatch | None:

@@ -74,11 +74,14 @@ class HistoryRecorder:
         return self.history
 
     def end_iteration(self, iteration_s: float) -> History:
-        """The current iteration ended after ``iteration_s`` seconds."""
+        """The current iteration ended after ``iteration_s`` seconds (collocated where its ticks said so)."""
+        time_sliced = self._last is not None and self._last.time_sliced
         if self._last is not None:
             self.history = self._close(self.history, self._last)
             self._last = None
-        self.history = replace(self.history, iteration_s=(self.history.iteration_s + (iteration_s,))[-KEEP:])
+        h = self.history
+        self.history = replace(h, iteration_s=(h.iteration_s + (iteration_s,))[-KEEP:],
+                               time_sliced=(h.time_sliced + (time_sliced,))[-KEEP:])
         return self.history
 
     def _close(self, h: History, last: Tick) -> History:
@@ -87,6 +90,8 @@ class HistoryRecorder:
         curve_work = tuple(self._curve_work) if full else h.curve_work
         self._closed = max(self._closed, last.iteration)
         inference = (h.inference[0] + last.inference_done, h.inference[1] + last.inference_busy_gpu_s)
+        if last.time_sliced:  # inference on every rank at once is not the pace a disaggregated one keeps
+            inference = h.inference
         h = replace(h, iterations_done=h.iterations_done + 1, longest=max(h.longest, last.longest),
                     inference=inference, current_inference=(0.0, 0.0),
                     lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve,

@@ -17,10 +17,10 @@ from typing import Mapping, Sequence
 
 from slurm_rl.config import Config, actor_offloads, critic_tp
 from slurm_rl.scheduler.collocated import HYBRID, MODE as COLLOCATED
-from slurm_rl.scheduler.collocated import decide_time_sliced, rank_components
+from slurm_rl.scheduler.collocated import rank_components
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.lengths import LengthModel
-from slurm_rl.scheduler.live_state import policy_config
+from slurm_rl.scheduler.live_state import policy_config, time_slicing_problems
 from slurm_rl.scheduler.policies import POLICIES, make_policy
 from slurm_rl.scheduler.report import SimReport
 from slurm_rl.scheduler.simulator import Simulation, SimulationSetupError, SimSetup
@@ -109,7 +109,8 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     world = int(gpus) if gpus is not None else world_cfg
     name = policy if policy is not None else cfg.scheduler.policy
     base, flags = parse_policy(name)
-    pcfg = dataclasses.replace(policy_config(cfg), **flags)
+    pcfg = dataclasses.replace(policy_config(cfg), **flags,
+                               time_slicing=base == "plan" and not time_slicing_problems(cfg))
     if world != world_cfg:  # the configured node of each rank does not describe another world
         pcfg = dataclasses.replace(pcfg, rank_nodes=())
     if base == COLLOCATED:
@@ -131,6 +132,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     t, s, e = cfg.train, cfg.scheduler, cfg.emulated
     cost = CostModel.from_config(dataclasses.asdict(e))
     offloads = actor_offloads(cfg) or name.endswith("+offload")
+    may_share = time_sliced or pcfg.time_slicing
     setup = SimSetup(
         gpus=world, initial=placement,
         batch=BatchSpec(t.global_batch_size, t.micro_batch_size, t.rollout_batch_size * t.group_size,
@@ -142,7 +144,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         switch_latency_s=s.switch_latency_s, tick_s=s.tick_s,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
         collocated=time_sliced,
-        phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if time_sliced and offloads else 0.0,
+        phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if may_share and offloads else 0.0,
         critic_dp=len(cfg.placement.critic_ranks) // critic_tp(cfg),
     )
     return setup, base
@@ -156,7 +158,8 @@ def simulate(cfg: Config, gpus: int | None = None, policy: str | None = None,
     tuples per component). Raises :class:`SimulationSetupError` for a setup the simulator cannot
     run (bad input); any other error is a bug."""
     setup, base = build_setup(cfg, gpus, policy, placement, seed)
-    fn = decide_time_sliced if setup.collocated else make_policy(base, setup.policy_cfg)
+    # a shared placement's ranks time-slice under the static policy (the simulator switches their phases)
+    fn = make_policy("static" if base in (COLLOCATED, HYBRID) else base, setup.policy_cfg)
     return Simulation(setup, fn, policy_name=base).run()
 
 

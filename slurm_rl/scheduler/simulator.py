@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from slurm_rl.errors import InputError
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
+from slurm_rl.scheduler.collocated import shares_ranks, time_slice
 from slurm_rl.scheduler.cost_model import CostModel, reshard_fraction
 from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.history import NUM_BUCKETS, Tick, length_bucket
@@ -72,9 +73,9 @@ class SimSetup:
     seed: int = defaults.SEED
     max_sim_s: float = 1e7
     iteration_overhead_s: float = 0.0  # idle seconds at each iteration start (gate, weight sync)
-    # ranks of ``initial`` that serve several components time-slice them (``scheduler.collocated``)
+    # ranks of ``initial`` may serve several components (they time-slice them, as in any shared epoch)
     collocated: bool = False
-    phase_switch_s: float = 0.0  # time-sliced: extra seconds of a move of the actor (its offload or onload)
+    phase_switch_s: float = 0.0  # a shared epoch: extra seconds of a move of the actor (its offload or onload)
     # PPO's critic on ranks of its own (0: none, or on the actor's ranks): its DP size. It trains each mini-batch
     # once it is stamped and it is free, at the actor's cost law; the iteration ends once it has trained them all
     critic_dp: int = 0
@@ -125,7 +126,10 @@ class Simulation:
         self.t = 0.0
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = itertools.count()
-        self.placement: RankMap = dict(setup.initial)
+        # the epoch in force where it shares ranks (they time-slice: ``placement`` is then each rank's
+        # component of the moment, as the live ranks switch on their own); None: ``placement`` is the epoch
+        self.epoch: RankMap | None = dict(setup.initial) if shares_ranks(setup.initial) else None
+        self.placement: RankMap = dict(setup.initial)  # a shared one: the first call sends each rank to its phase
         self.ready_at: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         # DP of the ranks holding the actor's state: a held-back actor (no ranks) keeps it where
         # it was, as the runtime does, so coming back onto those ranks moves nothing
@@ -192,7 +196,7 @@ class Simulation:
         return SchedState(
             iteration=self.it, num_iterations=self.s.num_iterations,
             phase=derive_phase(rollout, actor), world_ranks=tuple(range(self.s.gpus)),
-            initial=self.s.initial, current=self.placement, rollout=rollout,
+            initial=self.s.initial, current=self.epoch or self.placement, rollout=rollout,
             inference=InferenceProgress(self.inf_done, len(self.requests)), actor=actor,
             batch=self.s.batch, cfg=self.s.policy_cfg, elapsed_s=self.t - self.t_start,
             history=self.recorder.history, actor_tp=self.actor_tp)
@@ -210,7 +214,7 @@ class Simulation:
                     instances=len(self.instances),
                     inference_busy_gpu_s=self.inference_busy_gpu_s, lengths=tuple(self.length_hist),
                     decode=decode, minibatch=self.seen_minibatch, switch_s=self.seen_switch,
-                    switch_fraction=self.seen_growth, longest=self.longest)
+                    switch_fraction=self.seen_growth, longest=self.longest, time_sliced=self.epoch is not None)
         self.seen_minibatch = self.seen_switch = None
         self.recorder.observe(tick)
 
@@ -420,6 +424,20 @@ class Simulation:
         t0 = time.thread_time()  # CPU time: other processes on the machine do not inflate it
         decision = self.policy(state)
         self.decide_s.append(time.thread_time() - t0)
+        if decision is not None:
+            new_epoch = normalize_placement(decision.placement)
+            if shares_ranks(new_epoch):  # its ranks switch phases on their own from now on
+                if self.it == 0 and self.t == 0.0 and self.epoch is None:  # the run's first epoch: the
+                    self.state_dp = len(new_epoch["actor"]) // self.actor_tp  # actor loads on its ranks
+                self.epoch = new_epoch
+                self.report.decisions.append({"t": round(self.t - self.t_start, 3), "reason": decision.reason,
+                                              "boundary": decision.boundary, "time_sliced": True,
+                                              "placement": {c: len(r) for c, r in new_epoch.items()}})
+                decision = None
+            else:
+                self.epoch = None
+        if decision is None and self.epoch is not None:
+            decision = time_slice(state, self.epoch, self.placement)
         if decision is None:
             return
         actor_changes = (decision.placement["actor"] != self.placement["actor"]
@@ -443,8 +461,10 @@ class Simulation:
             return
         old = self.placement
         ready = self.t + self.s.switch_latency_s
-        if self.s.collocated and new["actor"] != old["actor"]:  # a shared rank's actor state parks or comes back
-            ready += self.s.phase_switch_s
+        parking = 0.0
+        if self.epoch is not None and new["actor"] != old["actor"]:  # a shared rank's actor state parks or comes back
+            parking = self.s.phase_switch_s
+            ready += parking
             parked = set(old["actor"]) - set(new["actor"])
             for inst in self.instances.values():  # a shared rank decodes once its actor state has left
                 if parked.intersection(inst.ranks):
@@ -464,7 +484,9 @@ class Simulation:
                 self.seen_growth = reshard_fraction(self.state_dp, new_dp)
                 self.state_dp = new_dp
             self.ready_at["actor"] = ready + reshard
-        self.seen_switch = max(self.ready_at["actor"] if actor_moves else ready, ready) - self.t
+        if self.epoch is None or self.seen_growth:  # a shared rank's phase change is no epoch: a live
+            # coordinator sees only the reshard into a collocated iteration (without the parking)
+            self.seen_switch = max(self.ready_at["actor"] if actor_moves else ready, ready) - self.t - parking
         self.placement = new
         self._rebuild_instances(ready)
         self.report.placement_changes += 1
