@@ -249,6 +249,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     run = {"device": cfg.runtime.device, "device_setting": written, "policy": cfg.scheduler.policy,
            "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode,
            "critic": needs_critic(cfg.algorithm)}
+    if cfg.scheduler.policy == "plan":  # may plan run an iteration collocated?
+        from slurm_rl.scheduler.live_state import time_slicing_problems
+
+        run["time_slicing"] = {"on": not time_slicing_problems(cfg), "off_because": time_slicing_problems(cfg)}
     if args.json:
         print(json.dumps({**doc, **run, "actor": actor}))
         return EXIT_OK
@@ -270,6 +274,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"  {'critic':<10} on the actor's ranks (PPO: algorithm.adv_estimator gae; it moves with the actor)")
     print(f"  mode: {run['mode']}" + ("" if run["mode"] == "disaggregated" else
                                       " (shared ranks time-slice their components: rollout, inference, then training)"))
+    if "time_slicing" in run:
+        ts = run["time_slicing"]
+        print("  time slicing: " + ("plan may run an iteration collocated (every component on every rank) where its "
+                                    "measured iterations say it is faster" if ts["on"] else
+                                    "off (" + "; ".join(ts["off_because"]) + "): every iteration disaggregated"))
     for roles, ranks in cfg.placement.ranks_by_roles().items():
         critic = [r for r in ranks if r in own_critic]
         if critic:
