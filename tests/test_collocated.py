@@ -117,6 +117,28 @@ def test_a_collocated_placement_whose_phases_cannot_fit_is_refused(tmp_path: Pat
     assert "memory at least: generate" in proc.stdout and "of 80.0 GB" in proc.stdout, proc.stdout
 
 
+def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
+    """Under ``plan`` (``scheduler.time_slicing`` on by default) validate says whether plan may run an iteration
+    collocated; on cuda every component must then fit one GPU: exit 2 naming ``scheduler.time_slicing`` when
+    it cannot (a disaggregated placement that fits as configured), valid with it switched off."""
+    cfg = run_config("cpu", tmp_path / "run")
+    cfg["cluster"].update(gpus_per_node=4, auto_scheduler=True,
+                          component_placement={"actor": "0", "rollout": "1-2", "inference": "3"})
+    cfg["scheduler"]["policy"] = "plan"
+    cfg["train"].update(global_batch_size=8, micro_batch_size=2)
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "time slicing: plan may run an iteration collocated" in proc.stdout, proc.stdout
+    cfg["runtime"].update(device="cuda", gpu_memory_gb=1e-4)  # 100 kB: no component fits
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "scheduler.time_slicing: got True" in proc.stderr and "actor, rollout, inference on every rank" in proc.stderr
+    cfg["scheduler"]["time_slicing"] = False
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "time slicing: off (scheduler.time_slicing is false)" in proc.stdout, proc.stdout
+
+
 def test_phase_memory_counts_what_each_phase_holds(tmp_path: Path) -> None:
     """The fit check's arithmetic for 1e9 parameters in fp32 on an 80 GB GPU: while generating, the hf engine's
     weights, the reference and the old log-probs' copy (4 bytes a parameter each) and the actor's 16 bytes a
