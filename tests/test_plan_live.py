@@ -49,8 +49,8 @@ def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, device: str) -> 
     assert history.time_sliced[:2] == (True, False), history.time_sliced
     sliced, apart = history.iteration_s[0], history.iteration_s[1]
     assert history.time_sliced[2] == (sliced < apart * (1 - defaults.TIME_SLICING_MARGIN)), history.iteration_s
-    # only disaggregated iterations measure the pace inference keeps
-    assert history.inference[0] == history.time_sliced.count(False) * samples and history.inference[1] > 0
+    # the pace inference keeps: the collocated iteration 0's until a disaggregated one measured it
+    assert history.inference[0] == (1 + history.time_sliced.count(False)) * samples and history.inference[1] > 0
     assert len(history.curve) == 10
 
     epochs = epochs_of(run_dir)

@@ -428,8 +428,9 @@ def test_plan_properties_on_random_placements() -> None:
 
 
 def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
-    """The boundary decision as a pure function of the history: each mode's latest measured iteration, collocated
-    only when 5 % faster, and the slower mode tried again once its measurement is 8 iterations old."""
+    """The boundary decision as a pure function of the history: each mode's mean over its latest 4 measured
+    iterations, collocated only when 5 % faster, and the slower mode tried again once its latest measurement is
+    16 iterations old."""
     cfg = dataclasses.replace(PolicyConfig(max_running_requests=64), time_slicing=True)
     everywhere = {c: tuple(range(8)) for c in INITIAL}
 
@@ -447,17 +448,21 @@ def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
     assert boundary((70.0,), (True,)) != everywhere  # disaggregated not measured yet
     assert boundary((70.0, 85.0), (True, False)) == everywhere
     assert boundary((82.0, 85.0), (True, False)) != everywhere  # under the margin: disaggregated
-    assert boundary((85.0, 70.0), (False, True)) == everywhere  # the latest of each mode counts
-    assert boundary((85.0,) + (70.0,) * 7, (False,) + (True,) * 7) == everywhere  # disaggregated 8 ago: kept out
-    assert boundary((85.0,) + (70.0,) * 8, (False,) + (True,) * 8) != everywhere  # 9 ago: tried again
+    assert boundary((85.0, 70.0), (False, True)) == everywhere
+    # the mean of each mode's latest 4: a lucky disaggregated iteration does not hide slower ones
+    assert boundary((60.0, 80.0, 82.0, 84.0, 86.0, 70.0), (False,) * 5 + (True,)) == everywhere
+    assert boundary((60.0, 80.0, 70.0), (False, False, True)) != everywhere  # (60 + 80) / 2 < 70 / 0.95
+    assert boundary((85.0,) + (70.0,) * 15, (False,) + (True,) * 15) == everywhere  # disaggregated 16 ago: out
+    assert boundary((85.0,) + (70.0,) * 16, (False,) + (True,) * 16) != everywhere  # 17 ago: tried again
     d = decide_plan(dataclasses.replace(start, cfg=PolicyConfig(max_running_requests=64)))  # time_slicing off
     assert d is None or d.placement != everywhere
     rec = HistoryRecorder()  # the recorder marks an iteration collocated from its ticks
-    for k, sliced in enumerate((True, False)):
+    for k, sliced in enumerate((True, False, True)):
         rec.observe(Tick(iteration=k, elapsed_s=1.0, samples=TOTAL, finished=TOTAL, inference_done=TOTAL,
                          groups_ready=TOTAL, inference_gpus=0 if sliced else 2, max_running=64, running=0,
                          instances=8, inference_busy_gpu_s=5.0, lengths=(), time_sliced=sliced))
         h = rec.end_iteration(10.0 + k)
-    assert h.time_sliced == (True, False) and h.last_iteration_s(True) == (10.0, 2)
-    assert h.last_iteration_s(False) == (11.0, 1)
-    assert h.inference == (TOTAL, 5.0)  # a collocated iteration's inference pace is not a disaggregated one's
+    assert h.time_sliced == (True, False, True) and h.mode_iteration_s(True, 4) == (11.0, 1)  # mean of 10, 12
+    assert h.mode_iteration_s(False, 4) == (11.0, 2) and h.mode_iteration_s(True, 1) == (12.0, 1)
+    # a collocated iteration's inference pace counts only while no disaggregated one measured it
+    assert h.inference == (2 * TOTAL, 10.0)

@@ -60,6 +60,8 @@ __all__ = ["DECODE_FIXED_FRACTION", "LIVE_TICK_S", "MAX_RUNNING_REQUESTS", "PARE
            "USE_WAIT_BEFORE_LAST_ITER_POLICY"]
 
 #: plan: iterations after which the slower of its two modes (collocated, disaggregated) is tried again
-TIME_SLICING_RETRY = 8
+TIME_SLICING_RETRY = 16
+#: plan: each mode is judged by the mean of its latest this many measured iterations
+TIME_SLICING_WINDOW = 4
 #: plan: collocated is chosen over disaggregated only when its last iteration was this fraction faster
 TIME_SLICING_MARGIN = 0.05

@@ -127,15 +127,16 @@ class History:
         fields["reshards"] = tuple(tuple(m) for m in fields.get("reshards", ()))
         return cls(**fields)
 
-    def last_iteration_s(self, time_sliced: bool) -> tuple[float, int] | None:
-        """The wall time of the latest earlier iteration that ran collocated (``time_sliced``) or not,
-        and how many iterations ago it ended (1: the last one); None when none did."""
+    def mode_iteration_s(self, time_sliced: bool, window: int) -> tuple[float, int] | None:
+        """The mean wall time of the latest ``window`` earlier iterations that ran collocated (``time_sliced``)
+        or not, and how many iterations ago the latest of them ended (1: the last one); None when none did."""
         modes = self.time_sliced[-len(self.iteration_s):] if self.iteration_s else ()
         modes = (False,) * (len(self.iteration_s) - len(modes)) + modes
-        for age, (seconds, mode) in enumerate(zip(reversed(self.iteration_s), reversed(modes)), start=1):
-            if mode == time_sliced:
-                return seconds, age
-        return None
+        seen = [(age, seconds) for age, (seconds, mode) in
+                enumerate(zip(reversed(self.iteration_s), reversed(modes)), start=1) if mode == time_sliced][:window]
+        if not seen:
+            return None
+        return sum(seconds for _, seconds in seen) / len(seen), seen[0][0]
 
     @property
     def switch_s(self) -> float | None:

@@ -90,8 +90,8 @@ class HistoryRecorder:
         curve_work = tuple(self._curve_work) if full else h.curve_work
         self._closed = max(self._closed, last.iteration)
         inference = (h.inference[0] + last.inference_done, h.inference[1] + last.inference_busy_gpu_s)
-        if last.time_sliced:  # inference on every rank at once is not the pace a disaggregated one keeps
-            inference = h.inference
+        if last.time_sliced and h.inference[0] > 0:  # inference on every rank at once is not the pace of a
+            inference = h.inference  # disaggregated iteration's: counted only while none measured that
         h = replace(h, iterations_done=h.iterations_done + 1, longest=max(h.longest, last.longest),
                     inference=inference, current_inference=(0.0, 0.0),
                     lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve,

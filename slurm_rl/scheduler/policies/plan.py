@@ -123,7 +123,7 @@ def plan_start_placement(state: SchedState) -> RankMap:
         instances = (len(start["rollout"]) + len(inf) - keep) // rtp
         # the deadline: the shorter of the forecast and the last measured rollout (inference must
         # never become the critical path because the forecast was pessimistic)
-        deadline = min(everything.seconds(instances), h.curve[-1])
+        deadline = min(everything.seconds(instances), h.curve[-1] * _curve_scale(state, instances))
         return fc_probe.inference_keeps_pace(total, keep, deadline, shape=work)
 
     # the fewest inference ranks that keep pace (whole rollout instances lent): more ranks, and
@@ -144,10 +144,10 @@ def _time_sliced_if_faster(state: SchedState, start: RankMap) -> tuple[RankMap, 
     """Every component on every rank (collocated, time-sliced) for the next iteration, and why; None:
     the next iteration starts from ``start`` (disaggregated). Only where ``cfg.time_slicing`` allows it.
 
-    Each mode is judged by its latest measured iteration (``History.last_iteration_s``): the first
-    iteration runs collocated (it needs no forecast, and measures every component at full width), the
-    next disaggregated (the forecast is warm by then), then the faster of the two, trying the other
-    again once its measurement is ``defaults.TIME_SLICING_RETRY`` iterations old (response lengths
+    Each mode is judged by its measured iterations (the mean of its latest ``defaults.TIME_SLICING_WINDOW``,
+    ``History.mode_iteration_s``): the first iteration runs collocated (it needs no forecast, and measures
+    every component at full width), the next disaggregated, then the faster of the two, trying the other
+    again once its latest measurement is ``defaults.TIME_SLICING_RETRY`` iterations old (response lengths
     drift as a run trains). Collocated counts as faster only by ``defaults.TIME_SLICING_MARGIN``: a
     disaggregated iteration right after a collocated one has a colder forecast than the next ones. A forecast of a disaggregated iteration from its start is not used: it is
     the receding horizon's, and it missed the simulated iterations by 16-25 %."""
@@ -155,8 +155,9 @@ def _time_sliced_if_faster(state: SchedState, start: RankMap) -> tuple[RankMap, 
         return None
     h = state.history
     nxt = state.iteration if state.phase == "start" else state.iteration + 1
-    sliced = h.last_iteration_s(True) if h is not None else None
-    apart = h.last_iteration_s(False) if h is not None else None
+    window = defaults.TIME_SLICING_WINDOW
+    sliced = h.mode_iteration_s(True, window) if h is not None else None
+    apart = h.mode_iteration_s(False, window) if h is not None else None
     if h is None or not h.iteration_s:
         chosen, why = True, "the first iteration: no forecast needed, every component measured at full width"
     elif apart is None:
@@ -167,8 +168,8 @@ def _time_sliced_if_faster(state: SchedState, start: RankMap) -> tuple[RankMap, 
         faster = sliced[0] < apart[0] * (1.0 - defaults.TIME_SLICING_MARGIN)
         slower_age = apart[1] if faster else sliced[1]
         chosen = (not faster) if slower_age > defaults.TIME_SLICING_RETRY else faster
-        why = (f"last collocated iteration {sliced[0]:.1f}s ({sliced[1]} ago), disaggregated {apart[0]:.1f}s "
-               f"({apart[1]} ago)" + ("; the slower one tried again" if chosen != faster else ""))
+        why = (f"collocated iterations took {sliced[0]:.1f}s (the latest {sliced[1]} ago), disaggregated "
+               f"{apart[0]:.1f}s ({apart[1]} ago)" + ("; the slower mode tried again" if chosen != faster else ""))
     if not chosen:
         return None
     everywhere = {c: (tuple(state.world_ranks) if state.initial[c] else ()) for c in state.initial}
@@ -264,13 +265,19 @@ def _ready_s(state: SchedState, fc: Forecast, index: int) -> float:
     i = min(CURVE_POINTS - 1, int(frac))
     lo = fc.curve[i - 1] if i else 0.0
     at = lo + (fc.curve[i] - lo) * (frac - i)
-    h = state.history
-    if h is not None and h.time_sliced and h.time_sliced[-1]:
-        # the last iteration decoded on every rank: the data comes as much later as fewer ranks decode now
-        rtp = state.cfg.rollout_ranks_per_instance
-        world = len(state.world_ranks)
-        at *= (world // rtp) / max(1, (world - len(state.current["inference"])) // rtp)
+    rtp = state.cfg.rollout_ranks_per_instance
+    at *= _curve_scale(state, (len(state.world_ranks) - len(state.current["inference"])) // rtp)
     return max(0.0, at - state.elapsed_s)
+
+
+def _curve_scale(state: SchedState, instances: int) -> float:
+    """How much later than the last iteration's completion curve says the samples come on ``instances``
+    rollout instances: 1, unless the last iteration ran collocated (every rank decoded: as much later as
+    fewer instances decode now)."""
+    h = state.history
+    if h is None or not h.time_sliced or not h.time_sliced[-1]:
+        return 1.0
+    return (len(state.world_ranks) // state.cfg.rollout_ranks_per_instance) / max(1, instances)
 
 
 def _data_in(state: SchedState) -> int:
