@@ -1092,16 +1092,19 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
 
 def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]:
     """Collocated components (ranks shared, time-sliced) are refused under auto and plan, which move
-    whole ranks between components (a scripted run follows its steps' placements)."""
+    whole ranks between components (a scripted run follows its steps' placements; plan time-slices every rank
+    by itself in the iterations it runs collocated, from a disaggregated placement)."""
     from slurm_rl.inspect.epoch_log import compress_ranks
 
     shared = [r for r in range(placement.world_size) if len(placement.roles_of(r)) > 1]
     if not shared or root.scheduler.policy not in DYNAMIC_POLICIES:
         return []
+    also = (" or, for plan to run iterations collocated where they are faster, a disaggregated placement (it "
+            "time-slices every rank then: scheduler.time_slicing)" if root.scheduler.policy == "plan" else "")
     return [ConfigIssue("cluster.component_placement", dict(root.cluster.component_placement), (
         f"components on separate ranks under scheduler.policy {root.scheduler.policy} (it moves whole ranks "
         f"between components, and ranks {compress_ranks(shared)} are shared): collocated components need "
-        "scheduler.policy static (cluster.auto_scheduler: false)"))]
+        f"scheduler.policy static (cluster.auto_scheduler: false){also}"))]
 
 
 def _old_logprobs_problems(al: AlgorithmSection, placement: Placement) -> list[ConfigIssue]:

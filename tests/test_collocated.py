@@ -97,6 +97,10 @@ def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> No
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cluster.component_placement" in proc.stderr and "need scheduler.policy static" in proc.stderr
+    cfg["scheduler"]["policy"] = "plan"  # plan: says how it runs iterations collocated by itself
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2 and "a disaggregated placement (it time-slices every rank then: " \
+        "scheduler.time_slicing)" in proc.stderr, proc.stdout + proc.stderr
 
 
 def test_a_collocated_placement_whose_phases_cannot_fit_is_refused(tmp_path: Path) -> None:
