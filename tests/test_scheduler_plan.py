@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.forecast import Forecast, LengthForecast, piecewise_seconds, quantiles
 from slurm_rl.scheduler.history import (
     NUM_BUCKETS,
@@ -400,7 +401,7 @@ def test_every_profile_runs_under_plan(profile: str) -> None:
 def test_plan_runs_each_iteration_in_the_mode_measured_faster(profile: str, expected: list[bool]) -> None:
     """``scheduler.time_slicing``: plan runs the first iteration collocated (its first epoch: the actor loads
     on every rank), the second disaggregated, then the one whose last iteration was faster (collocated by a
-    margin of 5 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
+    margin of 2 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
     report = simulate(config_from_mapping(PROFILES[profile](8, num_iterations=4)), policy="plan")
     firsts = [next((d for d in it.decisions if d.get("boundary") == "iteration"), None) for it in report.iterations]
     assert firsts[0] is not None and firsts[0].get("time_sliced") and "first iteration" in firsts[0]["reason"]
@@ -410,7 +411,7 @@ def test_plan_runs_each_iteration_in_the_mode_measured_faster(profile: str, expe
     assert modes == expected, [(f or {}).get("reason") for f in firsts]
     times = [it.time_s for it in report.iterations]
     sliced, apart = times[0], times[1]
-    assert modes[2] == (sliced < 0.95 * apart), times
+    assert modes[2] == (sliced < (1 - defaults.TIME_SLICING_MARGIN) * apart), times
     # a collocated iteration: rollout, then inference, then the actor on every rank (each phase's time-slice)
     phases = [d["reason"] for d in report.iterations[0].decisions if d["reason"].startswith("time-sliced")]
     assert phases[:3] == ["time-sliced: rollout 8", "time-sliced: inference 8", "time-sliced: actor 8"], phases
@@ -429,7 +430,7 @@ def test_plan_properties_on_random_placements() -> None:
 
 def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
     """The boundary decision as a pure function of the history: each mode's mean over its latest 4 measured
-    iterations, collocated only when 5 % faster, and the slower mode tried again once its latest measurement is
+    iterations, collocated only when 2 % faster, and the slower mode tried again once its latest measurement is
     16 iterations old."""
     cfg = dataclasses.replace(PolicyConfig(max_running_requests=64), time_slicing=True)
     everywhere = {c: tuple(range(8)) for c in INITIAL}
@@ -447,11 +448,11 @@ def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
     assert d is not None and d.placement == everywhere and "first iteration" in d.reason
     assert boundary((70.0,), (True,)) != everywhere  # disaggregated not measured yet
     assert boundary((70.0, 85.0), (True, False)) == everywhere
-    assert boundary((82.0, 85.0), (True, False)) != everywhere  # under the margin: disaggregated
+    assert boundary((84.0, 85.0), (True, False)) != everywhere  # under the margin: disaggregated
     assert boundary((85.0, 70.0), (False, True)) == everywhere
     # the mean of each mode's latest 4: a lucky disaggregated iteration does not hide slower ones
     assert boundary((60.0, 80.0, 82.0, 84.0, 86.0, 70.0), (False,) * 5 + (True,)) == everywhere
-    assert boundary((60.0, 80.0, 70.0), (False, False, True)) != everywhere  # (60 + 80) / 2 < 70 / 0.95
+    assert boundary((60.0, 80.0, 70.0), (False, False, True)) != everywhere  # (60 + 80) / 2 = 70: no gain
     assert boundary((85.0,) + (70.0,) * 15, (False,) + (True,) * 15) == everywhere  # disaggregated 16 ago: out
     assert boundary((85.0,) + (70.0,) * 16, (False,) + (True,) * 16) != everywhere  # 17 ago: tried again
     d = decide_plan(dataclasses.replace(start, cfg=PolicyConfig(max_running_requests=64)))  # time_slicing off

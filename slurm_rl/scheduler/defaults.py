@@ -64,4 +64,4 @@ TIME_SLICING_RETRY = 16
 #: plan: each mode is judged by the mean of its latest this many measured iterations
 TIME_SLICING_WINDOW = 4
 #: plan: collocated is chosen over disaggregated only when its last iteration was this fraction faster
-TIME_SLICING_MARGIN = 0.05
+TIME_SLICING_MARGIN = 0.02
