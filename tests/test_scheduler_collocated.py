@@ -103,8 +103,8 @@ def test_policies_that_move_ranks_refuse_a_shared_placement() -> None:
 
 
 def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
-    """``simulate --compare-modes``: the configured run, then every disaggregated policy and co-location on the
-    same GPUs, each figure the simulator's own for that policy, and the fastest named; a hybrid config compares
+    """``simulate --compare-modes``: the configured run, then every disaggregated policy, plan choosing per
+    iteration, and co-location on the same GPUs, each figure the simulator's own for that policy, and the fastest named; a hybrid config compares
     with co-location only, saying why; bad combinations exit 2."""
     path = tmp_path / "c.yaml"
     one = _config(train={"num_iterations": 1})
@@ -113,7 +113,7 @@ def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     result = yaml.safe_load(proc.stdout)
     out = {row["policy"]: row["mean_iteration_s"] for row in result["modes"]}
-    assert list(out) == ["static", "auto", "plan", "collocated", "collocated+offload"]
+    assert list(out) == ["static", "auto", "plan+disaggregated", "plan", "collocated", "collocated+offload"]
     for policy, seconds in out.items():
         assert seconds == pytest.approx(simulate(config_from_mapping(one), policy=policy).mean_iteration_s, abs=1e-3)
     assert out["collocated"] < out["collocated+offload"] < out["static"], out  # math-RL: co-location beats 1:2:1
@@ -126,7 +126,8 @@ def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
     proc = subprocess.run([*CLI, "simulate", str(path), "--compare-modes"], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert "hybrid" in proc.stdout and "not compared: static, auto, plan" in proc.stdout
-    for args, says in ((["--policy", "collocated+nothing"], "'nothing'"), (["--compare-modes", "--policy", "auto"], "--compare-modes")):
+    assert "hybrid" in proc.stdout and "not compared: static, auto, plan+disaggregated, plan" in proc.stdout
+    for args, says in ((["--policy", "collocated+nothing"], "'nothing'"), (["--compare-modes", "--policy", "auto"], "--compare-modes"),
+                       (["--policy", "auto+disaggregated"], "plan+disaggregated")):
         bad = subprocess.run([*CLI, "simulate", str(path), *args], capture_output=True, text=True)
         assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr)

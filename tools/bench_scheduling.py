@@ -4,7 +4,7 @@
 Simulated half (default): every workload profile (``slurm_rl.scheduler.profiles``: math-RL,
 agentic, training-heavy, short-response) at 8, 64 and 256 GPUs under ``static``, ``auto``,
 ``auto+pre_process``, ``auto+wait_before_last_iter`` and ``plan`` (which may run iterations collocated:
-``scheduler.time_slicing``; ``plan-disaggregated`` without it), and co-located (``collocated``:
+``scheduler.time_slicing``; ``plan+disaggregated`` without it), and co-located (``collocated``:
 every GPU time-slices rollout, inference and training; ``collocated+offload``: the actor's state parked
 in host memory between phases), each over several seeds. Per
 policy: seconds per iteration, speed-up and reduction versus static, the bubble fraction (GPU
@@ -44,7 +44,7 @@ from slurm_rl.scheduler.profiles import PROFILES, math_rl, scaled_for_live
 from slurm_rl.scheduler.simulate import simulate
 
 #: plan with ``scheduler.time_slicing: false``: its disaggregated schedule alone (``plan`` may run iterations collocated)
-PLAN_DISAGGREGATED = "plan-disaggregated"
+PLAN_DISAGGREGATED = "plan+disaggregated"
 POLICIES = ("static", "auto", "auto+pre_process", "auto+wait_before_last_iter", "plan", PLAN_DISAGGREGATED,
             "collocated", "collocated+offload")
 #: The static modes plan is also measured against: the disaggregated placement and co-location (every GPU
@@ -62,10 +62,7 @@ TARGET_POINTS = 0.05  # plan's reduction over the best rule's, every profile and
 def _one(task: tuple[str, int, int, str, int]) -> tuple[tuple[str, int, str], dict[str, Any]]:
     profile, gpus, iterations, policy, seed = task
     t0 = time.perf_counter()
-    doc = PROFILES[profile](gpus, num_iterations=iterations)
-    if policy == PLAN_DISAGGREGATED:
-        doc["scheduler"]["time_slicing"] = False
-    report = simulate(config_from_mapping(doc), policy="plan" if policy == PLAN_DISAGGREGATED else policy, seed=seed)
+    report = simulate(config_from_mapping(PROFILES[profile](gpus, num_iterations=iterations)), policy=policy, seed=seed)
     return (profile, gpus, policy), {"report": report.as_dict(with_decisions=False),
                                      "decide_s": report.decide_s, "wall_s": time.perf_counter() - t0}
 

@@ -32,6 +32,8 @@ __all__ = ["MODES", "POLICY_OPTIONS", "SimulationSetupError", "build_setup", "co
 #: Policy-name suffixes that switch the RLinf options on: ``auto+pre_process``, ...
 POLICY_OPTIONS = {"pre_process": "use_pre_process_policy",
                   "wait_before_last_iter": "use_wait_before_last_iter_policy"}
+#: ``plan+disaggregated``: plan with ``scheduler.time_slicing: false`` (every iteration disaggregated)
+DISAGGREGATED = "disaggregated"
 
 
 def scale_placement(placement: RankMap, world_from: int, world_to: int,
@@ -68,10 +70,13 @@ def scale_placement(placement: RankMap, world_from: int, world_to: int,
 def parse_policy(name: str) -> tuple[str, dict[str, bool]]:
     """``auto+pre_process+wait_before_last_iter`` -> (``auto``, options switched on); ``collocated``:
     the configured components time-sliced on every GPU (``scheduler.collocated``), ``collocated+offload``
-    with the actor's state parked in host memory between phases whatever ``actor.offload_*`` say."""
+    with the actor's state parked in host memory between phases whatever ``actor.offload_*`` say;
+    ``plan+disaggregated``: plan without running iterations collocated (``scheduler.time_slicing: false``)."""
     base, *opts = name.split("+")
     if base == COLLOCATED and opts == ["offload"]:  # the actor parked in host memory between phases
         return base, {}
+    if base == "plan" and opts == [DISAGGREGATED]:
+        return base, {"time_slicing": False}
     if base not in (*POLICIES, COLLOCATED):
         raise SimulationSetupError(f"policy: got {base!r}, allowed {(*POLICIES, COLLOCATED)} "
                                    f"with options {sorted(POLICY_OPTIONS)} joined by '+'")
@@ -79,7 +84,8 @@ def parse_policy(name: str) -> tuple[str, dict[str, bool]]:
     for opt in opts:
         if opt not in POLICY_OPTIONS or base == COLLOCATED:
             raise SimulationSetupError(f"policy option: got {opt!r}, allowed {sorted(POLICY_OPTIONS)} "
-                                       f"(the policies), or offload alone ({COLLOCATED}+offload)")
+                                       f"(the policies), or offload alone ({COLLOCATED}+offload), or "
+                                       f"{DISAGGREGATED} alone (plan+{DISAGGREGATED})")
         flags[POLICY_OPTIONS[opt]] = True
     return base, flags
 
@@ -109,8 +115,8 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     world = int(gpus) if gpus is not None else world_cfg
     name = policy if policy is not None else cfg.scheduler.policy
     base, flags = parse_policy(name)
-    pcfg = dataclasses.replace(policy_config(cfg), **flags,
-                               time_slicing=base == "plan" and not time_slicing_problems(cfg))
+    pcfg = dataclasses.replace(policy_config(cfg), time_slicing=base == "plan" and not time_slicing_problems(cfg))
+    pcfg = dataclasses.replace(pcfg, **flags)
     if world != world_cfg:  # the configured node of each rank does not describe another world
         pcfg = dataclasses.replace(pcfg, rank_nodes=())
     if base == COLLOCATED:
@@ -167,7 +173,8 @@ def simulate(cfg: Config, gpus: int | None = None, policy: str | None = None,
 #: ``{all}``: every configured component on every rank).
 MODES = (("disaggregated", "static", "scheduler.policy=static"),
          ("disaggregated", "auto", "scheduler.policy=auto"),
-         ("disaggregated", "plan", "scheduler.policy=plan"),
+         ("disaggregated", f"plan+{DISAGGREGATED}", "scheduler.policy=plan, scheduler.time_slicing=false"),
+         ("per iteration", "plan", "scheduler.policy=plan (iterations collocated where measured faster)"),
          ("collocated", COLLOCATED, "component_placement {all}"),
          ("collocated", f"{COLLOCATED}+offload", "component_placement {all}, actor.offload_weight=true"))
 
@@ -184,11 +191,13 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
     skipped = []
     every = "{'" + ",".join(cfg.placement.components) + "': all}"
     for mode, policy, how in MODES:
-        if mode == "disaggregated" and cfg.placement.mode != "disaggregated":
+        if mode != "collocated" and cfg.placement.mode != "disaggregated":
             skipped.append(policy)
             continue
-        if (mode == "disaggregated" and policy == own.policy) or \
-                (policy == COLLOCATED and own.policy == COLLOCATED and not actor_offloads(cfg)):
+        configured = {"plan": own.policy == "plan" and cfg.scheduler.time_slicing,
+                      f"plan+{DISAGGREGATED}": own.policy == "plan" and not cfg.scheduler.time_slicing,
+                      COLLOCATED: own.policy == COLLOCATED and not actor_offloads(cfg)}
+        if configured.get(policy, policy == own.policy):
             continue  # the configured run itself
         report = simulate(cfg, gpus=gpus, policy=policy, seed=seed)
         rows.append({"mode": mode, "policy": policy, "config": how.format(all=every),
