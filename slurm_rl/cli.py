@@ -250,9 +250,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
            "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode,
            "critic": needs_critic(cfg.algorithm)}
     if cfg.scheduler.policy == "plan":  # may plan run an iteration collocated?
-        from slurm_rl.scheduler.live_state import time_slicing_problems
+        from slurm_rl.launch.prepare import time_slicing_off_because
 
-        run["time_slicing"] = {"on": not time_slicing_problems(cfg), "off_because": time_slicing_problems(cfg)}
+        off = time_slicing_off_because(cfg)
+        run["time_slicing"] = {"on": not off, "off_because": off}
     if args.json:
         print(json.dumps({**doc, **run, "actor": actor}))
         return EXIT_OK

@@ -215,9 +215,10 @@ class SchedulerConfig:
     tick_s: float = TICK_S  # simulator: simulated seconds between policy calls when idle
     seed: int = SEED  # simulator: seed of the response-length sampler
     iteration_overhead_s: float = 0.0  # simulator: idle seconds at each iteration start (fitted by calibrate)
-    # plan: may run an iteration collocated (every component on every rank, time-sliced) where its forecast
-    # says that is faster than its own disaggregated schedule; false: every iteration disaggregated
-    time_slicing: bool = True
+    # plan: may run an iteration collocated (every component on every rank, time-sliced) where its measured
+    # iterations say that is faster; null: so where every component fits one GPU (on cuda, memory_fit's lower
+    # bound; elsewhere always), true: so (on cuda refused where they cannot fit), false: every iteration disaggregated
+    time_slicing: Optional[bool] = None
 
 
 @dataclass

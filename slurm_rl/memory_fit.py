@@ -125,17 +125,24 @@ def memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
     return issues
 
 
-def time_slicing_memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
-    """Under ``plan`` with ``scheduler.time_slicing``: a problem when every configured component on one
-    GPU (an iteration plan runs collocated) cannot fit (see the module docstring)."""
-    if cfg.scheduler.policy != "plan" or not cfg.scheduler.time_slicing:
-        return []
+def collocated_memory(cfg: Config, params: int) -> PhaseMemory | None:
+    """What a rank needs when every configured component shares it (an iteration ``plan`` runs collocated);
+    None where no budget is known (see :func:`device_budget`)."""
     roles = tuple(c for c, comp in cfg.placement.components.items() if comp.ranks)
-    issues = []
-    for pm in phase_memory(cfg, params, {roles: list(range(cfg.placement.world_size))}):
-        if pm.need > pm.budget:
-            hint = "" if actor_offloads(cfg) else ", or actor.offload_weight: true"
-            issues.append(ConfigIssue("scheduler.time_slicing", True, (
-                f"false, or phases that fit in one GPU: plan may run an iteration with {', '.join(roles)} on every "
-                f"rank, which needs at least {pm.describe()} (runtime.gpu_memory_gb, or the visible GPU){hint}")))
-    return issues
+    fits = phase_memory(cfg, params, {roles: list(range(cfg.placement.world_size))})
+    return fits[0] if fits else None
+
+
+def time_slicing_memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
+    """Under ``plan`` with ``scheduler.time_slicing: true``: a problem when every configured component on one
+    GPU (an iteration plan runs collocated) cannot fit (see the module docstring). Left at null, plan then
+    runs every iteration disaggregated instead (``launch.prepare``)."""
+    if cfg.scheduler.policy != "plan" or cfg.scheduler.time_slicing is not True:
+        return []
+    pm = collocated_memory(cfg, params)
+    if pm is None or pm.need <= pm.budget:
+        return []
+    hint = "" if actor_offloads(cfg) else ", or actor.offload_weight: true"
+    return [ConfigIssue("scheduler.time_slicing", True, (
+        f"false or null, or phases that fit in one GPU: plan may run an iteration with {', '.join(pm.components)} "
+        f"on every rank, which needs at least {pm.describe()} (runtime.gpu_memory_gb, or the visible GPU){hint}"))]

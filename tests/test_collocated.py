@@ -122,9 +122,12 @@ def test_a_collocated_placement_whose_phases_cannot_fit_is_refused(tmp_path: Pat
 
 
 def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
-    """Under ``plan`` (``scheduler.time_slicing`` on by default) validate says whether plan may run an iteration
-    collocated; on cuda every component must then fit one GPU: exit 2 naming ``scheduler.time_slicing`` when
-    it cannot (a disaggregated placement that fits as configured), valid with it switched off."""
+    """Under ``plan`` validate says whether plan may run an iteration collocated. On cuda every component must
+    then fit one GPU: left null (the default) plan runs every iteration disaggregated where they cannot (and
+    the run's config says so), ``true`` exits 2 naming ``scheduler.time_slicing``, ``false`` switches it off."""
+    from slurm_rl.config import load_config
+    from slurm_rl.launch.prepare import prepare_run
+
     cfg = run_config("cpu", tmp_path / "run")
     cfg["cluster"].update(gpus_per_node=4, auto_scheduler=True,
                           component_placement={"actor": "0", "rollout": "1-2", "inference": "3"})
@@ -134,6 +137,12 @@ def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "time slicing: plan may run an iteration collocated" in proc.stdout, proc.stdout
     cfg["runtime"].update(device="cuda", gpu_memory_gb=1e-4)  # 100 kB: no component fits
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "time slicing: off (every component on one GPU would need at least generate" in proc.stdout, proc.stdout
+    _, run_dir = prepare_run(tmp_path / "c.yaml")  # what the run's coordinator and a resume read
+    assert load_config(run_dir / "config.yaml", env={}).scheduler.time_slicing is False
+    cfg["scheduler"]["time_slicing"] = True
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "scheduler.time_slicing: got True" in proc.stderr and "actor, rollout, inference on every rank" in proc.stderr

@@ -119,7 +119,7 @@ def time_slicing_problems(cfg: Config) -> list[str]:
     ``scheduler.time_slicing``, a critic on ranks of its own, or an actor that cannot train on every rank
     (its DP there must split the batch)."""
     problems = []
-    if not cfg.scheduler.time_slicing:
+    if cfg.scheduler.time_slicing is False:
         problems.append("scheduler.time_slicing is false")
     if cfg.placement.critic_ranks:
         problems.append("the critic has ranks of its own")

@@ -194,8 +194,9 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
         if mode != "collocated" and cfg.placement.mode != "disaggregated":
             skipped.append(policy)
             continue
-        configured = {"plan": own.policy == "plan" and cfg.scheduler.time_slicing,
-                      f"plan+{DISAGGREGATED}": own.policy == "plan" and not cfg.scheduler.time_slicing,
+        sliced = not time_slicing_problems(cfg)
+        configured = {"plan": own.policy == "plan" and sliced,
+                      f"plan+{DISAGGREGATED}": own.policy == "plan" and not sliced,
                       COLLOCATED: own.policy == COLLOCATED and not actor_offloads(cfg)}
         if configured.get(policy, policy == own.policy):
             continue  # the configured run itself
