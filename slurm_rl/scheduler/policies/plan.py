@@ -9,7 +9,9 @@ reachable now the one with the earliest forecast end:
 1. Iteration boundary: the iteration-start placement. The actor's GPUs decode (its state waits
    on its ranks, as with RLinf's pre-process), and inference keeps only as many GPUs as keep
    pace with the samples' arrival as measured last iteration (completion curve in rollout
-   instance-seconds, and inference speed); the rest decode too.
+   instance-seconds, and inference speed); the rest decode too. Or, with ``cfg.time_slicing``,
+   every component on every rank (a collocated iteration, its ranks time-sliced: no decision
+   inside it) where the measured iterations say that is faster (``_time_sliced_if_faster``).
 2. Repair (as ``auto``): a component with work and no ranks gets its ranks back.
 3. The actor is inside a mini-batch: no change.
 4. Receding horizon: the placements reachable now form a ladder of actor DP sizes, each taking
@@ -149,8 +151,9 @@ def _time_sliced_if_faster(state: SchedState, start: RankMap) -> tuple[RankMap, 
     every component at full width), the next disaggregated, then the faster of the two, trying the other
     again once its latest measurement is ``defaults.TIME_SLICING_RETRY`` iterations old (response lengths
     drift as a run trains). Collocated counts as faster only by ``defaults.TIME_SLICING_MARGIN``: a
-    disaggregated iteration right after a collocated one has a colder forecast than the next ones. A forecast of a disaggregated iteration from its start is not used: it is
-    the receding horizon's, and it missed the simulated iterations by 16-25 %."""
+    disaggregated iteration right after a collocated one has a colder forecast than the next ones. No
+    forecast of a whole disaggregated iteration is used: the receding horizon's, made at its start, missed
+    the simulated iterations by 16-25 %."""
     if not state.cfg.time_slicing:
         return None
     h = state.history
@@ -302,35 +305,6 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
     actor could grow into after its next mini-batch (stage 2), forecast the iteration's end;
     apply the stage 1 of the best pair. A held-back actor may also wait: until its first
     mini-batch's data is about in, or until all the data is in (then it takes every GPU)."""
-    options = _options(state, fc, held)
-    if not options:
-        return None
-    cur = state.current
-    out = state.rollout.outstanding
-    stay = options[0]
-    best = min(options, key=lambda o: (o[0], o[1], o[2]))
-    takes_work = _differs_in_work(best[3], stay[3])
-    sw = fc.switch_s
-    chosen = best if best[0] < stay[0] - sw or (best[0] <= stay[0] and not takes_work) else stay
-    placement = chosen[3]
-    if placement == cur:
-        return None
-    leaving = tuple(r for r in cur["rollout"] if r not in set(placement["rollout"]))
-    parts = []
-    if placement["actor"] != cur["actor"]:
-        parts.append(f"actor {len(cur['actor'])} -> {len(placement['actor'])} ranks")
-    if leaving:
-        parts.append(f"rollout releases {len(leaving)} ranks ({out} requests outstanding)")
-    if state.inference.finished and cur["inference"]:
-        parts.append(f"inference finished, releases {len(cur['inference'])} ranks")
-    parts.append(f"forecast end in {chosen[0]:.1f}s vs {stay[0]:.1f}s without change")
-    return Decision(placement, "plan: " + "; ".join(parts), migrate_from=leaving if out else (),
-                    boundary="minibatch" if placement["actor"] != cur["actor"] else "now")
-
-
-def _options(state: SchedState, fc: Forecast, held: bool) -> list[tuple[float, int, int, RankMap]]:
-    """The placements reachable now, each with the forecast end of the iteration (the first: no
-    change), as ``(end, rollout instances released, -actor DP, placement)``; empty when none is."""
     cur = state.current
     ro = state.rollout
     out = ro.outstanding
@@ -344,7 +318,7 @@ def _options(state: SchedState, fc: Forecast, held: bool) -> list[tuple[float, i
     dp_now = _state_dp(state)
     ladder = _ladder(state, held)
     if not ladder:
-        return []
+        return None
     all_instances = len(rollout_instances(cur["rollout"], state.cfg.rollout_ranks_per_instance)) if out else 0
     ready = [_ready_s(state, fc, first + i) for i in range(left)]
     cache: dict[int, float] = {}
@@ -401,7 +375,25 @@ def _options(state: SchedState, fc: Forecast, held: bool) -> list[tuple[float, i
                                    for j, s2 in enumerate(ladder) for s3 in ladder[j:]])
         options.insert(0, (score, 0, 0, {"actor": (), "rollout": cur["rollout"] if out else (),
                                          "inference": ladder[0].placement["inference"]}))
-    return options
+    stay = options[0]
+    best = min(options, key=lambda o: (o[0], o[1], o[2]))
+    takes_work = _differs_in_work(best[3], stay[3])
+    sw = fc.switch_s
+    chosen = best if best[0] < stay[0] - sw or (best[0] <= stay[0] and not takes_work) else stay
+    placement = chosen[3]
+    if placement == cur:
+        return None
+    leaving = tuple(r for r in cur["rollout"] if r not in set(placement["rollout"]))
+    parts = []
+    if placement["actor"] != cur["actor"]:
+        parts.append(f"actor {len(cur['actor'])} -> {len(placement['actor'])} ranks")
+    if leaving:
+        parts.append(f"rollout releases {len(leaving)} ranks ({out} requests outstanding)")
+    if state.inference.finished and cur["inference"]:
+        parts.append(f"inference finished, releases {len(cur['inference'])} ranks")
+    parts.append(f"forecast end in {chosen[0]:.1f}s vs {stay[0]:.1f}s without change")
+    return Decision(placement, "plan: " + "; ".join(parts), migrate_from=leaving if out else (),
+                    boundary="minibatch" if placement["actor"] != cur["actor"] else "now")
 
 
 def _differs_in_work(a: RankMap, b: RankMap) -> bool:
