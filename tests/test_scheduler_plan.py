@@ -399,8 +399,8 @@ def test_every_profile_runs_under_plan(profile: str) -> None:
     ("math_rl", [True, False, False, False]),
 ])
 def test_plan_runs_each_iteration_in_the_mode_measured_faster(profile: str, expected: list[bool]) -> None:
-    """``scheduler.time_slicing``: plan runs the first iteration collocated (its first epoch: the actor loads
-    on every rank), the second disaggregated, then the one whose last iteration was faster (collocated by a
+    """``scheduler.time_slicing``: plan runs the first iteration collocated (the actor reshards from its
+    configured ranks onto every rank when it first trains), the second disaggregated, then the one whose last iteration was faster (collocated by a
     margin of 2 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
     report = simulate(config_from_mapping(PROFILES[profile](8, num_iterations=4)), policy="plan")
     firsts = [next((d for d in it.decisions if d.get("boundary") == "iteration"), None) for it in report.iterations]

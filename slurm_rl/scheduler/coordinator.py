@@ -274,9 +274,7 @@ class CoordinatorLoop:
             check_setup(self.cfg)
         checkpoints.remove_staging(self.paths.run_dir)  # left by a coordinator killed while checkpointing
         if self.fresh:
-            # plan may start collocated: epoch 0 is then its placement, so the actor loads there (not on resume)
-            first = self.resume is None and self.cfg.scheduler.policy == "plan"
-            decision = initial_decision(self.cfg, self.policy if first else None)
+            decision = initial_decision(self.cfg)
             if self.resume is not None:
                 decision = dataclasses.replace(decision, reason=f"resumed at iteration {self.first_iteration} "
                                                                 f"(incarnation {self.resume.incarnation})",

@@ -34,19 +34,9 @@ from slurm_rl.scheduler.state import (
 PolicyFn = Callable[[SchedState], "Decision | None"]
 
 
-def initial_decision(cfg: Config, policy: PolicyFn | None = None) -> Decision:
-    """Epoch 0: the configured placement; or, where ``policy`` runs the first iteration on ranks that serve
-    several components (``plan`` starting collocated), that placement: the actor loads its checkpoint on
-    those ranks, so no reshard follows."""
-    configured = Decision(placement=_ranks(cfg.placement), reason="initial placement", boundary="iteration")
-    if policy is None:
-        return configured
-    start = Epoch(epoch=0, generation=0, created_at=0.0, reason=configured.reason, iteration=0,
-                  boundary="iteration", placement=placement_json(configured, cfg.actor.tensor_parallel))
-    first = policy(build_state(cfg, start, {}, 0, at_gate=True))
-    if first is None or not shares_ranks(first.placement):
-        return configured
-    return dataclasses.replace(first, reason=f"initial placement; {first.reason}")
+def initial_decision(cfg: Config) -> Decision:
+    """Epoch 0: the configured placement."""
+    return Decision(placement=_ranks(cfg.placement), reason="initial placement", boundary="iteration")
 
 
 def restart_decision(epoch: Epoch, reason: str) -> Decision:

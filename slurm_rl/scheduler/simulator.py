@@ -427,8 +427,6 @@ class Simulation:
         if decision is not None:
             new_epoch = normalize_placement(decision.placement)
             if shares_ranks(new_epoch):  # its ranks switch phases on their own from now on
-                if self.it == 0 and self.t == 0.0 and self.epoch is None:  # the run's first epoch: the
-                    self.state_dp = len(new_epoch["actor"]) // self.actor_tp  # actor loads on its ranks
                 self.epoch = new_epoch
                 self.report.decisions.append({"t": round(self.t - self.t_start, 3), "reason": decision.reason,
                                               "boundary": decision.boundary, "time_sliced": True,
