@@ -129,11 +129,15 @@ class History:
 
     def mode_iteration_s(self, time_sliced: bool, window: int) -> tuple[float, int] | None:
         """The mean wall time of the latest ``window`` earlier iterations that ran collocated (``time_sliced``)
-        or not, and how many iterations ago the latest of them ended (1: the last one); None when none did."""
+        or not, and how many iterations ago the latest of them ended (1: the last one); None when none did.
+        The run's first iteration does not count (its actor reshards from the configured ranks, its forecast
+        is cold): it measures the start, not the mode."""
         modes = self.time_sliced[-len(self.iteration_s):] if self.iteration_s else ()
         modes = (False,) * (len(self.iteration_s) - len(modes)) + modes
+        first = len(self.iteration_s) - 1 if len(self.iteration_s) == self.iterations_done else -1
         seen = [(age, seconds) for age, (seconds, mode) in
-                enumerate(zip(reversed(self.iteration_s), reversed(modes)), start=1) if mode == time_sliced][:window]
+                enumerate(zip(reversed(self.iteration_s), reversed(modes)), start=1)
+                if mode == time_sliced and age - 1 != first][:window]
         if not seen:
             return None
         return sum(seconds for _, seconds in seen) / len(seen), seen[0][0]

@@ -147,8 +147,9 @@ def _time_sliced_if_faster(state: SchedState, start: RankMap) -> tuple[RankMap, 
     the next iteration starts from ``start`` (disaggregated). Only where ``cfg.time_slicing`` allows it.
 
     Each mode is judged by its measured iterations (the mean of its latest ``defaults.TIME_SLICING_WINDOW``,
-    ``History.mode_iteration_s``): the first iteration runs collocated (it needs no forecast, and measures
-    every component at full width), the next disaggregated, then the faster of the two, trying the other
+    ``History.mode_iteration_s``, the run's first iteration left out: it measures the start): the first
+    iteration runs collocated (it needs no forecast), the next disaggregated, the third collocated again
+    (measured now), then the faster of the two, trying the other
     again once its latest measurement is ``defaults.TIME_SLICING_RETRY`` iterations old (response lengths
     drift as a run trains). Collocated counts as faster only by ``defaults.TIME_SLICING_MARGIN``: a
     disaggregated iteration right after a collocated one has a colder forecast than the next ones. No
@@ -162,7 +163,7 @@ def _time_sliced_if_faster(state: SchedState, start: RankMap) -> tuple[RankMap, 
     sliced = h.mode_iteration_s(True, window) if h is not None else None
     apart = h.mode_iteration_s(False, window) if h is not None else None
     if h is None or not h.iteration_s:
-        chosen, why = True, "the first iteration: no forecast needed, every component measured at full width"
+        chosen, why = True, "the first iteration: no forecast needed"
     elif apart is None:
         chosen, why = False, f"disaggregated not measured yet (collocated: {sliced[0]:.1f}s)" if sliced else ""
     elif sliced is None:
