@@ -20,6 +20,7 @@ from slurm_rl.scheduler.history import (
 from slurm_rl.scheduler.recorder import HistoryRecorder
 from slurm_rl.scheduler.placement_ops import placement_problems
 from slurm_rl.scheduler.policies import decide_auto, decide_plan, make_policy
+from slurm_rl.scheduler.policies.plan import collocated_forecast_s
 from slurm_rl.scheduler.policies.plan import plan_start_placement
 from slurm_rl.config import config_from_mapping
 from slurm_rl.scheduler.profiles import PROFILES, math_rl
@@ -456,6 +457,13 @@ def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
     assert boundary((60.0, 80.0, 70.0), (False, False, True)) != everywhere  # (60 + 80) / 2 = 70: no gain
     assert boundary((85.0,) + (70.0,) * 15, (False,) + (True,) * 15) == everywhere  # disaggregated 16 ago: out
     assert boundary((85.0,) + (70.0,) * 16, (False,) + (True,) * 16) != everywhere  # 17 ago: tried again
+    # co-location not measured yet is tried, unless its forecast exceeds the disaggregated iterations by 10 %
+    h = dataclasses.replace(learned_history(), iteration_s=(70.0, 1.0), time_sliced=(True, False), iterations_done=2)
+    s = dataclasses.replace(state(finished=TOTAL, inference_done=TOTAL, mb_done=TOTAL // GBS, history=h), cfg=cfg)
+    forecast = collocated_forecast_s(s)
+    assert forecast is not None and forecast > 1.1
+    d = decide_plan(s)
+    assert d is not None and d.placement != everywhere and "collocated not tried: its forecast" in d.reason
     d = decide_plan(dataclasses.replace(start, cfg=PolicyConfig(max_running_requests=64)))  # time_slicing off
     assert d is None or d.placement != everywhere
     rec = HistoryRecorder()  # the recorder marks an iteration collocated from its ticks

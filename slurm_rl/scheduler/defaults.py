@@ -65,3 +65,5 @@ TIME_SLICING_RETRY = 16
 TIME_SLICING_WINDOW = 4
 #: plan: collocated is chosen over disaggregated only when its last iteration was this fraction faster
 TIME_SLICING_MARGIN = 0.02
+#: plan: co-location is not tried where its forecast exceeds the disaggregated iterations measured by this fraction
+TIME_SLICING_FORECAST_MARGIN = 0.10
