@@ -193,8 +193,9 @@ def collocated_forecast_s(state: SchedState) -> float | None:
     """Forecast seconds of the next iteration run collocated: the actor parks (``cfg.phase_switch_s``), every
     rank decodes, then scores, then the actor comes back (a reshard where its DP was another) and trains every
     mini-batch at DP world, each phase change a switch; None without a forecast, or where the actor cannot
-    train on every rank. (Within 5-6 % of the simulated iterations: 69.0 s against 72-75 s, short responses
-    on 8 GPUs; 258.5 s against 245 s, math-RL on 64.)"""
+    train on every rank. (Measured against the simulated collocated iterations: 69.0 s against 72-75 s on
+    short responses at 8 GPUs, 207.2 s against 227 s and 237.6 s against 245 s on math-RL at 8 and 64: 3-9 %
+    short, hence the margin of ``defaults.TIME_SLICING_FORECAST_MARGIN``.)"""
     cfg, world, tp = state.cfg, len(state.world_ranks), state.tp
     total = state.rollout.total
     fc = None if state.history is None else Forecast.fit(state.history, total, total, cfg.max_running_requests,
