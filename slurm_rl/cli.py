@@ -250,7 +250,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
            "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode,
            "critic": needs_critic(cfg.algorithm)}
     if cfg.scheduler.policy == "plan":  # may plan run an iteration collocated?
-        from slurm_rl.launch.prepare import time_slicing_off_because
+        from slurm_rl.inputs import time_slicing_off_because
 
         off = time_slicing_off_because(cfg)
         run["time_slicing"] = {"on": not off, "off_because": off}

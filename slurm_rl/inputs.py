@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slurm_rl.config import Config, ConfigError, ConfigIssue, actor_tp_choices, tp_shape_problems
+from slurm_rl.config import Config, ConfigError, ConfigIssue, actor_offloads, actor_tp_choices, tp_shape_problems
 
 
 def input_problems(cfg: Config) -> list[ConfigIssue]:
@@ -196,6 +196,24 @@ def check_inputs(cfg: Config) -> None:
             issues += memory_problems(cfg, params)
     if issues:
         raise ConfigError(issues)
+
+
+def time_slicing_off_because(cfg: Config) -> list[str]:
+    """Why ``plan`` runs every iteration of ``cfg`` disaggregated (empty: it may run some collocated): the
+    policy's rules (``live_state.time_slicing_problems``) and, with ``scheduler.time_slicing`` left null on
+    cuda, every component not fitting one GPU (``memory_fit.collocated_memory``, where a budget is known);
+    ``launch.prepare`` writes such a run down with it false."""
+    from slurm_rl.memory_fit import collocated_memory
+    from slurm_rl.scheduler.live_state import time_slicing_problems
+
+    off = time_slicing_problems(cfg)
+    if off or cfg.scheduler.time_slicing is not None or cfg.runtime.device != "cuda":
+        return off
+    pm = collocated_memory(cfg, model_summary(cfg)["parameters"])
+    if pm is not None and pm.need > pm.budget:
+        hint = "" if actor_offloads(cfg) else "; actor.offload_weight: true parks the actor between phases"
+        return [f"every component on one GPU would need at least {pm.describe()}{hint}"]
+    return []
 
 
 def model_summary(cfg: Config) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from slurm_rl.config import Config, ConfigError, ConfigIssue, actor_offloads, load_config
+from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.fsio import atomic_write_bytes, remove_stale_temp_files, replace_symlink
 
@@ -56,24 +56,6 @@ def check_run_dir(run_dir: Path) -> None:
         raise ConfigError(issues)
 
 
-def time_slicing_off_because(cfg: Config) -> list[str]:
-    """Why ``plan`` runs every iteration of ``cfg`` disaggregated (empty: it may run some collocated): the
-    policy's rules (``live_state.time_slicing_problems``) and, with ``scheduler.time_slicing`` left null on
-    cuda, every component not fitting one GPU (``memory_fit.collocated_memory``, where a budget is known)."""
-    from slurm_rl.inputs import model_summary
-    from slurm_rl.memory_fit import collocated_memory
-    from slurm_rl.scheduler.live_state import time_slicing_problems
-
-    off = time_slicing_problems(cfg)
-    if off or cfg.scheduler.time_slicing is not None or cfg.runtime.device != "cuda":
-        return off
-    pm = collocated_memory(cfg, model_summary(cfg)["parameters"])
-    if pm is not None and pm.need > pm.budget:
-        hint = "" if actor_offloads(cfg) else "; actor.offload_weight: true parks the actor between phases"
-        return [f"every component on one GPU would need at least {pm.describe()}{hint}"]
-    return []
-
-
 def prepare_run(
     config_path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> tuple[Config, Path]:
@@ -82,7 +64,7 @@ def prepare_run(
     Raises ``ConfigError`` (nothing created) on a bad config, bad input files (``inputs``) or an unsafe RUN_DIR (owned by
     someone else, world-writable), ``FileExistsError`` if RUN_DIR already holds a run.
     """
-    from slurm_rl.inputs import check_inputs
+    from slurm_rl.inputs import check_inputs, time_slicing_off_because
 
     cfg = load_config(config_path, overrides, env=env)
     check_inputs(cfg)

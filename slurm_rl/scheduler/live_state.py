@@ -6,9 +6,8 @@ The coordinator reads progress files and the epoch in force, turns them into the
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
-
 import dataclasses
+from typing import Any, Callable, Mapping
 
 from slurm_rl.config import Config, actor_offloads, actor_tp_choices
 from slurm_rl.control.epochs import Epoch

@@ -190,14 +190,14 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
              "mean_iteration_s": round(own.mean_iteration_s, 3)}]
     skipped = []
     every = "{'" + ",".join(cfg.placement.components) + "': all}"
+    sliced = not time_slicing_problems(cfg)
+    configured = {"plan": own.policy == "plan" and sliced,  # which row the config's own run is
+                  f"plan+{DISAGGREGATED}": own.policy == "plan" and not sliced,
+                  COLLOCATED: own.policy == COLLOCATED and not actor_offloads(cfg)}
     for mode, policy, how in MODES:
         if mode != "collocated" and cfg.placement.mode != "disaggregated":
             skipped.append(policy)
             continue
-        sliced = not time_slicing_problems(cfg)
-        configured = {"plan": own.policy == "plan" and sliced,
-                      f"plan+{DISAGGREGATED}": own.policy == "plan" and not sliced,
-                      COLLOCATED: own.policy == COLLOCATED and not actor_offloads(cfg)}
         if configured.get(policy, policy == own.policy):
             continue  # the configured run itself
         report = simulate(cfg, gpus=gpus, policy=policy, seed=seed)

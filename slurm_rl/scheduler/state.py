@@ -110,7 +110,7 @@ class PolicyConfig:
     actor_tp_choices: tuple[int, ...] = ()
     rank_nodes: tuple[int, ...] = ()
     # ``plan`` may run an iteration collocated (every component on every rank, time-sliced) where its
-    # forecast says that is faster; ``phase_switch_s``: seconds a shared rank takes to park the actor's
+    # measured iterations say that is faster; ``phase_switch_s``: seconds a shared rank takes to park the actor's
     # state between phases, or to bring it back (0: it stays on the device)
     time_slicing: bool = False
     phase_switch_s: float = 0.0
