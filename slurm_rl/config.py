@@ -867,6 +867,10 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
             "a divisor of train.rollout_batch_size * train.group_size "
             f"({t.rollout_batch_size} * {t.group_size} = {samples})")))
     _choice(issues, "scheduler.policy", s.policy, POLICIES)
+    if s.time_slicing is True and s.policy != "plan":
+        issues.append(ConfigIssue("scheduler.time_slicing", True, (
+            f"null or false under scheduler.policy {s.policy!r}: only plan chooses co-location per iteration "
+            "(a placement whose ranks serve several components time-slices under static)")))
     m = root.mux
     if (m.group_dir is None) != (m.job is None):
         issues.append(ConfigIssue("mux.job" if m.job is None else "mux.group_dir", None,

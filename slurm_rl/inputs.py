@@ -169,7 +169,8 @@ def _literal(text: str) -> Any:
 
 def schedule_problems(cfg: Config) -> list[ConfigIssue]:
     """The initial placement as the configured policy sees it (the coordinator refuses the same
-    placement at its start): e.g. ``auto`` with actor and inference on one rank."""
+    placement at its start): e.g. ``auto`` with actor and inference on one rank; and ``plan`` told
+    ``scheduler.time_slicing: true`` where it could never run an iteration collocated."""
     from slurm_rl.scheduler.live_state import check_setup
 
     if cfg.scheduler.policy not in ("auto", "plan"):  # the dynamic policies (as the coordinator checks)
@@ -179,6 +180,13 @@ def schedule_problems(cfg: Config) -> list[ConfigIssue]:
     except ValueError as err:
         return [ConfigIssue("cluster.component_placement", dict(cfg.raw.cluster.component_placement),
                             str(err).split(": ", 1)[-1])]
+    if cfg.scheduler.policy == "plan" and cfg.scheduler.time_slicing is True:
+        from slurm_rl.scheduler.live_state import time_slicing_problems
+
+        off = time_slicing_problems(cfg)
+        if off:  # insisted on, but plan could never run an iteration collocated
+            return [ConfigIssue("scheduler.time_slicing", True,
+                                f"false or null here: plan cannot run an iteration collocated ({'; '.join(off)})")]
     return []
 
 

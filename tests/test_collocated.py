@@ -124,7 +124,8 @@ def test_a_collocated_placement_whose_phases_cannot_fit_is_refused(tmp_path: Pat
 def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
     """Under ``plan`` validate says whether plan may run an iteration collocated. On cuda every component must
     then fit one GPU: left null (the default) plan runs every iteration disaggregated where they cannot (and
-    the run's config says so), ``true`` exits 2 naming ``scheduler.time_slicing``, ``false`` switches it off."""
+    the run's config says so), ``true`` exits 2 naming ``scheduler.time_slicing``, ``false`` switches it off.
+    ``true`` also exits 2 where plan could never run an iteration collocated, and under another policy."""
     from slurm_rl.config import load_config
     from slurm_rl.launch.prepare import prepare_run
 
@@ -150,6 +151,19 @@ def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "time slicing: off (scheduler.time_slicing is false)" in proc.stdout, proc.stdout
+    # true where plan could never run an iteration collocated, or under a policy that never chooses: exit 2
+    cfg["runtime"].update(device="cpu", gpu_memory_gb=None)
+    cfg["scheduler"]["time_slicing"] = True
+    cfg["train"].update(micro_batch_size=4)  # the actor at DP 4 cannot split 8 samples into micro-batches of 4
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("scheduler.time_slicing: got True; allowed: false or null here: plan cannot run an iteration "
+            "collocated (the actor at DP 4 on every rank cannot split") in proc.stderr, proc.stderr
+    cfg["train"].update(micro_batch_size=2)
+    cfg["scheduler"]["policy"] = "auto"
+    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "scheduler.time_slicing: got True; allowed: null or false under scheduler.policy 'auto'" in proc.stderr
 
 
 def test_phase_memory_counts_what_each_phase_holds(tmp_path: Path) -> None:
