@@ -396,24 +396,28 @@ def test_every_profile_runs_under_plan(profile: str) -> None:
 @pytest.mark.parametrize(("profile", "expected"), [
     # short responses on 8 GPUs: collocated (72-75 s an iteration) beats plan's disaggregated schedule (81-86 s)
     ("short_response", [True, False, True, True]),
-    # math-RL: the long tail leaves GPUs that only a disaggregated schedule fills (196-216 s against 216-227 s)
-    ("math_rl", [True, False, True, False]),
+    # math-RL: the long tail leaves GPUs that only a disaggregated schedule fills (193-204 s against 222-234 s);
+    # the forecast of a collocated iteration (217 s) rules out trying co-location again
+    ("math_rl", [True, False, False, False]),
 ])
 def test_plan_runs_each_iteration_in_the_mode_measured_faster(profile: str, expected: list[bool]) -> None:
-    """``scheduler.time_slicing``: plan runs the first iteration collocated (the actor reshards from its
-    configured ranks onto every rank when it first trains: that iteration does not count), the second
-    disaggregated, the third collocated, then the one whose measured iterations were faster (collocated by a
-    margin of 2 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
+    """``scheduler.time_slicing``: plan runs the first iteration collocated (epoch 0 puts every component on
+    every rank, the actor built there, as the live run starts; that iteration does not count), the second
+    disaggregated, the third collocated unless the forecast of a collocated iteration rules it out, then the one
+    whose measured iterations were faster (collocated by a margin of 2 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
     report = simulate(config_from_mapping(PROFILES[profile](8, num_iterations=4)), policy="plan")
     firsts = [next((d for d in it.decisions if d.get("boundary") == "iteration"), None) for it in report.iterations]
-    assert firsts[0] is not None and firsts[0].get("time_sliced") and "first iteration" in firsts[0]["reason"]
+    assert firsts[0] is None, firsts[0]  # epoch 0 is collocated already: plan keeps it at gate 0
     modes = [True]
     for it, first in zip(report.iterations[1:], firsts[1:]):
         modes.append(bool(first.get("time_sliced")) if first is not None else modes[-1])
     assert modes == expected, [(f or {}).get("reason") for f in firsts]
     times = [it.time_s for it in report.iterations]
-    sliced, apart = times[2], times[1]
-    assert modes[3] == (sliced < (1 - defaults.TIME_SLICING_MARGIN) * apart), times
+    if modes[2]:  # measured both: the faster runs next
+        sliced, apart = times[2], times[1]
+        assert modes[3] == (sliced < (1 - defaults.TIME_SLICING_MARGIN) * apart), times
+    else:
+        assert "collocated not tried: its forecast" in firsts[2]["reason"], firsts[2]
     # a collocated iteration: rollout, then inference, then the actor on every rank (each phase's time-slice)
     phases = [d["reason"] for d in report.iterations[0].decisions if d["reason"].startswith("time-sliced")]
     assert phases[:3] == ["time-sliced: rollout 8", "time-sliced: inference 8", "time-sliced: actor 8"], phases

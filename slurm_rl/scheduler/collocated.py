@@ -30,6 +30,11 @@ def rank_components(placement: Mapping[str, tuple[int, ...]], ranks: tuple[int, 
     return {r: tuple(c for c in COMPONENTS if r in placement.get(c, ())) for r in ranks}
 
 
+def on_every_rank(placement: Mapping[str, tuple[int, ...]], ranks: tuple[int, ...]) -> RankMap:
+    """Every component of ``placement`` that holds ranks on all of ``ranks`` (co-location)."""
+    return {c: (tuple(ranks) if held else ()) for c, held in placement.items()}
+
+
 def shares_ranks(placement: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether some rank of ``placement`` serves several components (it time-slices them)."""
     seen: set[int] = set()

@@ -66,6 +66,7 @@ from slurm_rl.scheduler.live_state import (
     placement_json,
     policy_config,
     restart_decision,
+    start_placement,
 )
 from slurm_rl.scheduler.placement_ops import mid_iteration_problems, placement_problems
 from slurm_rl.scheduler.recorder import HistoryRecorder
@@ -181,9 +182,8 @@ class CoordinatorLoop:
         if decision.placement.get("actor"):
             new_dp = len(decision.placement["actor"]) // tp
             old_dp = self.actor_state_dp
-            if old_dp is None:  # not moved yet: the configured actor ranks hold it
-                initial = self.cfg.placement.components.get("actor")
-                old_dp = len(initial.ranks) // tp if initial else 0
+            if old_dp is None:  # not moved yet: epoch 0's actor ranks hold it (the ranks build it there)
+                old_dp = len(start_placement(self.cfg).get("actor", ())) // tp
             growth, self.actor_state_dp = reshard_fraction(old_dp, new_dp), new_dp
         if state is not None and state.phase != "start":
             self.seen_switch = max(0.0, last_ack - state_read_at)

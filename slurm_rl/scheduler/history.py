@@ -130,8 +130,8 @@ class History:
     def mode_iteration_s(self, time_sliced: bool, window: int) -> tuple[float, int] | None:
         """The mean wall time of the latest ``window`` earlier iterations that ran collocated (``time_sliced``)
         or not, and how many iterations ago the latest of them ended (1: the last one); None when none did.
-        The run's first iteration does not count (its actor reshards from the configured ranks, its forecast
-        is cold): it measures the start, not the mode."""
+        The run's first iteration does not count (engines built, caches and the forecast cold): it measures the
+        start, not the mode."""
         modes = self.time_sliced[-len(self.iteration_s):] if self.iteration_s else ()
         modes = (False,) * (len(self.iteration_s) - len(modes)) + modes
         first = len(self.iteration_s) - 1 if len(self.iteration_s) == self.iterations_done else -1

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 from slurm_rl.config import Config, actor_offloads, actor_tp_choices
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.progress import IterationCounters, LastMinibatch, RankProgress
-from slurm_rl.scheduler.collocated import shares_ranks
+from slurm_rl.scheduler.collocated import on_every_rank, shares_ranks
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.history import NUM_BUCKETS, History, Tick
 from slurm_rl.scheduler.placement_ops import rollout_instances, setup_problems
@@ -34,8 +34,21 @@ PolicyFn = Callable[[SchedState], "Decision | None"]
 
 
 def initial_decision(cfg: Config) -> Decision:
-    """Epoch 0: the configured placement."""
-    return Decision(placement=_ranks(cfg.placement), reason="initial placement", boundary="iteration")
+    """Epoch 0: :func:`start_placement`."""
+    reason = ("initial placement: every component on every rank (plan runs the first iteration collocated: "
+              "scheduler.time_slicing)" if policy_config(cfg).time_slicing else "initial placement")
+    return Decision(placement=start_placement(cfg), reason=reason, boundary="iteration")
+
+
+def start_placement(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The placement of epoch 0, where the ranks build the actor: the configured one, or where ``plan``
+    time-slices (its first iteration runs collocated) every configured component on every rank, so that
+    the actor does not reshard onto every rank when it first trains. The policies still plan from the
+    configured placement (``SchedState.initial``)."""
+    configured = _ranks(cfg.placement)
+    if policy_config(cfg).time_slicing:
+        return on_every_rank(configured, tuple(range(cfg.placement.world_size)))
+    return configured
 
 
 def restart_decision(epoch: Epoch, reason: str) -> Decision:

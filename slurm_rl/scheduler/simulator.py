@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from slurm_rl.errors import InputError
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.collocated import shares_ranks, time_slice
+from slurm_rl.scheduler.collocated import on_every_rank, shares_ranks, time_slice
 from slurm_rl.scheduler.cost_model import CostModel, reshard_fraction
 from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.history import NUM_BUCKETS, Tick, length_bucket
@@ -80,6 +80,12 @@ class SimSetup:
     # once it is stamped and it is free, at the actor's cost law; the iteration ends once it has trained them all
     critic_dp: int = 0
 
+    @property
+    def start(self) -> RankMap:
+        """Epoch 0: ``initial``, or where ``plan`` time-slices (its first iteration runs collocated) every
+        component on every GPU, the actor built there, as the live run starts (``live_state.start_placement``)."""
+        return on_every_rank(self.initial, tuple(range(self.gpus))) if self.policy_cfg.time_slicing else self.initial
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
         problems = setup_problems(self.initial, range(self.gpus), self.policy_cfg,
@@ -128,8 +134,8 @@ class Simulation:
         self.seq = itertools.count()
         # the epoch in force where it shares ranks (they time-slice: ``placement`` is then each rank's
         # component of the moment, as the live ranks switch on their own); None: ``placement`` is the epoch
-        self.epoch: RankMap | None = dict(setup.initial) if shares_ranks(setup.initial) else None
-        self.placement: RankMap = dict(setup.initial)  # a shared one: the first call sends each rank to its phase
+        self.epoch: RankMap | None = dict(setup.start) if shares_ranks(setup.start) else None
+        self.placement: RankMap = dict(setup.start)  # a shared one: the first call sends each rank to its phase
         self.ready_at: dict[str, float] = {c: 0.0 for c in COMPONENTS}
         # DP of the ranks holding the actor's state: a held-back actor (no ranks) keeps it where
         # it was, as the runtime does, so coming back onto those ranks moves nothing

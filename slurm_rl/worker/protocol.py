@@ -69,6 +69,7 @@ from slurm_rl.rl.filter_groups import (DRAWN_KEY, group_metric, keeps, prompts_b
 from slurm_rl.rl.formulas import k3
 from slurm_rl.rl.kl_ctrl import COEF_KEY, KL_KEY, kl_coef_of_iteration, uses_reference
 from slurm_rl.scheduler.history import length_bucket
+from slurm_rl.scheduler.live_state import start_placement
 from slurm_rl.worker.compute import Compute, Decoder
 from slurm_rl.worker.errors import CoordinatorFailed, DynamicSamplingExhausted, NoProgressTimeout, ProtocolError
 from slurm_rl.worker.pool_gate import PhaseGate, PoolGate
@@ -180,7 +181,7 @@ class IterationProtocol:
         self.rollout_tp = int(cfg.scheduler.rollout_ranks_per_instance)
         self.dynamic = cfg.scheduler.policy != "static"
         self.index_order = cfg.train.minibatch_order == "index"
-        self.initial_actor = sorted(cfg.placement.components["actor"].ranks) if "actor" in cfg.placement.components else []
+        self.initial_actor = sorted(start_placement(cfg).get("actor", ()))  # epoch 0's
         # Ranks that hold the actor's state: a function of the plans walked so far, the same on every rank.
         self.actor_ranks: list[int] = list(self.initial_actor)
         self.actor_tp = int(cfg.actor.tensor_parallel)  # the actor's TP size, as the epochs walked so far say

@@ -37,6 +37,7 @@ from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.resume.checkpoints import ACTOR_DIR, CRITIC_DIR
 from slurm_rl.rl.advantages import needs_critic
+from slurm_rl.scheduler.live_state import start_placement
 from slurm_rl.worker.errors import ProtocolError
 
 
@@ -196,7 +197,7 @@ class RealCompute:
         self.sub_batch = cfg.rollout.sub_batch or cfg.scheduler.max_running_requests
         self.seed = cfg.runtime.seed
         self.groups = GroupCache(timeout=cfg.runtime.wait_timeout_s)
-        initial = sorted(cfg.placement.components["actor"].ranks)
+        initial = sorted(start_placement(cfg)["actor"])  # epoch 0's (every rank where plan time-slices)
         self.trainer = ActorTrainer(self.model_cfg, optim_cfg, batch_cfg, initial, self.groups, self.seed, self.device,
                                     checkpoint=self.checkpoint, tp=cfg.actor.tensor_parallel,
                                     precision=actor_precision(cfg), recompute=cfg.actor.recompute,

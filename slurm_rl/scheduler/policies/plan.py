@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.collocated import shares_ranks
+from slurm_rl.scheduler.collocated import on_every_rank, shares_ranks
 from slurm_rl.scheduler.forecast import Forecast, piecewise_seconds
 from slurm_rl.scheduler.history import CURVE_POINTS
 from slurm_rl.scheduler.placement_ops import (
@@ -151,7 +151,7 @@ def _time_sliced_if_faster(state: SchedState) -> tuple[RankMap | None, str]:
 
     Each mode is judged by its measured iterations (the mean of its latest ``defaults.TIME_SLICING_WINDOW``,
     ``History.mode_iteration_s``, the run's first iteration left out: it measures the start): the first
-    iteration runs collocated (it needs no forecast), the next disaggregated, the third collocated again
+    iteration runs collocated (it needs no forecast; the run starts so: ``live_state.start_placement``), the next disaggregated, the third collocated again
     (measured now), then the faster of the two, trying the other
     again once its latest measurement is ``defaults.TIME_SLICING_RETRY`` iterations old (response lengths
     drift as a run trains). Collocated counts as faster only by ``defaults.TIME_SLICING_MARGIN``: a
@@ -185,8 +185,7 @@ def _time_sliced_if_faster(state: SchedState) -> tuple[RankMap | None, str]:
         if forecast is not None and forecast > apart[0] * (1.0 + defaults.TIME_SLICING_FORECAST_MARGIN):
             return None, (f"collocated not tried: its forecast {forecast:.1f}s, disaggregated iterations took "
                           f"{apart[0]:.1f}s")
-    everywhere = {c: (tuple(state.world_ranks) if state.initial[c] else ()) for c in state.initial}
-    return everywhere, f"plan: iteration {nxt} collocated (every component on every rank, time-sliced): {why}"
+    return on_every_rank(state.initial, tuple(state.world_ranks)), f"plan: iteration {nxt} collocated (every component on every rank, time-sliced): {why}"
 
 
 def collocated_forecast_s(state: SchedState) -> float | None:
