@@ -27,13 +27,25 @@ from identity import assert_losses_match, assert_params_match
 from test_live_scheduling import COSTS, REPO
 from test_scheduling_backends import check_every_sample_once, config, epochs_of, run
 from cli_command import CLI
+from emulated_configs import write_config
+from resume_helpers import run_until_stopped
+from shared_runs import shared_root, shared_run
 
 BACKENDS = ["emulated", "cpu"]
 
 
+def static_cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished 4-iteration static cpu run of the config the plan runs train (made once per session)."""
+    def make(base: Path) -> tuple[Path, str]:
+        return run(base, "static", config("cpu", base / "static", "static", iterations=4)), ""
+
+    return shared_run(shared_root(tmp_path_factory), "plan-live-static-cpu", make)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", BACKENDS)
-def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, device: str) -> None:
+def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                device: str) -> None:
     """Four iterations under ``plan`` with ``scheduler.time_slicing`` (the default): the first collocated
     (epoch 0 puts every component on every rank, the actor built there), the second disaggregated from
     plan's iteration-start placement, the third collocated again (the first measured the start) unless the
@@ -84,7 +96,7 @@ def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, device: str) -> 
         assert learned, reasons  # the forecast decides once it has measured a mini-batch
     else:
         assert history.decode.line() is None and not learned  # no decode figures: RLinf's rules
-        static = run(tmp_path, "static", config(device, tmp_path / "static", "static", iterations=4))
+        static = static_cpu_run(tmp_path_factory)
         losses = {name: [x for m in read_metrics(d) for x in m["losses"]] for name, d in
                   (("plan", run_dir), ("static", static))}
         assert len(losses["static"]) == 16
@@ -93,6 +105,36 @@ def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, device: str) -> 
         # the embedding's largest entry after Adam's 16 steps; the losses agree within the identity tolerance)
         assert_params_match(run_dir, static, rtol=1e-4)
     check_every_sample_once(run_dir, cfg, leader=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", BACKENDS)
+def test_plan_run_stopped_at_a_gate_resumes_collocated(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                       device: str) -> None:
+    """A ``plan`` run (time slicing on) stopped at the gate of iteration 2 and resumed: the resumed incarnation's
+    first epoch puts every component on every rank again (its ranks rebuild the actor there and load the
+    checkpoint), plan goes on from the history the run recorded, every sample trains once; on cpu the run
+    trains as the static run of the same config."""
+    run_dir = tmp_path / "run"
+    cfg = config(device, run_dir, "plan", iterations=4)
+    cfg["runtime"]["keep_iterations"] = 4
+    out = run_until_stopped(write_config(tmp_path / "c.yaml", cfg), run_dir, at_iteration=2)
+    assert "resume with: slurm-rl run --resume" in out, out
+    resumed = subprocess.run([*CLI, "run", "--resume", str(run_dir), "--no-inspect"], cwd=REPO,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    world = list(range(cfg["cluster"]["gpus_per_node"]))
+    again = [e for e in epochs_of(run_dir) if e.reason.startswith("resumed at iteration 2")]
+    assert len(again) == 1 and all(again[0].ranks_of(c) == world for c in ("actor", "rollout", "inference"))
+    history = History.from_json(read_json(RunPaths(run_dir).history))
+    assert history.iterations_done == 4 and history.time_sliced[:2] == (True, False), history.time_sliced
+    assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1, 2, 3]
+    check_every_sample_once(run_dir, cfg, leader=0)
+    if device == "cpu":
+        static = static_cpu_run(tmp_path_factory)
+        assert_losses_match([x for m in read_metrics(run_dir) for x in m["losses"]],
+                            [x for m in read_metrics(static) for x in m["losses"]])
+        assert_params_match(run_dir, static, rtol=1e-4)
 
 
 @pytest.mark.slow
