@@ -278,7 +278,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if "time_slicing" in run:
         ts = run["time_slicing"]
         print("  time slicing: " + ("plan may run an iteration collocated (every component on every rank) where its "
-                                    "measured iterations say it is faster" if ts["on"] else
+                                    "measured iterations say it is faster; the first one runs so (epoch 0)"
+                                    if ts["on"] else
                                     "off (" + "; ".join(ts["off_because"]) + "): every iteration disaggregated"))
     for roles, ranks in cfg.placement.ranks_by_roles().items():
         critic = [r for r in ranks if r in own_critic]
