@@ -151,8 +151,8 @@ def _time_sliced_if_faster(state: SchedState) -> tuple[RankMap | None, str]:
 
     Each mode is judged by its measured iterations (the mean of its latest ``defaults.TIME_SLICING_WINDOW``,
     ``History.mode_iteration_s``, the run's first iteration left out: it measures the start): the first
-    iteration runs collocated (it needs no forecast; the run starts so: ``live_state.start_placement``), the next disaggregated, the third collocated again
-    (measured now), then the faster of the two, trying the other
+    iteration runs collocated (it needs no forecast; the run starts so: ``live_state.start_placement``), the
+    next disaggregated, the third collocated again (measured now), then the faster of the two, trying the other
     again once its latest measurement is ``defaults.TIME_SLICING_RETRY`` iterations old (response lengths
     drift as a run trains). Collocated counts as faster only by ``defaults.TIME_SLICING_MARGIN``: a
     disaggregated iteration right after a collocated one has a colder forecast than the next ones. A try of
@@ -185,7 +185,8 @@ def _time_sliced_if_faster(state: SchedState) -> tuple[RankMap | None, str]:
         if forecast is not None and forecast > apart[0] * (1.0 + defaults.TIME_SLICING_FORECAST_MARGIN):
             return None, (f"collocated not tried: its forecast {forecast:.1f}s, disaggregated iterations took "
                           f"{apart[0]:.1f}s")
-    return on_every_rank(state.initial, tuple(state.world_ranks)), f"plan: iteration {nxt} collocated (every component on every rank, time-sliced): {why}"
+    why = f"plan: iteration {nxt} collocated (every component on every rank, time-sliced): {why}"
+    return on_every_rank(state.initial, tuple(state.world_ranks)), why
 
 
 def collocated_forecast_s(state: SchedState) -> float | None:
