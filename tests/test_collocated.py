@@ -128,6 +128,7 @@ def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
     ``true`` also exits 2 where plan could never run an iteration collocated, and under another policy."""
     from slurm_rl.config import load_config
     from slurm_rl.launch.prepare import prepare_run
+    from slurm_rl.scheduler.live_state import start_placement
 
     cfg = run_config("cpu", tmp_path / "run")
     cfg["cluster"].update(gpus_per_node=4, auto_scheduler=True,
@@ -137,12 +138,14 @@ def test_plan_time_slicing_is_checked_and_said(tmp_path: Path) -> None:
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "time slicing: plan may run an iteration collocated" in proc.stdout, proc.stdout
+    assert start_placement(load_config(tmp_path / "c.yaml", env={}))["actor"] == (0, 1, 2, 3)  # epoch 0: every rank
     cfg["runtime"].update(device="cuda", gpu_memory_gb=1e-4)  # 100 kB: no component fits
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "time slicing: off (every component on one GPU would need at least generate" in proc.stdout, proc.stdout
     _, run_dir = prepare_run(tmp_path / "c.yaml")  # what the run's coordinator and a resume read
     assert load_config(run_dir / "config.yaml", env={}).scheduler.time_slicing is False
+    assert start_placement(load_config(run_dir / "config.yaml", env={}))["actor"] == (0,)  # starts as configured
     cfg["scheduler"]["time_slicing"] = True
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
