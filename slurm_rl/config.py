@@ -216,8 +216,9 @@ class SchedulerConfig:
     seed: int = SEED  # simulator: seed of the response-length sampler
     iteration_overhead_s: float = 0.0  # simulator: idle seconds at each iteration start (fitted by calibrate)
     # plan: may run an iteration collocated (every component on every rank, time-sliced) where its measured
-    # iterations say that is faster; null: so where every component fits one GPU (on cuda, memory_fit's lower
-    # bound; elsewhere always), true: so (on cuda refused where they cannot fit), false: every iteration disaggregated
+    # iterations say that is faster, the first one from epoch 0; null: so where every component fits one GPU (on
+    # cuda, memory_fit's lower bound; elsewhere always), true: so (refused where they cannot fit on cuda, where
+    # the actor on every rank cannot split the batch, and under another policy), false: every iteration disaggregated
     time_slicing: Optional[bool] = None
 
 

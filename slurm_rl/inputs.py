@@ -209,16 +209,16 @@ def check_inputs(cfg: Config) -> None:
 def time_slicing_off_because(cfg: Config) -> list[str]:
     """Why ``plan`` runs every iteration of ``cfg`` disaggregated (empty: it may run some collocated): the
     policy's rules (``live_state.time_slicing_problems``) and, with ``scheduler.time_slicing`` left null on
-    cuda, every component not fitting one GPU (``memory_fit.collocated_memory``, where a budget is known);
+    cuda, every component not fitting one GPU (``memory_fit.collocated_overflow``, where a budget is known);
     ``launch.prepare`` writes such a run down with it false."""
-    from slurm_rl.memory_fit import collocated_memory
+    from slurm_rl.memory_fit import collocated_overflow
     from slurm_rl.scheduler.live_state import time_slicing_problems
 
     off = time_slicing_problems(cfg)
     if off or cfg.scheduler.time_slicing is not None or cfg.runtime.device != "cuda":
         return off
-    pm = collocated_memory(cfg, model_summary(cfg)["parameters"])
-    if pm is not None and pm.need > pm.budget:
+    pm = collocated_overflow(cfg, model_summary(cfg)["parameters"])
+    if pm is not None:
         hint = "" if actor_offloads(cfg) else "; actor.offload_weight: true parks the actor between phases"
         return [f"every component on one GPU would need at least {pm.describe()}{hint}"]
     return []

@@ -125,12 +125,12 @@ def memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
     return issues
 
 
-def collocated_memory(cfg: Config, params: int) -> PhaseMemory | None:
-    """What a rank needs when every configured component shares it (an iteration ``plan`` runs collocated);
-    None where no budget is known (see :func:`device_budget`)."""
+def collocated_overflow(cfg: Config, params: int) -> PhaseMemory | None:
+    """What a rank needs when every configured component shares it (an iteration ``plan`` runs collocated),
+    where that exceeds one GPU; None where it fits or no budget is known (see :func:`device_budget`)."""
     roles = tuple(c for c, comp in cfg.placement.components.items() if comp.ranks)
     fits = phase_memory(cfg, params, {roles: list(range(cfg.placement.world_size))})
-    return fits[0] if fits else None
+    return fits[0] if fits and fits[0].need > fits[0].budget else None
 
 
 def time_slicing_memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
@@ -139,8 +139,8 @@ def time_slicing_memory_problems(cfg: Config, params: int) -> list[ConfigIssue]:
     runs every iteration disaggregated instead (``launch.prepare``)."""
     if cfg.scheduler.policy != "plan" or cfg.scheduler.time_slicing is not True:
         return []
-    pm = collocated_memory(cfg, params)
-    if pm is None or pm.need <= pm.budget:
+    pm = collocated_overflow(cfg, params)
+    if pm is None:
         return []
     hint = "" if actor_offloads(cfg) else ", or actor.offload_weight: true"
     return [ConfigIssue("scheduler.time_slicing", True, (

@@ -35,6 +35,13 @@ def on_every_rank(placement: Mapping[str, tuple[int, ...]], ranks: tuple[int, ..
     return {c: (tuple(ranks) if held else ()) for c, held in placement.items()}
 
 
+def epoch_zero(configured: Mapping[str, tuple[int, ...]], ranks: tuple[int, ...], time_slicing: bool) -> RankMap:
+    """The placement a run starts on: ``configured``, or where ``plan`` time-slices (its first iteration runs
+    collocated) every configured component on every rank, so that the actor is built there and does not
+    reshard onto every rank when it first trains (the live run and the simulator both start so)."""
+    return on_every_rank(configured, ranks) if time_slicing else dict(configured)
+
+
 def shares_ranks(placement: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether some rank of ``placement`` serves several components (it time-slices them)."""
     seen: set[int] = set()

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 from slurm_rl.config import Config, actor_offloads, actor_tp_choices
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.progress import IterationCounters, LastMinibatch, RankProgress
-from slurm_rl.scheduler.collocated import on_every_rank, shares_ranks
+from slurm_rl.scheduler.collocated import epoch_zero, shares_ranks
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.history import NUM_BUCKETS, History, Tick
 from slurm_rl.scheduler.placement_ops import rollout_instances, setup_problems
@@ -41,14 +41,9 @@ def initial_decision(cfg: Config) -> Decision:
 
 
 def start_placement(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The placement of epoch 0, where the ranks build the actor: the configured one, or where ``plan``
-    time-slices (its first iteration runs collocated) every configured component on every rank, so that
-    the actor does not reshard onto every rank when it first trains. The policies still plan from the
-    configured placement (``SchedState.initial``)."""
-    configured = _ranks(cfg.placement)
-    if policy_config(cfg).time_slicing:
-        return on_every_rank(configured, tuple(range(cfg.placement.world_size)))
-    return configured
+    """The placement of epoch 0, where the ranks build the actor (``collocated.epoch_zero``). The policies
+    still plan from the configured placement (``SchedState.initial``)."""
+    return epoch_zero(_ranks(cfg.placement), tuple(range(cfg.placement.world_size)), policy_config(cfg).time_slicing)
 
 
 def restart_decision(epoch: Epoch, reason: str) -> Decision:
@@ -111,8 +106,8 @@ def policy_config(cfg: Config) -> PolicyConfig:
         use_wait_before_last_iter_policy=cfg.cluster.use_wait_before_last_iter_policy,
         script=steps,
         time_slicing=cfg.scheduler.policy == "plan" and not time_slicing_problems(cfg),
-        phase_switch_s=(CostModel.from_config(dataclasses.asdict(cfg.emulated)).offload_seconds(cfg.actor.tensor_parallel)
-                        if actor_offloads(cfg) else 0.0),
+        phase_switch_s=(CostModel.from_config(dataclasses.asdict(cfg.emulated))
+                        .offload_seconds(cfg.actor.tensor_parallel) if actor_offloads(cfg) else 0.0),
     )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from slurm_rl.errors import InputError
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
-from slurm_rl.scheduler.collocated import on_every_rank, shares_ranks, time_slice
+from slurm_rl.scheduler.collocated import epoch_zero, shares_ranks, time_slice
 from slurm_rl.scheduler.cost_model import CostModel, reshard_fraction
 from slurm_rl.scheduler.errors import SimulationError
 from slurm_rl.scheduler.history import NUM_BUCKETS, Tick, length_bucket
@@ -82,9 +82,8 @@ class SimSetup:
 
     @property
     def start(self) -> RankMap:
-        """Epoch 0: ``initial``, or where ``plan`` time-slices (its first iteration runs collocated) every
-        component on every GPU, the actor built there, as the live run starts (``live_state.start_placement``)."""
-        return on_every_rank(self.initial, tuple(range(self.gpus))) if self.policy_cfg.time_slicing else self.initial
+        """Epoch 0 (``collocated.epoch_zero``, as the live run's ``live_state.start_placement``)."""
+        return epoch_zero(self.initial, tuple(range(self.gpus)), self.policy_cfg.time_slicing)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial", normalize_placement(self.initial))
