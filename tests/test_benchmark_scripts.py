@@ -36,6 +36,12 @@ def test_bench_scheduling_prints_every_policy_of_a_cell() -> None:
     # one iteration: "after the first" is that iteration (the figure a long run converges to needs two or more)
     assert best["speedup_after_first_iteration"] == pytest.approx(best["speedup"], abs=2e-3)
     assert "speedup_math_rl" in out["targets"] and "never_below_best_static_mode" in out["targets"]
+    # plan's forecasts of the iteration's end against the end: the disaggregated one decides in iteration 0 once
+    # its first mini-batch was measured; the rules forecast nothing; a miss is a fraction of the iteration
+    miss = cell["plan+disaggregated"]["forecast_error"]
+    assert miss["decisions"] >= 1 and -50 < miss["all"]["median_pct"] < 50, miss
+    assert miss["all"]["p10_pct"] <= miss["all"]["median_pct"] <= miss["all"]["p90_pct"]
+    assert "forecast_error" not in cell["auto"] and "forecast_error" not in cell["static"]
 
 
 def test_bench_mux_prints_the_trace_comparison() -> None:

@@ -367,6 +367,16 @@ def test_plan_beats_static_and_the_rules_after_it_learned(math8_runs: dict) -> N
     learned = [d["reason"] for it in plan.iterations[1:] for d in it.decisions]
     assert any(r.startswith("plan: actor") for r in learned)
     assert not any("cold start" in r for r in learned)
+    # each decision of the receding horizon says when it expects the iteration to end (the rules forecast
+    # nothing): after the decision, and within a fifth of the iteration's actual end
+    for it in plan.iterations[1:]:
+        said = [d for d in it.decisions if "forecast end in" in d["reason"]]
+        assert said and all("forecast_end_s" in d for d in said)
+        for d in said:
+            ahead = float(d["reason"].split("forecast end in ")[1].split("s")[0])
+            assert d["forecast_end_s"] == pytest.approx(d["t"] + ahead, abs=0.1), d
+            assert abs(d["forecast_end_s"] - it.time_s) < 0.2 * it.time_s, (d, it.time_s)
+    assert not any("forecast_end_s" in d for it in rules.iterations for d in it.decisions)
     assert sum(it.time_s for it in plan.iterations[1:]) < sum(it.time_s for it in rules.iterations[1:])
 
 

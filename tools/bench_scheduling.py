@@ -11,9 +11,11 @@ policy: seconds per iteration, speed-up and reduction versus static, the bubble 
 time not computing) split by component (held but idle, or held by none), when each phase ended,
 the iteration's lower bounds (``tail_s``: the longest response decoded alone plus its inference
 and the last mini-batch on every GPU; ``work_s``: busy GPU-seconds over all GPUs), and the
-policy's decision time (wall milliseconds per call). Per profile and scale: ``plan`` against the
-best of ``auto`` / ``auto+pre_process`` in points of reduction, ``plan`` against the best static mode
-(disaggregated or co-located), and the targets.
+policy's decision time (wall milliseconds per call), and for ``plan`` how far its forecasts of the
+iteration's end missed (``forecast_error``: (forecast - actual end) / actual over the decisions it
+carried out, those made in the first and the second half of the iteration apart). Per profile and
+scale: ``plan`` against the best of ``auto`` / ``auto+pre_process`` in points of reduction, ``plan``
+against the best static mode (disaggregated or co-located), and the targets.
 
 Live half (``--live``): the same profile as emulated live runs at 8 and 32 ranks (one local
 process per rank, real epochs, acks, Arrow hand-off, mid-iteration decisions), with every cost
@@ -63,7 +65,10 @@ def _one(task: tuple[str, int, int, str, int]) -> tuple[tuple[str, int, str], di
     profile, gpus, iterations, policy, seed = task
     t0 = time.perf_counter()
     report = simulate(config_from_mapping(PROFILES[profile](gpus, num_iterations=iterations)), policy=policy, seed=seed)
-    return (profile, gpus, policy), {"report": report.as_dict(with_decisions=False),
+    # (when in the iteration, how far off) of every decision that forecast the iteration's end
+    misses = [(d["t"] / it.time_s, (d["forecast_end_s"] - it.time_s) / it.time_s)
+              for it in report.iterations for d in it.decisions if d.get("forecast_end_s") is not None]
+    return (profile, gpus, policy), {"report": report.as_dict(with_decisions=False), "forecast_misses": misses,
                                      "decide_s": report.decide_s, "wall_s": time.perf_counter() - t0}
 
 
@@ -94,7 +99,21 @@ def _summary(gpus: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
                        "max": round(1e3 * decide[-1], 3)} if decide else {"calls": 0}),
         "sim_wall_s": round(sum(r["wall_s"] for r in runs), 2),
     }
+    misses = [m for r in runs for m in r["forecast_misses"]]
+    if misses:
+        row["forecast_error"] = {"decisions": len(misses), "all": _spread([e for _, e in misses]),
+                                 "first_half": _spread([e for at, e in misses if at < 0.5]),
+                                 "second_half": _spread([e for at, e in misses if at >= 0.5])}
     return row
+
+
+def _spread(errors: list[float]) -> dict[str, float] | None:
+    """Median, 10th and 90th percentile of relative errors, in per cent (None: no error)."""
+    if not errors:
+        return None
+    e = sorted(errors)
+    pick = lambda q: round(100 * e[min(len(e) - 1, int(q * len(e)))], 1)  # noqa: E731
+    return {"median_pct": pick(0.5), "p10_pct": pick(0.1), "p90_pct": pick(0.9)}
 
 
 def _steady(row: dict[str, Any]) -> float:

@@ -31,6 +31,7 @@ class EpochRecord:
     reshard_s: float | None  # the actor's in-place move for this epoch (slowest rank), if it moved
     transition_s: float
     decision_latency_s: float | None
+    forecast_end_s: float | None = None  # seconds into its iteration the policy expected it to end (plan)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +83,7 @@ def epoch_records(run_dir: Path) -> list[EpochRecord]:
                 reshard_s=max((float(f.get("seconds", 0.0)) for f in reshards), default=None),
                 transition_s=max((float(a.get("figures", {}).get("seconds", 0.0)) for a in acked), default=0.0),
                 decision_latency_s=decision.get("decision_latency_s"),
+                forecast_end_s=decision.get("forecast_end_s"),
             )
         )
     return records

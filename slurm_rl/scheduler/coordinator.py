@@ -172,6 +172,7 @@ class CoordinatorLoop:
                 "mid_iteration": state is not None and state.phase != "start",
                 "progress": None if state is None else _progress_summary(state),
                 "decision_latency_s": published - state_read_at,
+                "forecast_end_s": decision.forecast_end_s,  # seconds into the iteration (None: no forecast)
                 "switch_latency_s": max(0.0, last_ack - published),
                 "published_at": published,
             },

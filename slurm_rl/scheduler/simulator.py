@@ -495,7 +495,8 @@ class Simulation:
         self.report.placement_changes += 1
         self.report.decisions.append({"t": round(self.t - self.t_start, 3), "reason": d.reason,
                                       "boundary": d.boundary,
-                                      "placement": {c: len(r) for c, r in new.items()}})
+                                      "placement": {c: len(r) for c, r in new.items()},
+                                      **({"forecast_end_s": d.forecast_end_s} if d.forecast_end_s is not None else {})})
         self._dispatch()
         self._start_stages()
 

@@ -283,13 +283,16 @@ class SchedState:
 class Decision:
     """A new placement, why, which rollout ranks must migrate their running requests out, and
     at which boundary it applies (see ``BOUNDARIES``). ``actor_tp``: the actor's tensor-parallel
-    size from then on (``None``: keep the size in force)."""
+    size from then on (``None``: keep the size in force). ``forecast_end_s``: seconds into the
+    iteration at which the policy expects it to end with this decision (``None``: no forecast), so
+    that its forecasts can be checked against the iteration's actual end."""
 
     placement: RankMap
     reason: str
     migrate_from: Ranks = ()
     boundary: str = "now"
     actor_tp: int | None = None
+    forecast_end_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:
@@ -306,6 +309,8 @@ class Decision:
                                "boundary": self.boundary}
         if self.actor_tp is not None:
             doc["actor_tp"] = self.actor_tp
+        if self.forecast_end_s is not None:
+            doc["forecast_end_s"] = self.forecast_end_s
         return doc
 
 

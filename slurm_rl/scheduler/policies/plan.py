@@ -425,7 +425,8 @@ def _best(state: SchedState, fc: Forecast, held: bool) -> Decision | None:
         parts.append(f"inference finished, releases {len(cur['inference'])} ranks")
     parts.append(f"forecast end in {chosen[0]:.1f}s vs {stay[0]:.1f}s without change")
     return Decision(placement, "plan: " + "; ".join(parts), migrate_from=leaving if out else (),
-                    boundary="minibatch" if placement["actor"] != cur["actor"] else "now")
+                    boundary="minibatch" if placement["actor"] != cur["actor"] else "now",
+                    forecast_end_s=round(state.elapsed_s + chosen[0], 3))
 
 
 def _differs_in_work(a: RankMap, b: RankMap) -> bool:
