@@ -58,7 +58,12 @@ def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, tmp_path_factory
     samples = cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]
     assert history.iterations_done == 4
     assert sum(history.lengths) == 4 * samples and history.longest > 0
-    assert history.time_sliced[:2] == (True, False), history.time_sliced
+    # the collocated iteration 0 leaves more decode idle than the work a disaggregated one overlaps with it (1.4-1.8
+    # times, measured over six runs, also beside three busy loops): iteration 1 tries disaggregation; a gate that
+    # keeps co-location says why in a "kept" event
+    kept = {e["iteration"]: e["reason"] for e in read_events(RunPaths(run_dir), "kept")}
+    assert history.time_sliced[:2] == (True, False), (history.time_sliced, kept)
+    assert "the first iteration" in kept[0] and 1 not in kept, kept
     # iteration 2 tries co-location again (the first iteration measured the start), unless its forecast says
     # it cannot pay; iteration 3 runs the mode its measured iterations chose
     starts = {}  # the iteration-start epoch in force at each iteration (none is published for one that keeps it)

@@ -20,7 +20,7 @@ from slurm_rl.scheduler.history import (
 from slurm_rl.scheduler.recorder import HistoryRecorder
 from slurm_rl.scheduler.placement_ops import placement_problems
 from slurm_rl.scheduler.policies import decide_auto, decide_plan, make_policy
-from slurm_rl.scheduler.policies.plan import collocated_forecast_s
+from slurm_rl.scheduler.policies.plan import collocated_forecast_s, collocated_spare_gpu_s
 from slurm_rl.scheduler.policies.plan import plan_start_placement
 from slurm_rl.config import config_from_mapping
 from slurm_rl.scheduler.profiles import PROFILES, math_rl
@@ -404,8 +404,11 @@ def test_every_profile_runs_under_plan(profile: str) -> None:
 
 
 @pytest.mark.parametrize(("profile", "expected"), [
-    # short responses on 8 GPUs: collocated (72-75 s an iteration) beats plan's disaggregated schedule (81-86 s)
-    ("short_response", [True, False, True, True]),
+    # short responses and training-heavy on 8 GPUs: collocated (72-77 s, 229-237 s an iteration) beats plan's
+    # disaggregated schedule (81-83 s, 229-244 s); the collocated iteration's rollout leaves 47-67 (270-311)
+    # GPU-seconds of decode idle against 260 (930) of work after it, so disaggregation is not even tried
+    ("short_response", [True, True, True, True]),
+    ("train_heavy", [True, True, True, True]),
     # math-RL: the long tail leaves GPUs that only a disaggregated schedule fills (193-204 s against 222-234 s);
     # the forecast of a collocated iteration (217 s) rules out trying co-location again
     ("math_rl", [True, False, False, False]),
@@ -417,13 +420,16 @@ def test_plan_runs_each_iteration_in_the_mode_measured_faster(profile: str, expe
     whose measured iterations were faster (collocated by a margin of 2 %); the simulator time-slices the ranks of a collocated iteration as a static collocated run."""
     report = simulate(config_from_mapping(PROFILES[profile](8, num_iterations=4)), policy="plan")
     firsts = [next((d for d in it.decisions if d.get("boundary") == "iteration"), None) for it in report.iterations]
-    assert firsts[0] is None, firsts[0]  # epoch 0 is collocated already: plan keeps it at gate 0
+    # epoch 0 is collocated already: plan keeps it at gate 0, and says why (as at every gate that keeps co-location)
+    assert firsts[0]["time_sliced"] and "the first iteration" in firsts[0]["reason"], firsts[0]
     modes = [True]
-    for it, first in zip(report.iterations[1:], firsts[1:]):
+    for first in firsts[1:]:  # none: the iteration-start placement in force already
         modes.append(bool(first.get("time_sliced")) if first is not None else modes[-1])
-    assert modes == expected, [(f or {}).get("reason") for f in firsts]
+    assert modes == expected, [f["reason"] for f in firsts]
     times = [it.time_s for it in report.iterations]
-    if modes[2]:  # measured both: the faster runs next
+    if modes[1]:  # disaggregation not tried: the collocated iterations leave too little decode idle
+        assert all("disaggregated not tried" in f["reason"] for f in firsts[1:]), [f["reason"] for f in firsts]
+    elif modes[2]:  # measured both: the faster runs next
         sliced, apart = times[2], times[1]
         assert modes[3] == (sliced < (1 - defaults.TIME_SLICING_MARGIN) * apart), times
     else:
@@ -463,6 +469,22 @@ def test_plan_picks_the_mode_its_measurements_say_is_faster() -> None:
     d = decide_plan(start)
     assert d is not None and d.placement == everywhere and "first iteration" in d.reason
     assert boundary((70.0,), (True,)) != everywhere  # disaggregated not measured yet
+    # ... unless the collocated iteration's rollout left less decode idle than the work a disaggregated iteration
+    # could overlap with it (scoring, and every mini-batch but the last: 260 GPU-seconds here): on 8 GPUs its last
+    # response at 40 s leaves 17 GPU-seconds idle (its tokens need 303 at full load); at 90 s, 417
+    for rollout_end, tried in ((40.0, False), (90.0, True)):
+        h = dataclasses.replace(learned_history(), iteration_s=(100.0,), time_sliced=(True,), rollout_end_s=rollout_end)
+        s = dataclasses.replace(state(finished=TOTAL, inference_done=TOTAL, mb_done=TOTAL // GBS, history=h), cfg=cfg)
+        idle, work = collocated_spare_gpu_s(s)  # type: ignore[misc]
+        assert (idle >= work) == tried, (idle, work)
+        d = decide_plan(s)
+        assert d is not None and (d.placement != everywhere) == tried, d
+        assert ("disaggregated not tried" in d.reason) == (not tried), d.reason
+    # a disaggregated iteration measured faster is never skipped so
+    h = dataclasses.replace(learned_history(), iteration_s=(85.0, 70.0, 90.0), time_sliced=(True, False, True),
+                            rollout_end_s=40.0)
+    s = dataclasses.replace(state(finished=TOTAL, inference_done=TOTAL, mb_done=TOTAL // GBS, history=h), cfg=cfg)
+    assert decide_plan(s).placement != everywhere
     assert boundary((70.0, 85.0), (True, False)) == everywhere
     assert boundary((84.0, 85.0), (True, False)) != everywhere  # under the margin: disaggregated
     assert boundary((85.0, 70.0), (False, True)) == everywhere

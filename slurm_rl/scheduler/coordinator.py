@@ -242,9 +242,9 @@ class CoordinatorLoop:
         decision = self.policy(state)
         if decision is None or decision.boundary == "iteration":
             return None
-        current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
-        if decision.placement == current and decision.actor_tp in (None, self.actor_tp):
+        if self._keeps(decision):
             return None
+        current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
         problems = self._usable(decision) + mid_iteration_problems(current, decision.placement)
         if problems:
             key = repr((sorted(decision.placement.items()), decision.actor_tp))
@@ -255,6 +255,12 @@ class CoordinatorLoop:
                 self.log(f"iteration {iteration}: policy decision not carried out ({'; '.join(problems)})")
             return None
         return self.publish(decision, iteration=iteration, state_read_at=read_at, state=state)
+
+    def _keeps(self, decision: Decision) -> bool:
+        """The decision leaves the placement and the actor's TP in force as they are."""
+        assert self.current is not None
+        current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
+        return decision.placement == current and decision.actor_tp in (None, self.actor_tp)
 
     def _observe(self, state: SchedState, progress: Mapping[int, RankProgress]) -> History:
         """Record what the ranks report into the run's history (``scheduler.history``)."""
@@ -305,7 +311,10 @@ class CoordinatorLoop:
                                         history=self.recorder.history, actor_state_dp=self.actor_state_dp,
                                         actor_tp=self.actor_tp)
                     decision = self.policy(state)
-                    if decision is not None:
+                    if decision is not None and self._keeps(decision):  # nothing to publish: say why
+                        append_event(self.paths, "kept", {"iteration": gate, "reason": decision.reason})
+                        self.log(f"iteration {gate}: placement kept ({decision.reason})")
+                    elif decision is not None:
                         self.publish(decision, iteration=gate, state_read_at=read_at, state=state)
                 self.released = gate
                 self.released_at = time.time()

@@ -107,6 +107,7 @@ class History:
     reshards: tuple[tuple[float, float], ...] = ()  # (state fraction moved, seconds) of actor growths
     longest: int = 0                       # longest response seen (earlier iterations)
     rollout_bias: float = 1.0              # actual / forecast remaining rollout time, last iteration
+    rollout_end_s: float = 0.0             # last iteration: seconds until its last response (0: not seen)
     drain_instances: int = 0               # rollout instances when the current iteration's queue
                                            # drained (0: not drained yet)
 

@@ -95,7 +95,7 @@ class HistoryRecorder:
         h = replace(h, iterations_done=h.iterations_done + 1, longest=max(h.longest, last.longest),
                     inference=inference, current_inference=(0.0, 0.0),
                     lengths=add_hist(h.lengths, last.lengths), current_lengths=(), curve=curve,
-                    curve_work=curve_work, drain_instances=0)
+                    curve_work=curve_work, drain_instances=0, rollout_end_s=self._rollout_end or 0.0)
         if self._rollout_end is not None:
             bias = rollout_bias(h, self._snapshots, self._rollout_end, self._drain_instances or 0)
             h = replace(h, rollout_bias=bias or h.rollout_bias)
