@@ -22,6 +22,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.scheduler.calibrate import calibrate
 from slurm_rl.inspect.report import read_metrics
 from slurm_rl.scheduler import defaults
+from slurm_rl.inspect.summary import format_summary, run_report_json
 from slurm_rl.scheduler.history import History
 from identity import assert_losses_match, assert_params_match
 from test_live_scheduling import COSTS, REPO
@@ -64,6 +65,11 @@ def test_plan_learns_from_the_run_and_schedules(tmp_path: Path, tmp_path_factory
     kept = {e["iteration"]: e["reason"] for e in read_events(RunPaths(run_dir), "kept")}
     assert history.time_sliced[:2] == (True, False), (history.time_sliced, kept)
     assert "the first iteration" in kept[0] and 1 not in kept, kept
+    # ... and the run's summary shows it under the epochs (`slurm-rl inspect`)
+    report = run_report_json(run_dir)
+    assert [k["iteration"] for k in report["kept"]] == sorted(kept), report["kept"]
+    assert "placement kept at the gate of iteration 0 (no epoch): plan: iteration 0 collocated" in \
+        format_summary(run_dir, report=report)
     # iteration 2 tries co-location again (the first iteration measured the start), unless its forecast says
     # it cannot pay; iteration 3 runs the mode its measured iterations chose
     starts = {}  # the iteration-start epoch in force at each iteration (none is published for one that keeps it)

@@ -89,6 +89,13 @@ def epoch_records(run_dir: Path) -> list[EpochRecord]:
     return records
 
 
+def kept_gates(run_dir: Path) -> list[dict[str, Any]]:
+    """The gates where the policy kept the placement in force and said why (``kept`` events: no epoch was
+    published), as ``{"iteration", "reason"}``, oldest first."""
+    return [{"iteration": int(e["iteration"]), "reason": str(e.get("reason", ""))}
+            for e in read_events(RunPaths(run_dir), "kept") if isinstance(e.get("iteration"), int)]
+
+
 def _ack_ranks(paths: RunPaths, epoch: int, placed: list[int]) -> list[int]:
     """Ranks that may have acked: listing is fine here (inspection, not a hot loop)."""
     directory = paths.acks_dir(epoch)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_rl.errors import InputError
-from slurm_rl.inspect.epoch_log import EpochRecord, _human_bytes, compress_ranks, epoch_records
+from slurm_rl.inspect.epoch_log import EpochRecord, _human_bytes, compress_ranks, epoch_records, kept_gates
 from slurm_rl.inspect.run_gantt import gantt_legend_text, text_gantt
 from slurm_rl.inspect.run_timeline import (RunTimeline, build_timeline, clip_timeline, component_seconds,
                                            iteration_spans)
@@ -129,9 +129,9 @@ def run_report_json(run_dir: str | Path, now: float | None = None, iterations: s
     root = Path(run_dir)
     tl = build_timeline(root, now=now)
     try:
-        records = epoch_records(root)
+        records, kept = epoch_records(root), kept_gates(root)
     except Exception as exc:  # a torn or missing epoch log is reported, never raised
-        records = []
+        records, kept = [], []
         tl.missing.append(f"epoch log: {type(exc).__name__}: {exc}")
     rows = read_metrics(root)
     if not rows:
@@ -141,6 +141,7 @@ def run_report_json(run_dir: str | Path, now: float | None = None, iterations: s
         first, stop = resolve_window(iterations, run_iteration_end(tl, rows))
         tl = clip_timeline(tl, first, stop)
         records = [r for r in records if first <= r.iteration < stop]
+        kept = [k for k in kept if first <= k["iteration"] < stop]
         rows = [r for r in rows if isinstance(r.get("iteration"), int) and first <= r["iteration"] < stop]
         window = _window_facts(iterations, first, stop, tl, rows)
     latencies = [r.switch_latency_s for r in records if r.switch_latency_s is not None and r.epoch > 0]
@@ -150,6 +151,7 @@ def run_report_json(run_dir: str | Path, now: float | None = None, iterations: s
         "facts": facts,
         **({"window": window} if window is not None else {}),
         "epochs": [r.to_json() for r in records],
+        "kept": kept,
         "metrics": rows,
         "metrics_summary": metric_summary(rows),
         "components": component_seconds(tl),
@@ -270,8 +272,12 @@ def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> lis
                 + f" {_f(e.switch_latency_s, '{:.3f}'):>8} {_f(e.reshard_s, '{:.3f}'):>9} "
                   f"{_human_bytes(e.bytes_moved):>8}  {e.reason[:48]}")
 
+    kept = r.get("kept") or []
+    said = [f"  placement kept at the gate of iteration {k['iteration']} (no epoch): {k['reason']}" for k in kept[-3:]]
+    if len(kept) > 3:
+        said.insert(0, f"  placement kept at {len(kept)} gates (no epoch published); the latest 3:")
     if all_epochs:
-        return lines + [row(e) for e in records]
+        return lines + [row(e) for e in records] + said
     shown = 0
     groups = collapse_epochs(records)
     for n, (its, group) in enumerate(groups):
@@ -291,7 +297,7 @@ def _epoch_lines(r: dict[str, Any], all_epochs: bool, max_rows: int = 12) -> lis
                 listed = listed[:40].rsplit(",", 1)[0] + ",…"
             lines.append(f"  {'':>5} {'':>4} ... the same {len(group)} epoch(s) in {len(its) - 1} more "
                          f"iteration(s): {listed}")
-    return lines
+    return lines + said
 
 
 def _metric_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
