@@ -70,7 +70,7 @@ from slurm_rl.scheduler.live_state import (
 )
 from slurm_rl.scheduler.placement_ops import mid_iteration_problems, placement_problems
 from slurm_rl.scheduler.recorder import HistoryRecorder
-from slurm_rl.scheduler.state import Decision, SchedState, normalize_placement
+from slurm_rl.scheduler.state import Decision, RankMap, SchedState, normalize_placement
 
 
 @dataclass
@@ -242,9 +242,9 @@ class CoordinatorLoop:
         decision = self.policy(state)
         if decision is None or decision.boundary == "iteration":
             return None
-        if self._keeps(decision):
+        current = self._placement()
+        if self._keeps(decision, current):
             return None
-        current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
         problems = self._usable(decision) + mid_iteration_problems(current, decision.placement)
         if problems:
             key = repr((sorted(decision.placement.items()), decision.actor_tp))
@@ -256,10 +256,13 @@ class CoordinatorLoop:
             return None
         return self.publish(decision, iteration=iteration, state_read_at=read_at, state=state)
 
-    def _keeps(self, decision: Decision) -> bool:
-        """The decision leaves the placement and the actor's TP in force as they are."""
+    def _placement(self) -> RankMap:
+        """The placement of the epoch in force, as the policies write theirs."""
         assert self.current is not None
-        current = normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
+        return normalize_placement({c: s["ranks"] for c, s in self.current.placement.items()})
+
+    def _keeps(self, decision: Decision, current: RankMap) -> bool:
+        """The decision leaves the placement ``current`` and the actor's TP in force as they are."""
         return decision.placement == current and decision.actor_tp in (None, self.actor_tp)
 
     def _observe(self, state: SchedState, progress: Mapping[int, RankProgress]) -> History:
@@ -311,7 +314,7 @@ class CoordinatorLoop:
                                         history=self.recorder.history, actor_state_dp=self.actor_state_dp,
                                         actor_tp=self.actor_tp)
                     decision = self.policy(state)
-                    if decision is not None and self._keeps(decision):  # nothing to publish: say why
+                    if decision is not None and self._keeps(decision, self._placement()):  # say why, publish nothing
                         append_event(self.paths, "kept", {"iteration": gate, "reason": decision.reason})
                         self.log(f"iteration {gate}: placement kept ({decision.reason})")
                     elif decision is not None:

@@ -77,9 +77,9 @@ def _decide(state: SchedState) -> Decision | None:
             start, why = sliced, note
         elif note:
             why = f"{why}; {note}"
-        if state.current == start and sliced is None:
+        if state.current == start and sliced is None:  # a collocated start is said even when in force (kept)
             return None
-        return Decision(start, why, boundary="iteration")  # a collocated iteration after one: kept, and why
+        return Decision(start, why, boundary="iteration")
     if state.phase == "end" or shares_ranks(state.current):
         return None  # a time-sliced iteration's ranks switch phases on their own until its end
     held = _held_back(state)
