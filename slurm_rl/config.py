@@ -1097,20 +1097,41 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
 
 
 def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]:
-    """Collocated components (ranks shared, time-sliced) are refused under auto and plan, which move
-    whole ranks between components (a scripted run follows its steps' placements; plan time-slices every rank
-    by itself in the iterations it runs collocated, from a disaggregated placement)."""
+    """What the dynamic policies cannot do with ranks that serve several components (time-sliced).
+
+    ``auto`` runs a hybrid placement with its shared ranks pinned (they keep their components while any has
+    work; the actor grows into the other ranks as they free up): refused where that leaves it nothing to move
+    (the actor holds every rank) and where its pre-process would lend the actor's shared ranks to the rollout.
+    ``plan`` refuses shared ranks: it chooses co-location by itself, per iteration, from a disaggregated
+    placement. A scripted run follows its steps' placements; static time-slices what it is given."""
     from slurm_rl.inspect.epoch_log import compress_ranks
 
     shared = [r for r in range(placement.world_size) if len(placement.roles_of(r)) > 1]
-    if not shared or root.scheduler.policy not in DYNAMIC_POLICIES:
+    policy = root.scheduler.policy
+    if not shared or policy not in DYNAMIC_POLICIES:
         return []
-    also = (" or, for plan to run iterations collocated where they are faster, a disaggregated placement (it "
-            "time-slices every rank then: scheduler.time_slicing)" if root.scheduler.policy == "plan" else "")
-    return [ConfigIssue("cluster.component_placement", dict(root.cluster.component_placement), (
-        f"components on separate ranks under scheduler.policy {root.scheduler.policy} (it moves whole ranks "
-        f"between components, and ranks {compress_ranks(shared)} are shared): collocated components need "
-        f"scheduler.policy static (cluster.auto_scheduler: false){also}"))]
+    where = dict(root.cluster.component_placement)
+    if policy == "plan":
+        return [ConfigIssue("cluster.component_placement", where, (
+            f"components on separate ranks under scheduler.policy plan (ranks {compress_ranks(shared)} are "
+            "shared; plan chooses co-location by itself, per iteration): a disaggregated placement (it time-slices "
+            "every rank in the iterations it runs collocated: scheduler.time_slicing), or scheduler.policy auto "
+            "or static for this one"))]
+    from slurm_rl.scheduler.collocated import actor_holds_every_rank
+
+    actor = set(placement.components["actor"].ranks) if "actor" in placement.components else set()
+    issues = []
+    if actor_holds_every_rank({name: tuple(comp.ranks) for name, comp in placement.components.items()}):
+        issues.append(ConfigIssue("cluster.component_placement", where, (
+            f"a placement where scheduler.policy auto can move a rank: it grows the actor into ranks the other "
+            f"components free up, and here the actor holds every rank already (ranks {compress_ranks(shared)} "
+            "shared): scheduler.policy static (cluster.auto_scheduler: false)")))
+    if root.cluster.use_pre_process_policy and actor & set(shared):
+        issues.append(ConfigIssue("cluster.use_pre_process_policy", True, (
+            f"false where the actor's ranks are shared (ranks {compress_ranks(sorted(actor & set(shared)))}): "
+            "pre-process lends the actor's ranks to the rollout until the actor starts, and auto keeps a shared "
+            "rank's components in place")))
+    return issues
 
 
 def _old_logprobs_problems(al: AlgorithmSection, placement: Placement) -> list[ConfigIssue]:

@@ -377,23 +377,40 @@ def test_unknown_engine_key_is_refused_at_launch_with_exit_2(tmp_path: Path) -> 
     assert "starting" not in proc.stdout and not run_dir.exists()  # nothing launched, nothing written
 
 
-def test_a_placement_the_policy_cannot_start_from_is_refused_before_a_launch(tmp_path: Path) -> None:
-    """``auto`` with actor and inference on one rank: refused by validate (exit 2), not by the
-    coordinator once the ranks have started (collocated components need the static policy)."""
+def test_shared_ranks_a_dynamic_policy_cannot_move_are_refused_before_a_launch(tmp_path: Path) -> None:
+    """``auto`` runs a hybrid placement with its shared ranks pinned; what it cannot do there is refused by
+    validate (exit 2, naming the key), not by the coordinator once the ranks have started: a pre-process
+    that would lend the actor's shared rank to the rollout, and a placement where the actor holds every rank
+    (nothing left to move). ``plan`` refuses shared ranks: it chooses co-location by itself."""
     import yaml
 
     from emulated_configs import emulated_config
 
-    cfg = emulated_config(tmp_path / "run", gpus_per_node=2, iterations=1)
-    cfg["cluster"].update(auto_scheduler=True, component_placement={"actor,inference": "0", "rollout": "1"})
-    cfg["scheduler"] = {"policy": "auto"}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([*CLI, "validate", str(tmp_path / "c.yaml")],
-                          capture_output=True, text=True, timeout=120)
+    def validate(placement: dict, policy: str = "auto", **cluster) -> subprocess.CompletedProcess:
+        cfg = emulated_config(tmp_path / "run", gpus_per_node=2, iterations=1)
+        cfg["cluster"].update(auto_scheduler=True, component_placement=placement, **cluster)
+        cfg["scheduler"] = {"policy": policy}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+        return subprocess.run([*CLI, "validate", str(tmp_path / "c.yaml")], capture_output=True, text=True,
+                              timeout=120)
+
+    hybrid = {"actor,inference": "0", "rollout": "1"}
+    proc = validate(hybrid)
+    assert proc.returncode == 0 and "mode: hybrid" in proc.stdout, proc.stdout + proc.stderr
+    proc = validate(hybrid, use_pre_process_policy=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "cluster.component_placement: got {'actor,inference': '0', 'rollout': '1'}; allowed: components on " \
-           "separate ranks under scheduler.policy auto" in proc.stderr
-    assert "ranks 0 are shared): collocated components need scheduler.policy static" in proc.stderr
+    assert "cluster.use_pre_process_policy: got True; allowed: false where the actor's ranks are shared (ranks " \
+           "0): pre-process lends the actor's ranks to the rollout" in proc.stderr
+    proc = validate({"actor,rollout,inference": "all"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cluster.component_placement: got {'actor,rollout,inference': 'all'}; allowed: a placement where " \
+           "scheduler.policy auto can move a rank" in proc.stderr and "the actor holds every rank already (ranks " \
+           "0-1 shared): scheduler.policy static" in proc.stderr
+    proc = validate(hybrid, policy="plan")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "allowed: components on separate ranks under scheduler.policy plan (ranks 0 are shared; plan chooses " \
+           "co-location by itself, per iteration)" in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_algorithm_options_exit_2_naming_each_key(tmp_path: Path) -> None:

@@ -92,15 +92,13 @@ def test_validate_names_the_mode_and_each_ranks_components(tmp_path: Path) -> No
     cfg["cluster"].update(gpus_per_node=4, component_placement={"actor,rollout": "0-1", "inference": "2-3"})
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
     assert proc.returncode == 0 and "mode: hybrid" in proc.stdout, proc.stdout + proc.stderr
-    # the dynamic policies move whole ranks between components: refused before anything starts
+    # auto pins the shared ranks (tests/test_bad_input.py: what it refuses); plan chooses co-location by itself
     cfg["cluster"]["auto_scheduler"], cfg["scheduler"]["policy"] = True, "auto"
+    assert cli("validate", str(write_config(tmp_path / "c.yaml", cfg))).returncode == 0
+    cfg["scheduler"]["policy"] = "plan"
     proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "cluster.component_placement" in proc.stderr and "need scheduler.policy static" in proc.stderr
-    cfg["scheduler"]["policy"] = "plan"  # plan: says how it runs iterations collocated by itself
-    proc = cli("validate", str(write_config(tmp_path / "c.yaml", cfg)))
-    assert proc.returncode == 2 and "a disaggregated placement (it time-slices every rank then: " \
-        "scheduler.time_slicing)" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "a disaggregated placement (it time-slices every rank in the iterations it " \
+        "runs collocated: scheduler.time_slicing)" in proc.stderr, proc.stdout + proc.stderr
 
 
 def test_a_collocated_placement_whose_phases_cannot_fit_is_refused(tmp_path: Path) -> None:
@@ -223,6 +221,36 @@ def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, p
         check_phases_in_order(tmp_path / "run", k, shared_inference=mode == "collocated")
     validate = cli("validate", str(tmp_path / "c.yaml"))
     assert f"mode: {mode}" in validate.stdout, validate.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_grows_a_hybrid_actor_into_ranks_freed_by_finished_components(backend: str, reference,
+                                                                            tmp_path: Path) -> None:
+    """``auto`` on a hybrid placement (actor and rollout shared on rank 0, inference on rank 1): the shared
+    rank keeps its components while the rollout runs; once the inference rank has scored every sample
+    the actor grows onto it (DP 1 -> 2) for the iteration's mini-batches, and every iteration starts from
+    the hybrid placement again. The run trains as the disaggregated reference (actor DP 2 on ranks of its
+    own): the same prompts, rewards and, on cpu, per-step losses and final weights."""
+    run_dir = tmp_path / "run"
+    cfg = run_config(backend, run_dir, keep_iterations=10)
+    cfg["cluster"].update(gpus_per_node=2, auto_scheduler=True,
+                          component_placement={"actor,rollout": "0", "inference": "1"})
+    cfg["scheduler"] = {**cfg["scheduler"], "policy": "auto"}
+    proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_outcome(run_dir, reference(backend))
+    epochs = EpochStore(RunPaths(run_dir)).all()
+    for k in range(4):
+        mine = [e for e in epochs if e.iteration == k]
+        start = [e for e in mine if e.boundary == "iteration"] or [e for e in epochs if e.epoch == 0]
+        assert (start[-1].ranks_of("actor"), start[-1].ranks_of("rollout"), start[-1].ranks_of("inference")) \
+            == ([0], [0], [1]), (k, [e.to_json() for e in mine])
+        grown = [e for e in mine if e.ranks_of("actor") == [0, 1]]
+        assert grown and not grown[0].ranks_of("rollout") and not grown[0].ranks_of("inference"), \
+            (k, [e.to_json() for e in mine])
+        plan = json.loads((stage_dir(run_dir, k, "actor_batch") / "plan.json").read_text())
+        assert [m["dp"] for m in plan["minibatches"]] == [2, 2], (k, plan["minibatches"])
+        check_phases_in_order(run_dir, k, shared_inference=False)
 
 
 @pytest.mark.slow

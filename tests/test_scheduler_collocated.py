@@ -94,18 +94,40 @@ def test_a_hybrid_placement_time_slices_only_its_shared_ranks(gpus: int) -> None
     assert all(a.time_s > b.time_s for a, b in zip(offloaded.iterations[1:], shared_actor.iterations[1:]))
 
 
-def test_policies_that_move_ranks_refuse_a_shared_placement() -> None:
-    """``auto`` asked (on the command line) to move the ranks of a collocated placement: refused naming the
-    policy and the shared ranks (a config file saying so is refused by validate already)."""
+def test_policies_that_move_ranks_refuse_a_shared_placement_they_cannot_move() -> None:
+    """Asked on the command line (a config file saying so is refused by validate already): ``plan`` on shared
+    ranks (it chooses co-location by itself), ``auto`` where the actor holds every rank (nothing to move)."""
     shared = _config(cluster={"component_placement": {"actor,rollout,inference": "all"}})
-    with pytest.raises(SimulationSetupError, match="auto moves whole ranks.*ranks \\[0, 1"):
+    with pytest.raises(SimulationSetupError, match="plan moves whole ranks.*ranks \\[0, 1"):
+        simulate(config_from_mapping(shared), policy="plan")
+    with pytest.raises(SimulationSetupError, match="the actor holds every rank already"):
         simulate(config_from_mapping(shared), policy="auto")
+
+
+def test_auto_on_a_hybrid_placement_pins_its_shared_ranks_and_grows_the_actor() -> None:
+    """``auto`` on ``actor,inference: 0-1`` beside ``rollout: 2-7``: the shared ranks keep scoring until every
+    sample is scored (the actor, sharing them, trains only then), the rollout's ranks join the actor as its
+    requests run out, and the actor trains on all 8 GPUs; every iteration starts from the hybrid placement.
+    Against ``static`` on the same placement, which leaves the rollout's ranks idle while the actor trains on
+    two, the simulated iteration is shorter (380.5 s against 244.0 s, seed 0)."""
+    cfg = config_from_mapping(_config(cluster={"component_placement": {"actor,inference": "0-1", "rollout": "2-7"},
+                                               "auto_scheduler": True}, scheduler={"policy": "auto"}))
+    report = simulate(cfg)
+    assert report.policy == "auto"
+    for it in report.iterations:
+        # (the decisions' placements are counts of ranks: the shared pair keeps inference until it finished)
+        before = [d["placement"] for d in it.decisions if d["t"] < it.phases["inference_end_s"] - 1e-3]
+        assert all(p["inference"] == 2 for p in before), it.decisions
+        assert any(d["placement"] == {"actor": GPUS, "rollout": 0, "inference": 0} for d in it.decisions)
+        assert it.phases["last_minibatch_start_s"] >= it.phases["inference_end_s"]
+    static = simulate(cfg, policy="static")
+    assert static.policy == "hybrid" and report.mean_iteration_s < 0.8 * static.mean_iteration_s
 
 
 def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
     """``simulate --compare-modes``: the configured run, then every disaggregated policy, plan choosing per
     iteration, and co-location on the same GPUs, each figure the simulator's own for that policy, and the fastest named; a hybrid config compares
-    with co-location only, saying why; bad combinations exit 2."""
+    with co-location and auto (its shared ranks pinned) only, saying why; bad combinations exit 2."""
     path = tmp_path / "c.yaml"
     one = _config(train={"num_iterations": 1})
     path.write_text(yaml.safe_dump(one))
@@ -126,7 +148,8 @@ def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
     proc = subprocess.run([*CLI, "simulate", str(path), "--compare-modes"], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert "hybrid" in proc.stdout and "not compared: static, auto, plan+disaggregated, plan" in proc.stdout
+    assert "hybrid" in proc.stdout and "not compared: static, plan+disaggregated, plan" in proc.stdout
+    assert "scheduler.policy=auto (the shared ranks pinned)" in proc.stdout, proc.stdout  # auto: shared ranks pinned
     for args, says in ((["--policy", "collocated+nothing"], "'nothing'"), (["--compare-modes", "--policy", "auto"], "--compare-modes"),
                        (["--policy", "auto+disaggregated"], "plan+disaggregated")):
         bad = subprocess.run([*CLI, "simulate", str(path), *args], capture_output=True, text=True)

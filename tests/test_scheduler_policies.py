@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -91,6 +92,24 @@ def test_auto_gives_finished_inference_to_actor() -> None:
     assert d.placement == {"actor": tuple(range(8)), "rollout": (), "inference": ()}
     assert d.migrate_from == ()
     assert "inference finished" in d.reason
+
+
+def test_auto_pins_the_shared_ranks_of_a_hybrid_placement() -> None:
+    """Ranks 2-3 serve rollout and inference (time-sliced): while requests are outstanding auto releases only
+    the rollout's own ranks (4-5), not the shared ones it would release first otherwise; once every sample
+    is scored the shared ranks, all of whose components finished, join the actor with the rest."""
+    hybrid = {"actor": (0, 1), "rollout": (2, 3, 4, 5), "inference": (2, 3, 6, 7)}
+    st = state(running=10, finished=900, inference_done=700, mb_done=1, current=hybrid)
+    d = decide_auto(dataclasses.replace(st, initial=hybrid))
+    assert d is not None
+    assert d.placement == {"actor": (0, 1, 4, 5), "rollout": (2, 3), "inference": (2, 3, 6, 7)}
+    assert d.migrate_from == (4, 5)
+    # the same progress on the disaggregated layout releases the lowest instances, 2-3
+    assert decide_auto(state(running=10, finished=900, inference_done=700, mb_done=1)).migrate_from == (2, 3)
+    done = {"actor": (0, 1, 4, 5), "rollout": (2, 3), "inference": (2, 3, 6, 7)}
+    st = state(inference_done=TOTAL, mb_done=2, current=done)
+    d = decide_auto(dataclasses.replace(st, initial=hybrid))
+    assert d is not None and d.placement == {"actor": tuple(range(8)), "rollout": (), "inference": ()}
 
 
 def test_auto_waits_while_actor_is_inside_a_minibatch() -> None:

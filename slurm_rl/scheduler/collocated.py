@@ -42,14 +42,25 @@ def epoch_zero(configured: Mapping[str, tuple[int, ...]], ranks: tuple[int, ...]
     return on_every_rank(configured, ranks) if time_slicing else dict(configured)
 
 
+def shared_ranks(placement: Mapping[str, tuple[int, ...]]) -> frozenset[int]:
+    """The ranks of ``placement`` that serve several components (they time-slice them)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for ranks in placement.values():
+        shared.update(seen.intersection(ranks))
+        seen.update(ranks)
+    return frozenset(shared)
+
+
+def actor_holds_every_rank(placement: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether the actor serves every rank that ``placement`` uses (``auto`` has then no rank to grow it into)."""
+    used = {r for ranks in placement.values() for r in ranks}
+    return used <= set(placement.get("actor", ()))
+
+
 def shares_ranks(placement: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether some rank of ``placement`` serves several components (it time-slices them)."""
-    seen: set[int] = set()
-    for ranks in placement.values():
-        if seen.intersection(ranks):
-            return True
-        seen.update(ranks)
-    return False
+    return bool(shared_ranks(placement))
 
 
 def phase_of(comps: tuple[str, ...], state: SchedState, actor_waits: bool, has_inference: bool) -> str | None:

@@ -133,7 +133,7 @@ def check_setup(cfg: Config) -> None:
     pcfg = policy_config(cfg)
     problems = setup_problems(_ranks(cfg.placement), range(cfg.placement.world_size), pcfg,
                               cfg.train.global_batch_size, cfg.train.micro_batch_size,
-                              allow_shared=cfg.scheduler.policy == "static")
+                              allow_shared=cfg.scheduler.policy in ("static", "auto"))
     if problems:
         raise ValueError(f"cluster.component_placement cannot be scheduled by policy "
                          f"{cfg.scheduler.policy!r}: " + "; ".join(problems))

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from slurm_rl.config import Config, actor_offloads, critic_tp
 from slurm_rl.scheduler.collocated import HYBRID, MODE as COLLOCATED
-from slurm_rl.scheduler.collocated import rank_components
+from slurm_rl.scheduler.collocated import actor_holds_every_rank, rank_components
 from slurm_rl.scheduler.cost_model import CostModel
 from slurm_rl.scheduler.lengths import LengthModel
 from slurm_rl.scheduler.live_state import policy_config, time_slicing_problems
@@ -108,7 +108,8 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     suffixes; ``placement`` replaces the configured one (rank tuples per component). ``collocated``
     puts every configured component on every GPU, time-sliced; ``static`` on a placement whose ranks
     serve several components (collocated or hybrid) time-slices those ranks
-    (:mod:`slurm_rl.scheduler.collocated`); the other policies move whole ranks and take a
+    (:mod:`slurm_rl.scheduler.collocated`), and so does ``auto``, which pins them (see
+    :mod:`slurm_rl.scheduler.policies.auto`); the other policies move whole ranks and take a
     disaggregated placement."""
     cfg = _config(cfg)
     world_cfg = cfg.placement.world_size
@@ -127,10 +128,14 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
     placement = normalize_placement(placement)
     comps_of = rank_components(placement, tuple(range(world)))
     shared = [r for r, comps in comps_of.items() if len(comps) > 1]
-    if shared and base not in ("static", COLLOCATED):
+    if shared and base not in ("static", COLLOCATED, "auto"):
         raise SimulationSetupError(f"policy: {base} moves whole ranks between components; ranks {shared[:8]} serve "
-                                   f"several (time-sliced): simulate this placement with static, or a "
-                                   f"disaggregated one with {base}")
+                                   f"several (time-sliced): simulate this placement with static or auto (which "
+                                   f"pins them), or a disaggregated one with {base}")
+    if shared and base == "auto" and actor_holds_every_rank(placement):
+        raise SimulationSetupError(f"policy: auto grows the actor into ranks the other components free up, and the "
+                                   f"actor holds every rank already (ranks {shared[:8]} serve several, "
+                                   f"time-sliced): simulate this placement with static")
     time_sliced = bool(shared)
     if time_sliced and base == "static":
         placed = [c for c in placement if placement[c]]
@@ -182,8 +187,9 @@ MODES = (("disaggregated", "static", "scheduler.policy=static"),
 def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None) -> dict[str, object]:
     """The config's run against every mode it could run in (see :data:`MODES`) on the same GPUs, data and
     cost model: seconds per iteration, and the fastest. The disaggregated policies run the config's placement
-    where it is disaggregated (a collocated or hybrid one gives them nothing to move: they are left out, and
-    the reason given); its own run (hybrid included) is the first row."""
+    where it is disaggregated; on a hybrid one only ``auto`` runs, its shared ranks pinned (the others, and
+    ``auto`` where the actor holds every rank, are left out, and the reason given); its own run (hybrid
+    included) is the first row."""
     cfg = _config(cfg)
     own = simulate(cfg, gpus=gpus, seed=seed)
     rows = [{"mode": cfg.placement.mode, "policy": own.policy, "config": "as configured",
@@ -194,8 +200,12 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
     configured = {"plan": own.policy == "plan" and sliced,  # which row the config's own run is
                   f"plan+{DISAGGREGATED}": own.policy == "plan" and not sliced,
                   COLLOCATED: own.policy == COLLOCATED and not actor_offloads(cfg)}
+    pinned = cfg.placement.mode == HYBRID and not actor_holds_every_rank(
+        {name: tuple(comp.ranks) for name, comp in cfg.placement.components.items()})
     for mode, policy, how in MODES:
-        if mode != "collocated" and cfg.placement.mode != "disaggregated":
+        if pinned and policy == "auto":  # auto runs a hybrid placement with its shared ranks pinned
+            mode, how = HYBRID, "scheduler.policy=auto (the shared ranks pinned)"
+        elif mode != "collocated" and cfg.placement.mode != "disaggregated":
             skipped.append(policy)
             continue
         if configured.get(policy, policy == own.policy):

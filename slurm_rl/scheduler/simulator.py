@@ -145,6 +145,7 @@ class Simulation:
         self.instances: dict[int, _Instance] = {}
         self._rebuild_instances(0.0)
         self.pending_decision: Decision | None = None
+        self.left_epoch: RankMap | None = None  # a shared epoch a decision left mid-iteration (actor parked there)
         self.last_policy_t = -1e18
         self.tick_scheduled = False
         self.recorder = HistoryRecorder()
@@ -438,6 +439,8 @@ class Simulation:
                                               "placement": {c: len(r) for c, r in new_epoch.items()}})
                 decision = None
             else:
+                if self.epoch is not None and state.phase not in ("start", "end"):
+                    self.left_epoch = self.epoch  # mid-iteration: its parked actor ranks onload first
                 self.epoch = None
         if decision is None and self.epoch is not None:
             decision = time_slice(state, self.epoch, self.placement)
@@ -465,7 +468,13 @@ class Simulation:
         old = self.placement
         ready = self.t + self.s.switch_latency_s
         parking = 0.0
-        if self.epoch is not None and new["actor"] != old["actor"]:  # a shared rank's actor state parks or comes back
+        # a shared rank's actor state parks or comes back (also where auto leaves a shared epoch mid-iteration:
+        # the actor's shared ranks, parked while they scored, bring it back before the reshard)
+        back = (self.left_epoch is not None and new["actor"] != old["actor"]
+                and bool(set(new["actor"]) & set(self.left_epoch["actor"]) - set(old["actor"])))
+        if new["actor"] != old["actor"]:
+            self.left_epoch = None
+        if (self.epoch is not None or back) and new["actor"] != old["actor"]:
             parking = self.s.phase_switch_s
             ready += parking
             parked = set(old["actor"]) - set(new["actor"])

@@ -19,6 +19,13 @@ Rules, first match wins:
    allow. Only as many rollout instances are released as the actor can use (RLinf's
    ``find_release_instance_num_needed``); finished components are released entirely.
 
+On a hybrid placement (ranks of the configured placement that serve several components, time-sliced)
+the shared ranks are pinned: they keep their components while any of them has work (a shared rollout
+instance is never released while requests are outstanding), and leave the rollout and inference only
+once those finished; the actor grows into the other ranks as they free up, and into shared ranks whose
+components all finished. ``config`` refuses what auto cannot do there (a pre-process that would lend
+shared actor ranks; an actor that holds every rank already, so that nothing is left to move).
+
 The actor keeps its tensor-parallel size while it suits its new ranks; otherwise the decision
 carries the smallest of ``actor_tp_choices`` that does (``placement_ops.with_actor_tp``), and the
 actor never grows onto ranks that no choice suits (a TP group across nodes, an invalid DP size).
@@ -26,6 +33,7 @@ actor never grows onto ranks that no choice suits (a TP group across nodes, an i
 
 from __future__ import annotations
 
+from slurm_rl.scheduler.collocated import shared_ranks
 from slurm_rl.scheduler.placement_ops import (
     choose_actor_tp,
     grow_actor,
@@ -133,24 +141,26 @@ def _release_and_grow(state: SchedState) -> Decision | None:
     cur = state.current
     cfg = state.cfg
     out = state.rollout.outstanding
+    pinned = shared_ranks(state.initial)  # a hybrid placement's shared ranks keep their components
     instances = rollout_instances(cur["rollout"], cfg.rollout_ranks_per_instance)
     keep = min(len(instances), instances_needed(out, cfg.max_running_requests))
     keep = max(keep, 1) if out > 0 else 0
-    surplus = instances[:len(instances) - keep]  # lowest ranks first, as RLinf releases them
+    movable = [inst for inst in instances if not pinned.intersection(inst)]
+    surplus = movable[:len(instances) - keep]  # lowest ranks first, as RLinf releases them
     inference_done = state.inference.finished and bool(cur["inference"])
     idle = idle_ranks(state.world_ranks, cur)
 
     groups: list[tuple[int, ...]] = [(r,) for r in idle]
-    if inference_done:
-        groups.extend((r,) for r in cur["inference"])
+    if inference_done:  # a shared rank joins the actor once none of its components has work left
+        groups.extend((r,) for r in cur["inference"]
+                      if r not in cur["actor"] and (out == 0 or r not in cur["rollout"]))
     n_fixed = len(groups)
     groups.extend(surplus)
     actor, used = grow_actor(cur["actor"], groups, state)
 
     released_instances = max(0, used - n_fixed)
-    if out == 0:
-        released_instances = len(instances)
-    released_rollout = tuple(r for inst in instances[:released_instances] for r in inst)
+    released = instances if out == 0 else surplus[:released_instances]
+    released_rollout = tuple(r for inst in released for r in inst)
     placement: RankMap = {
         "actor": actor,
         "rollout": tuple(r for r in cur["rollout"] if r not in set(released_rollout)),
