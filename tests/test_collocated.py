@@ -224,33 +224,48 @@ def test_one_gpu_and_hybrid_jobs_run_every_iteration(backend: str, slots: int, p
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_auto_grows_a_hybrid_actor_into_ranks_freed_by_finished_components(backend: str, reference,
+@pytest.mark.parametrize(("placement", "stop_at"), [
+    ({"actor,rollout": "0", "inference": "1"}, None),
+    ({"actor": "0", "rollout,inference": "1"}, 2),  # stopped at the gate of iteration 2 and resumed
+], ids=["actor-shared", "scorer-shared-resumed"])
+def test_auto_grows_a_hybrid_actor_into_ranks_freed_by_finished_components(backend: str, placement: dict,
+                                                                            stop_at: int | None, reference,
                                                                             tmp_path: Path) -> None:
-    """``auto`` on a hybrid placement (actor and rollout shared on rank 0, inference on rank 1): the shared
-    rank keeps its components while the rollout runs; once the inference rank has scored every sample
-    the actor grows onto it (DP 1 -> 2) for the iteration's mini-batches, and every iteration starts from
-    the hybrid placement again. The run trains as the disaggregated reference (actor DP 2 on ranks of its
-    own): the same prompts, rewards and, on cpu, per-step losses and final weights."""
+    """``auto`` on a hybrid placement pins the shared rank: it keeps its components while any has work, and the
+    actor grows onto the rank that frees up (DP 1 -> 2) once its components finished; every iteration starts from
+    the hybrid placement again. With the actor shared with the rollout (rank 0) the inference rank joins before
+    the first mini-batch (the actor waits for every sample, and the boundary handshake lets auto see them all
+    scored); with the rollout and inference shared (rank 1) the rank joins once it has generated and scored
+    everything, by the last mini-batch at the latest. The run, also stopped and resumed, trains as the
+    disaggregated reference (actor DP 2 on ranks of its own): the same prompts, rewards and, on cpu, per-step
+    losses and final weights."""
     run_dir = tmp_path / "run"
     cfg = run_config(backend, run_dir, keep_iterations=10)
-    cfg["cluster"].update(gpus_per_node=2, auto_scheduler=True,
-                          component_placement={"actor,rollout": "0", "inference": "1"})
+    cfg["cluster"].update(gpus_per_node=2, auto_scheduler=True, component_placement=placement)
     cfg["scheduler"] = {**cfg["scheduler"], "policy": "auto"}
-    proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
+    config = write_config(tmp_path / "c.yaml", cfg)
+    if stop_at is None:
+        proc = cli("run", str(config), "--no-inspect")
+    else:
+        run_until_stopped(config, run_dir, at_iteration=stop_at)
+        assert [m["iteration"] for m in read_metrics(run_dir)] == list(range(stop_at))
+        proc = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_same_outcome(run_dir, reference(backend))
+    hybrid = {c: sorted(r for key, ranks in placement.items() if c in key.split(",") for r in [int(ranks)])
+              for c in ("actor", "rollout", "inference")}
     epochs = EpochStore(RunPaths(run_dir)).all()
     for k in range(4):
         mine = [e for e in epochs if e.iteration == k]
         start = [e for e in mine if e.boundary == "iteration"] or [e for e in epochs if e.epoch == 0]
-        assert (start[-1].ranks_of("actor"), start[-1].ranks_of("rollout"), start[-1].ranks_of("inference")) \
-            == ([0], [0], [1]), (k, [e.to_json() for e in mine])
+        assert {c: start[-1].ranks_of(c) for c in hybrid} == hybrid, (k, [e.to_json() for e in mine])
         grown = [e for e in mine if e.ranks_of("actor") == [0, 1]]
         assert grown and not grown[0].ranks_of("rollout") and not grown[0].ranks_of("inference"), \
             (k, [e.to_json() for e in mine])
         plan = json.loads((stage_dir(run_dir, k, "actor_batch") / "plan.json").read_text())
-        assert [m["dp"] for m in plan["minibatches"]] == [2, 2], (k, plan["minibatches"])
-        check_phases_in_order(run_dir, k, shared_inference=False)
+        dps = [m["dp"] for m in plan["minibatches"]]
+        assert dps == [2, 2] if "actor,rollout" in placement else dps[-1] == 2, (k, plan["minibatches"])
+        check_phases_in_order(run_dir, k, shared_inference="rollout,inference" in placement)
 
 
 @pytest.mark.slow
