@@ -273,6 +273,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
               "(PPO: algorithm.adv_estimator gae; idle in every epoch, they train the critic on the actor's mini-batches)")
     elif run["critic"]:
         print(f"  {'critic':<10} on the actor's ranks (PPO: algorithm.adv_estimator gae; it moves with the actor)")
+    if cfg.placement.reward_ranks:
+        print(f"  {'reward':<10} ranks {compress_ranks(list(cfg.placement.reward_ranks)):<12} apart from the rollout "
+              "(their worker processes score every response, between the rollout and the inference)")
     print(f"  mode: {run['mode']}" + ("" if run["mode"] == "disaggregated" else
                                       " (shared ranks time-slice their components: rollout, inference, then training)"))
     if "time_slicing" in run:

@@ -119,6 +119,10 @@ class Placement:
     """Every slot each rank owns (default: its one slot); ``slot_of_rank`` is the first of them."""
     slots_per_node: tuple[int, ...] | None = None
     """Slots of each node (default: ``num_slots / num_nodes`` each)."""
+    reward_ranks: tuple[int, ...] = ()
+    """Where the reward is placed apart from the rollout (its entries leave rollout slots uncovered, e.g.
+    ``reward: 6-7``): the ranks whose worker processes score every response, between the rollout and the
+    inference (a rewards stage); empty when the rewards run beside every rollout rank, or none is placed."""
     critic_ranks: tuple[int, ...] = ()
     """PPO's critic on ranks of its own (an entry ``critic: 4-5``): idle ranks in every epoch that train
     the critic only; empty when the critic trains on the actor's ranks (``actor,critic``) or there is none."""
@@ -207,6 +211,7 @@ class Placement:
             "slots_of_rank": [list(slots) for slots in self.slots_of_rank],
             "components": comps,
             **({"critic_ranks": list(self.critic_ranks)} if self.critic_ranks else {}),
+            **({"reward_ranks": list(self.reward_ranks)} if self.reward_ranks else {}),
         }
 
     @classmethod
@@ -265,7 +270,10 @@ class Placement:
         critic = data.get("critic_ranks", [])
         if not isinstance(critic, list) or not all(_is_int(r) and 0 <= r < world and not built.roles_of(r) for r in critic):
             raise ConfigError([ConfigIssue(f"{key}.critic_ranks", critic, "a list of idle ranks of the world")])
-        return dataclasses.replace(built, critic_ranks=tuple(critic)) if critic else built
+        reward = data.get("reward_ranks", [])
+        if not isinstance(reward, list) or not all(_is_int(r) and 0 <= r < world for r in reward):
+            raise ConfigError([ConfigIssue(f"{key}.reward_ranks", reward, "a list of ranks of the world")])
+        return dataclasses.replace(built, critic_ranks=tuple(critic), reward_ranks=tuple(sorted(reward)))
 
 
 def _is_int(value: Any) -> bool:
@@ -485,12 +493,15 @@ def parse_placement(
                                       "(inference is optional)"))
     rollout_slots = {s for e in entries if "rollout" in e.names for s in e.slots}
     reward_slots = {s for e in beside_rollout for s in e.slots}
-    if beside_rollout and not rollout_slots <= reward_slots:
+    # a reward that does not cover the rollout's slots runs apart: on the ranks of its slots (a rewards stage)
+    apart = bool(beside_rollout) and not rollout_slots <= reward_slots
+    used_slots = {s for e in entries for s in e.slots} | (own_critic.slots if own_critic else set())
+    if apart and not reward_slots <= used_slots:
         first = beside_rollout[0]
         issues.append(ConfigIssue(first.key, first.spec, (
-            f"slots covering the rollout's (rule-based rewards run in worker processes beside each rollout rank; "
-            f"slots {sorted(rollout_slots - reward_slots)} of the rollout have none; a reward on ranks without "
-            "rollout is not supported yet)")))
+            f"slots of ranks that serve a component (the reward's worker processes run beside a rank: slots "
+            f"{sorted(reward_slots - used_slots)} serve none); to score beside every rollout rank, cover the "
+            "rollout's slots (e.g. 'rollout,reward' or 'reward: all')")))
     entries = _collocate(entries, issues)
     if own_critic is not None:
         clash = next((e for e in entries if e.slots & own_critic.slots), None)
@@ -503,7 +514,12 @@ def parse_placement(
         issues.extend(_check_auto_order(entries, num_slots))
     if issues:
         raise ConfigError(issues)
-    return _assign_ranks(entries + ([own_critic] if own_critic else []), num_slots, num_nodes, per_node, world, issues)
+    placement = _assign_ranks(entries + ([own_critic] if own_critic else []), num_slots, num_nodes, per_node, world,
+                              issues)
+    if not apart:
+        return placement
+    return dataclasses.replace(placement, reward_ranks=tuple(
+        r for r, slots in enumerate(placement.slots_of_rank) if reward_slots & set(slots)))
 
 
 def _collocate(entries: Sequence[_Entry], issues: list[ConfigIssue]) -> list[_Entry]:

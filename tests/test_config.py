@@ -206,7 +206,8 @@ BAD_PLACEMENTS = [
     pytest.param({"actor": "0-2", "critic": "2-3", "rollout": "4"}, "cluster.component_placement.critic",
                  "2-3", "slots no other component uses", id="critic-on-the-actors-ranks-in-its-own-entry"),
     pytest.param({"actor": "0-1", "reward": "2-3", "rollout": "3-4"}, "cluster.component_placement.reward",
-                 "2-3", "slots covering the rollout's", id="reward-beside-part-of-the-rollout"),
+                 "2-3", "slots of ranks that serve a component (the reward's worker processes run beside a rank: "
+                 "slots [2] serve none)", id="reward-apart-on-a-slot-of-no-rank"),
     pytest.param({"actor": "0-3", "rollout": "3-5"}, "cluster.component_placement.rollout", "3-5",
                  "slot 3 is also used by 'actor'", id="overlap"),
     pytest.param({"actor": "0-2:0-3", "rollout": "4"}, "cluster.component_placement.actor", "0-2:0-3",

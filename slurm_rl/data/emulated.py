@@ -146,6 +146,13 @@ def unit_hash(ids: np.ndarray, seed: int) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(2**53)
 
 
+def sample_rewards(sample_ids: np.ndarray, seed: int) -> np.ndarray:
+    """The emulated rewards (0 or 1): a function of the sample alone (not of which batch or rank finished or
+    scored it), so an emulated run's rewards do not depend on timing or placement: a resumed or re-placed run,
+    or one whose reward runs apart from the rollout, sees the same rewards."""
+    return (unit_hash(np.asarray(sample_ids), seed) < 0.5).astype(np.float32)
+
+
 def finish_requests(
     requests: pa.Table,
     response_len: LengthSpec,
@@ -162,9 +169,7 @@ def finish_requests(
     have = requests.column("step").to_numpy().astype(np.int64)
     done = advance_requests(requests, np.maximum(target - have, 0), seed=seed + 1, vocab_size=vocab_size)
     now = time.time()
-    # A function of the sample alone (not of which batch or rank finished it), so an emulated run's
-    # rewards do not depend on timing: a resumed or re-placed run sees the same rewards.
-    reward = (unit_hash(done.column("sample_id").to_numpy(), seed) < 0.5).astype(np.float32)
+    reward = sample_rewards(done.column("sample_id").to_numpy(), seed)
     finish = np.where(target >= target.max(initial=0), "length", "stop")
     return pa.table(
         {

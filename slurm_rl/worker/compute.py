@@ -65,6 +65,12 @@ class Compute(Protocol):
     def decoder(self, k: int) -> Decoder:
         """This rank's rollout engine for iteration ``k`` (weights of version ``k``)."""
 
+    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table, now: float) -> tuple[pa.Table, float]:
+        """``rollouts`` with their ``reward`` column filled (ROLLOUTS rows, ready at), scored in this rank's
+        reward worker processes; ``requests``: their requests (PENDING rows, the same order: the answers).
+        Called by a reward rank where the reward is placed apart from the rollout (``placement.reward_ranks``);
+        the rollout then leaves the column NaN."""
+
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         """Reference logprobs of ``rollouts``: (INFERENCE rows, ready at). Called by an inference
         rank, or by the actor's leader where no inference component is placed and a KL is weighed."""

@@ -75,8 +75,12 @@ class EmulatedDecoder:
         if not done:
             return None
         targets = np.asarray([self._length(s) for s in done], dtype=np.int64)
-        return fake.finish_requests(self._take(done), targets, seed=self.c.seed + self.k,
-                                    weight_version=self.k, rollout_rank=self.c.rank)
+        out = fake.finish_requests(self._take(done), targets, seed=self.c.seed + self.k,
+                                   weight_version=self.k, rollout_rank=self.c.rank)
+        if self.c.reward_apart:  # the reward ranks score them (EmulatedCompute.reward)
+            out = out.set_column(out.schema.get_field_index("reward"), "reward",
+                                 pa.array(np.full(out.num_rows, np.nan, np.float32)))
+        return out
 
     def next_event_at(self) -> float | None:
         return self.batch.next_finish_at()
@@ -113,6 +117,7 @@ class EmulatedCompute:
         self.rollout_tp = int(cfg.scheduler.rollout_ranks_per_instance)
         self.actor_tp = int(cfg.scheduler.actor_ranks_per_instance)
         self.inference_busy_until = 0.0
+        self.reward_apart = bool(cfg.placement.reward_ranks)  # the reward placed on ranks of its own
 
     def on_roles(self, old: Epoch | None, new: Epoch) -> dict[str, Any]:
         return {}
@@ -127,6 +132,10 @@ class EmulatedCompute:
 
     def decoder(self, k: int) -> EmulatedDecoder:
         return EmulatedDecoder(self, k)
+
+    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table, now: float) -> tuple[pa.Table, float]:
+        rewards = fake.sample_rewards(rollouts.column("sample_id").to_numpy(), self.seed + k)  # as the rollout's
+        return rollouts.set_column(rollouts.schema.get_field_index("reward"), "reward", pa.array(rewards)), now
 
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         out = fake.make_fake_inference(rollouts, seed=self.seed + k, inference_rank=self.rank,

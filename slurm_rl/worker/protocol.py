@@ -76,6 +76,7 @@ from slurm_rl.worker.pool_gate import PhaseGate, PoolGate
 from slurm_rl.worker.runtime import WorkerRuntime
 
 ROLLOUTS_STAGE = "rollouts"
+REWARDS_STAGE = "rewards"  # where the reward is placed apart from the rollout: the rollouts with their rewards
 INFERENCE_STAGE = "inference"
 ACTOR_STAGE = "actor_batch"
 REQUESTS_STAGE = "requests"  # claim markers of the iteration's request chunks
@@ -187,6 +188,8 @@ class IterationProtocol:
         self.actor_tp = int(cfg.actor.tensor_parallel)  # the actor's TP size, as the epochs walked so far say
         # PPO's critic on ranks of its own (idle in every epoch; empty: it trains on the actor's ranks)
         self.critic_ranks: list[int] = sorted(cfg.placement.critic_ranks)
+        # the reward placed apart from the rollout: the ranks that score every response (empty: beside the rollout)
+        self.reward_ranks: list[int] = sorted(cfg.placement.reward_ranks)
         self.critic_tp = critic_tp(cfg)  # its TP size there (critic.tensor_parallel)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
@@ -306,6 +309,45 @@ class IterationProtocol:
         self.compute.close(finished)
 
 
+class _Requests:
+    """The requests of one iteration, generation batch by generation batch, as every rank builds them alike
+    (the data order is a function of the seed and the prompts drawn before)."""
+
+    def __init__(self, it: "_Iteration") -> None:
+        self.it, self.p = it, it.p
+        self._batches: list[pa.Table] = []  # the requests of each generation batch fetched so far
+        self._position: int | None = None  # dynamic sampling: stream position of the iteration's first prompt
+
+    def _stream_position(self) -> int:
+        """Dynamic sampling: where iteration ``k``'s prompts start (the prompts the iterations before
+        drew, from their metrics rows: written by their leaders before this iteration began)."""
+        if self._position is None:
+            k, run_dir, per = self.it.k, self.p.run_dir, self.p.cfg.train.rollout_batch_size
+            if k > 0:
+                self.it.rt.wait_for(lambda: any(r.get("iteration") == k - 1 for r in read_metrics(run_dir)),
+                                    f"iteration {k - 1}'s row of {run_dir / 'metrics.jsonl'} (the prompts it drew)")
+            self._position = prompts_before(read_metrics(run_dir), k, per)
+        return self._position
+
+    def of_batch(self, b: int) -> pa.Table:
+        """The requests of generation batch ``b`` (PENDING rows)."""
+        while len(self._batches) <= b:
+            n = len(self._batches)
+            position = self._stream_position() + n * self.p.batch_prompts if self.p.filtering else None
+            self._batches.append(self.p.compute.requests(self.it.k, n, position))
+        return self._batches[b]
+
+    def of_samples(self, sample_ids: list[int]) -> pa.Table:
+        """The requests of ``sample_ids`` (of any generation batch), in that order."""
+        per_batch = self.p.batch_prompts * self.p.cfg.train.group_size
+        wanted = {}
+        for sid in sample_ids:
+            b = (sid % ID_STRIDE) // per_batch
+            table = self.of_batch(b)
+            wanted[sid] = table.slice((sid % ID_STRIDE) - b * per_batch, 1)
+        return pa.concat_tables([wanted[sid] for sid in sample_ids]) if sample_ids else self.of_batch(0).slice(0, 0)
+
+
 class _Rollout:
     """Rollout work of one rank in one iteration (only instance head ranks decode)."""
 
@@ -328,12 +370,11 @@ class _Rollout:
         self.next_done_check = 0.0
         self.ticket_rows = max(1, self.p.max_running // 8)
         self.cursor = 0  # next chunk of the iteration's requests to try to claim
-        self._batches: list[pa.Table] = []  # the requests of each generation batch fetched so far
+        self.requests = _Requests(it)
         self.batch_rows = self.p.batch_prompts * self.p.cfg.train.group_size
         self.chunks_per_batch = math.ceil(self.batch_rows / self.ticket_rows)
         self.opened, self.closed = 1, not self.p.filtering  # generation batches open; no more to come
         self.next_rounds_check = 0.0
-        self._position: int | None = None  # dynamic sampling: stream position of the iteration's first prompt
 
     @property
     def held(self) -> int:
@@ -359,17 +400,6 @@ class _Rollout:
         rest = merged.slice(n)
         self.queue, self.queued = ([rest] if rest.num_rows else []), rest.num_rows
 
-    def _stream_position(self) -> int:
-        """Dynamic sampling: where iteration ``k``'s prompts start (the prompts the iterations before
-        drew, from their metrics rows: written by their leaders before this iteration began)."""
-        if self._position is None:
-            k, run_dir, per = self.it.k, self.p.run_dir, self.p.cfg.train.rollout_batch_size
-            if k > 0:
-                self.it.rt.wait_for(lambda: any(r.get("iteration") == k - 1 for r in read_metrics(run_dir)),
-                                    f"iteration {k - 1}'s row of {run_dir / 'metrics.jsonl'} (the prompts it drew)")
-            self._position = prompts_before(read_metrics(run_dir), k, per)
-        return self._position
-
     def _batch_open(self, b: int, now: float) -> bool:
         """Whether generation batch ``b`` is open (batch 0 always; later ones once the leader opens them)."""
         if b < self.opened:
@@ -379,13 +409,6 @@ class _Rollout:
         self.next_rounds_check = now + CLAIM_EVERY_S
         self.opened, self.closed = read_rounds(self.p.run_dir, self.it.k)
         return b < self.opened
-
-    def _requests_of(self, b: int) -> pa.Table:
-        while len(self._batches) <= b:
-            n = len(self._batches)
-            position = self._stream_position() + n * self.p.batch_prompts if self.p.filtering else None
-            self._batches.append(self.p.compute.requests(self.it.k, n, position))
-        return self._batches[b]
 
     def _claim_initial(self, want: int, now: float) -> int:
         """Claim chunks of the iteration's requests (one exclusive marker file per chunk:
@@ -404,7 +427,7 @@ class _Rollout:
                 continue
             os.write(fd, str(self.it.rank).encode())
             os.close(fd)
-            chunk = self._requests_of(b).slice(i * self.ticket_rows, self.ticket_rows)
+            chunk = self.requests.of_batch(b).slice(i * self.ticket_rows, self.ticket_rows)
             self._take(chunk)
             got += chunk.num_rows
         return got
@@ -502,13 +525,43 @@ class _Rollout:
         return migrated
 
 
+class _Reward:
+    """Reward work of one rank where the reward is placed apart from the rollout: its hash share of the
+    rollouts shards, scored in its reward worker processes and written to the rewards stage."""
+
+    def __init__(self, it: "_Iteration", ranks: list[int]) -> None:
+        self.it, self.ranks = it, ranks
+        self.follower = StageFollower(it.p.run_dir, it.k, ROLLOUTS_STAGE)
+        self.writer = StageWriter(it.p.run_dir, it.k, REWARDS_STAGE, it.rank, ROLLOUTS)
+        self.requests = _Requests(it)
+        self.done_rows = 0
+        self.done = False
+
+    def step(self, now: float) -> float | None:
+        index = self.ranks.index(self.it.rank)
+        for producer, seq, table in self.follower.poll():
+            if (producer * 1_000_003 + seq) % len(self.ranks) == index:
+                ids = table.column("sample_id").to_pylist()
+                requests = self.requests.of_samples(ids)
+                if requests.column("sample_id").to_pylist() != ids:
+                    raise ProtocolError(f"rank {self.it.rank}: the requests rebuilt for the rewards of iteration "
+                                        f"{self.it.k} are not those of rollouts shard {seq} of rank {producer}")
+                scored, _ = self.it.p.compute.reward(self.it.k, table, requests, now)
+                self.writer.write(scored)
+                self.done_rows += scored.num_rows
+        if self.follower.complete:
+            self.writer.close()
+            self.done = True
+        return None
+
+
 class _Inference:
-    """Inference work of one rank: its hash share of the rollouts shards."""
+    """Inference work of one rank: its hash share of the shards of the rollouts (or rewards) stage."""
 
     def __init__(self, it: "_Iteration", ranks: list[int]) -> None:
         self.it = it
         self.ranks = ranks
-        self.follower = StageFollower(it.p.run_dir, it.k, ROLLOUTS_STAGE)
+        self.follower = StageFollower(it.p.run_dir, it.k, it.upstream)
         self.queue: list[pa.Table] = []
         self.inflight: tuple[float, pa.Table] | None = None
         self.writer = StageWriter(it.p.run_dir, it.k, INFERENCE_STAGE, it.rank, INFERENCE)
@@ -560,7 +613,7 @@ class _Cutter:
         self.follower = StageFollower(it.p.run_dir, it.k, source)
         # No inference component, yet a KL to weigh or a critic's values to take: this rank (the actor's
         # leader) scores them itself, as verl's and RLinf's actor workers do without a separate worker.
-        self.scores_reference = source == ROLLOUTS_STAGE and (uses_reference(it.p.cfg.algorithm)
+        self.scores_reference = source != INFERENCE_STAGE and (uses_reference(it.p.cfg.algorithm)
                                                               or needs_critic(it.p.cfg.algorithm))
         self.scoring: list[tuple[float, pa.Table]] = []  # scored here: (ready at, rows) in arrival order
         self.buffer: list[pa.Table] = []  # received, not cut yet
@@ -614,7 +667,7 @@ class _Cutter:
         if self.scores_reference:
             self.scoring.append(self.it.p.compute.score(self.it.k, table, now, 1)[::-1])
         else:
-            self._take(without_reference(table, self.it.rank) if self.source == ROLLOUTS_STAGE else table)
+            self._take(without_reference(table, self.it.rank) if self.source != INFERENCE_STAGE else table)
 
     def _land(self, now: float) -> float | None:
         """Buffer the shards scored by ``now`` (in order); when the next one is due, else None."""
@@ -979,9 +1032,13 @@ class _Iteration:
         # Parts of the iteration-start roles exist from the start, so a rank released before its
         # first pass still completes its (empty) manifests.
         self.rollout: _Rollout | None = _Rollout(self) if self._is_rollout_head(start) else None
+        # the rollouts reach inference and the actor with their rewards: scored beside the rollout, or by the
+        # reward's own ranks into the rewards stage (placement.reward_ranks)
+        self.upstream = REWARDS_STAGE if p.reward_ranks else ROLLOUTS_STAGE
+        self.reward: _Reward | None = _Reward(self, p.reward_ranks) if self.rank in p.reward_ranks else None
         self.inference: _Inference | None = (
             _Inference(self, self.start_inference) if self.rank in self.start_inference else None)
-        self.cutter = _Cutter(self, INFERENCE_STAGE if self.start_inference else ROLLOUTS_STAGE) if self.rank == self.leader else None
+        self.cutter = _Cutter(self, INFERENCE_STAGE if self.start_inference else self.upstream) if self.rank == self.leader else None
         self.actor = _ActorFollower(self, self.leader)
         self.critic = _CriticFollower(self, self.leader) if self.rank in p.critic_ranks else None
         self.last_report = 0.0
@@ -991,6 +1048,8 @@ class _Iteration:
             write_expected(p.run_dir, k, ROLLOUTS_STAGE, rollout_heads(self.start_rollout, p.rollout_tp))
         if self.start_inference and self.rank == self.start_inference[0]:
             write_expected(p.run_dir, k, INFERENCE_STAGE, self.start_inference)
+        if p.reward_ranks and self.rank == p.reward_ranks[0]:
+            write_expected(p.run_dir, k, REWARDS_STAGE, p.reward_ranks)
 
     def _is_rollout_head(self, epoch: Epoch) -> bool:
         return self.rank in rollout_heads(epoch.ranks_of("rollout"), self.p.rollout_tp)
@@ -1050,7 +1109,7 @@ class _Iteration:
 
     def _finished(self) -> bool:
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
-                and all(part is None or part.done for part in (self.rollout, self.inference, self.critic)))
+                and all(part is None or part.done for part in (self.rollout, self.reward, self.inference, self.critic)))
 
     def enter_training(self) -> None:
         """A shared rank's switch to training (once per iteration, before its first step)."""
@@ -1064,17 +1123,19 @@ class _Iteration:
             self.p.compute.switch_phase("generate")
         quantum = max(2 * self.p.poll, 0.02)
         deadline = time.monotonic() + self.p.timeout
-        last_progress = (-1, -1, -1, -1, -1)
+        last_progress = (-1, -1, -1, -1, -1, -1)
         next_status_check = 0.0
         while True:
             rt.safe_point()
             now = time.time()
-            active = (self.cutter is not None or "actor" in rt.roles
-                      or any(part is not None and not part.done for part in (self.rollout, self.inference, self.critic)))
+            active = (self.cutter is not None or "actor" in rt.roles or any(
+                part is not None and not part.done for part in (self.rollout, self.reward, self.inference, self.critic)))
             # A rank outside the actor that only follows the mini-batch plan needs no fast polling.
             wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
                 wakes.append(self.rollout.step(now) or wakes[0])
+            if self.reward is not None and not self.reward.done:
+                wakes.append(self.reward.step(time.time()) or wakes[0])
             if self.inference is not None and not self.inference.done:
                 wakes.append(self.inference.step(time.time()) or wakes[0])
             if self.cutter is not None:
@@ -1089,7 +1150,8 @@ class _Iteration:
                 wakes.append(self.report_due)
             if self._finished():
                 break
-            marker = (self.rollout.finished if self.rollout else 0, self.inference.done_rows if self.inference else 0,
+            marker = (self.rollout.finished if self.rollout else 0, self.reward.done_rows if self.reward else 0,
+                      self.inference.done_rows if self.inference else 0,
                       self.actor.next, self.cutter.cut if self.cutter else 0, self.critic.next if self.critic else 0)
             if marker != last_progress:
                 last_progress, deadline = marker, time.monotonic() + self.p.timeout
@@ -1119,14 +1181,16 @@ class _Iteration:
     def _waiting_for(self) -> str:
         if self.rollout is not None and not self.rollout.done:
             return f"rollout requests of iteration {self.k} ({self.rollout.held} held, {self.rollout.finished} finished)"
+        if self.reward is not None and not self.reward.done:
+            return f"rollouts shards of iteration {self.k} to reward ({self.reward.done_rows} rewarded)"
         if self.inference is not None and not self.inference.done:
-            return f"rollouts shards of iteration {self.k} ({self.inference.done_rows} scored)"
+            return f"{self.upstream} shards of iteration {self.k} ({self.inference.done_rows} scored)"
         if self.critic is not None and not self.critic.done:
             return f"mini-batch {self.critic.next} for the critic from the cutter rank {self.leader} ({self.critic.manifest})"
         return f"mini-batch {self.actor.next} from the cutter rank {self.leader} ({self.actor.manifest})"
 
     def _finish(self) -> None:
-        for part in (self.rollout, self.inference):
+        for part in (self.rollout, self.reward, self.inference):
             if part is not None and not part.done:
                 raise ProtocolError(f"rank {self.rank}: iteration {self.k} ended with its "
                                     f"{type(part).__name__.strip('_').lower()} work unfinished")

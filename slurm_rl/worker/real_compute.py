@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -184,7 +185,8 @@ class RealCompute:
         self.model_cfg = engine_model_config(cfg, len(self.tok) if own_tokenizer else CharTokenizer().vocab_size)
         self._dataset: Any = None  # rl.dataset.PromptDataset, loaded by the first requests()
         self._val: Any = None  # the validation prompts, loaded by the first evaluate()
-        self._rewards: Any = None  # rewards.RewardRunner, started by the first generate()
+        self._rewards: Any = None  # rewards.RewardRunner, started by the first generate() (or reward())
+        self.reward_apart = bool(cfg.placement.reward_ranks)  # the reward placed on ranks of its own
         self._reward_faults: dict[int, tuple[int, int]] = {}  # iteration -> (errors, timeouts) scored 0
         optim_cfg = engine_optim_config(cfg)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
@@ -347,13 +349,8 @@ class RealCompute:
             ids.append(g.token_ids[:n])
             logprobs.append(g.logprobs[:n])
             reasons.append("stop" if n < len(g.token_ids) else g.finish_reason)
-        rewards = self.score_responses(rows, ids, k)
-        ob = self.cfg.reward.overlong_buffer
-        if ob.enable:  # DAPO's overlong shaping: the reward column holds the shaped reward
-            from slurm_rl.rewards.overlong import overlong_penalties
-
-            penalties = overlong_penalties([len(x) for x in ids], ro.max_new_tokens, ob.len, ob.penalty_factor)
-            rewards = [r + p for r, p in zip(rewards, penalties)]
+        # where the reward is placed apart, its ranks score them (``reward``); the column waits as NaN
+        rewards = [math.nan] * len(rows) if self.reward_apart else self._rewards_of(rows, ids, k)
         t1 = time.time()
         return pa.Table.from_pydict({
             "sample_id": [r["sample_id"] for r in rows], "group_id": [r["group_id"] for r in rows],
@@ -363,6 +360,24 @@ class RealCompute:
             "finish_reason": reasons, "weight_version": [g.weight_version for g in gens],
             "rollout_rank": [self.rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
         }, schema=ROLLOUTS)
+
+    def _rewards_of(self, rows: list[dict[str, Any]], ids: list[list[int]], k: int) -> list[float]:
+        """The rewards of responses ``ids`` to the requests ``rows`` (DAPO's overlong shaping included: the
+        reward column holds the shaped reward)."""
+        rewards = self.score_responses(rows, ids, k)
+        ob = self.cfg.reward.overlong_buffer
+        if ob.enable:
+            from slurm_rl.rewards.overlong import overlong_penalties
+
+            penalties = overlong_penalties([len(x) for x in ids], self.cfg.rollout.max_new_tokens, ob.len,
+                                           ob.penalty_factor)
+            rewards = [r + p for r, p in zip(rewards, penalties)]
+        return rewards
+
+    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table, now: float) -> tuple[pa.Table, float]:
+        rewards = self._rewards_of(requests.to_pylist(), rollouts.column("response_ids").to_pylist(), k)
+        column = rollouts.schema.get_field_index("reward")
+        return rollouts.set_column(column, "reward", pa.array(rewards, pa.float32())), time.time()
 
     def evaluate(self, k: int) -> dict[str, Any] | None:
         """``eval.n`` samples per validation prompt with the rollout engine (weights v``k``), scored."""
