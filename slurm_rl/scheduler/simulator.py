@@ -470,11 +470,12 @@ class Simulation:
         parking = 0.0
         # a shared rank's actor state parks or comes back (also where auto leaves a shared epoch mid-iteration:
         # the actor's shared ranks, parked while they scored, bring it back before the reshard)
-        back = (self.left_epoch is not None and new["actor"] != old["actor"]
-                and bool(set(new["actor"]) & set(self.left_epoch["actor"]) - set(old["actor"])))
-        if new["actor"] != old["actor"]:
+        moved = new["actor"] != old["actor"]
+        back = moved and self.left_epoch is not None and bool(
+            set(new["actor"]) & set(self.left_epoch["actor"]) - set(old["actor"]))
+        if moved:
             self.left_epoch = None
-        if (self.epoch is not None or back) and new["actor"] != old["actor"]:
+        if moved and (self.epoch is not None or back):
             parking = self.s.phase_switch_s
             ready += parking
             parked = set(old["actor"]) - set(new["actor"])

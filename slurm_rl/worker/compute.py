@@ -65,9 +65,9 @@ class Compute(Protocol):
     def decoder(self, k: int) -> Decoder:
         """This rank's rollout engine for iteration ``k`` (weights of version ``k``)."""
 
-    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table, now: float) -> tuple[pa.Table, float]:
-        """``rollouts`` with their ``reward`` column filled (ROLLOUTS rows, ready at), scored in this rank's
-        reward worker processes; ``requests``: their requests (PENDING rows, the same order: the answers).
+    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
+        """``rollouts`` with their ``reward`` column filled (ROLLOUTS rows), scored in this rank's reward worker
+        processes; ``requests``: their requests (PENDING rows, the same order: the answers).
         Called by a reward rank where the reward is placed apart from the rollout (``placement.reward_ranks``);
         the rollout then leaves the column NaN."""
 

@@ -133,9 +133,9 @@ class EmulatedCompute:
     def decoder(self, k: int) -> EmulatedDecoder:
         return EmulatedDecoder(self, k)
 
-    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table, now: float) -> tuple[pa.Table, float]:
+    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
         rewards = fake.sample_rewards(rollouts.column("sample_id").to_numpy(), self.seed + k)  # as the rollout's
-        return rollouts.set_column(rollouts.schema.get_field_index("reward"), "reward", pa.array(rewards)), now
+        return rollouts.set_column(rollouts.schema.get_field_index("reward"), "reward", pa.array(rewards))
 
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         out = fake.make_fake_inference(rollouts, seed=self.seed + k, inference_rank=self.rank,

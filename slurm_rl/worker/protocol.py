@@ -537,7 +537,8 @@ class _Reward:
         self.done_rows = 0
         self.done = False
 
-    def step(self, now: float) -> float | None:
+    def step(self) -> None:
+        """Reward the shards of this rank's share that arrived; done once the rollouts stage is complete."""
         index = self.ranks.index(self.it.rank)
         for producer, seq, table in self.follower.poll():
             if (producer * 1_000_003 + seq) % len(self.ranks) == index:
@@ -546,13 +547,12 @@ class _Reward:
                 if requests.column("sample_id").to_pylist() != ids:
                     raise ProtocolError(f"rank {self.it.rank}: the requests rebuilt for the rewards of iteration "
                                         f"{self.it.k} are not those of rollouts shard {seq} of rank {producer}")
-                scored, _ = self.it.p.compute.reward(self.it.k, table, requests, now)
+                scored = self.it.p.compute.reward(self.it.k, table, requests)
                 self.writer.write(scored)
                 self.done_rows += scored.num_rows
         if self.follower.complete:
             self.writer.close()
             self.done = True
-        return None
 
 
 class _Inference:
@@ -1135,7 +1135,7 @@ class _Iteration:
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
                 wakes.append(self.rollout.step(now) or wakes[0])
             if self.reward is not None and not self.reward.done:
-                wakes.append(self.reward.step(time.time()) or wakes[0])
+                self.reward.step()  # synchronous: its next shard is polled at the loop's pace
             if self.inference is not None and not self.inference.done:
                 wakes.append(self.inference.step(time.time()) or wakes[0])
             if self.cutter is not None:

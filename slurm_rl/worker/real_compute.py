@@ -374,10 +374,9 @@ class RealCompute:
             rewards = [r + p for r, p in zip(rewards, penalties)]
         return rewards
 
-    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table, now: float) -> tuple[pa.Table, float]:
+    def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
         rewards = self._rewards_of(requests.to_pylist(), rollouts.column("response_ids").to_pylist(), k)
-        column = rollouts.schema.get_field_index("reward")
-        return rollouts.set_column(column, "reward", pa.array(rewards, pa.float32())), time.time()
+        return rollouts.set_column(rollouts.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float32()))
 
     def evaluate(self, k: int) -> dict[str, Any] | None:
         """``eval.n`` samples per validation prompt with the rollout engine (weights v``k``), scored."""
