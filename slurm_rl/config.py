@@ -175,6 +175,11 @@ class TrainConfig:
     global_batch_size: int = 32  # samples per optimizer step (mini-batch); fixed whatever the placement
     micro_batch_size: int = 4  # samples per forward/backward
     max_tokens_per_microbatch: Optional[int] = None  # dynamic batching cap; None = fixed micro-batches
+    # verl's actor_rollout_ref.model.use_remove_padding: a micro-batch's samples are concatenated into one row
+    # without padding (positions restart per sample, attention stays inside each sample)
+    use_remove_padding: bool = False
+    # verl's trainer.balance_batch: a step's samples are dealt to its DP ranks so that their token loads match
+    balance_batch: bool = True
     # Which samples form mini-batch i: "arrival" streams whole groups as they complete (fastest);
     # "index" takes the groups of prompts [i*n, (i+1)*n) whatever the timing, so a run is
     # reproducible and identical under any placement schedule (invariant 5, tested).
