@@ -26,6 +26,11 @@ CHUNK_BYTES = 256 << 20
 """fp32 logits held at once by :func:`chunked_logprobs` (a chunk of tokens x the vocabulary)."""
 
 
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the logits' softmax: fp32, or the inputs' where wider (fp64 in the tests)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _chunks(n: int, vocab: int, chunk_bytes: int) -> list[tuple[int, int]]:
     step = max(1, chunk_bytes // (4 * vocab))
     return [(a, min(n, a + step)) for a in range(0, n, step)]
@@ -38,12 +43,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, entropy: bool,
                 chunk_bytes: int) -> tuple[Tensor, Tensor]:
-        n = hidden.shape[0]
-        logprobs = hidden.new_empty(n, dtype=torch.float32)
-        lse = hidden.new_empty(n, dtype=torch.float32)
-        ent = hidden.new_zeros(n, dtype=torch.float32)
+        n, acc = hidden.shape[0], _accumulation(hidden.dtype)
+        logprobs = hidden.new_empty(n, dtype=acc)
+        lse = hidden.new_empty(n, dtype=acc)
+        ent = hidden.new_zeros(n, dtype=acc)
         for a, b in _chunks(n, weight.shape[0], chunk_bytes):
-            z = (hidden[a:b] @ weight.t()).float()
+            z = (hidden[a:b] @ weight.t()).to(acc)
             lse[a:b] = torch.logsumexp(z, dim=-1)
             logprobs[a:b] = z.gather(-1, targets[a:b, None]).squeeze(-1) - lse[a:b]
             if entropy:
@@ -59,10 +64,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse, ent = ctx.saved_tensors
         n = hidden.shape[0]
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        acc = _accumulation(hidden.dtype)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         use_ent = ctx.entropy and g_ent is not None
         for a, b in _chunks(n, weight.shape[0], ctx.chunk_bytes):
-            z = (hidden[a:b] @ weight.t()).float()
+            z = (hidden[a:b] @ weight.t()).to(acc)
             logp = z - lse[a:b, None]
             p = logp.exp()
             g = torch.zeros_like(z)
@@ -77,14 +83,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[a:b] = g @ weight
             if grad_w is not None:
-                grad_w += (g.t() @ hidden[a:b]).float()
+                grad_w += (g.t() @ hidden[a:b]).to(acc)
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, entropy: bool = False,
                      chunk_bytes: int = CHUNK_BYTES) -> tuple[Tensor, Tensor | None]:
     """Log-probability of ``targets`` under ``softmax(hidden @ weight.T)`` per row of ``hidden`` ``[N, h]``
-    (fp32 ``[N]``, differentiable in ``hidden`` and ``weight``) and, with ``entropy``, the entropy of each
+    (fp32 ``[N]``, fp64 for fp64 inputs; differentiable in ``hidden`` and ``weight``) and, with ``entropy``, the entropy of each
     row's distribution; at most ``chunk_bytes`` of fp32 logits exist at any time, forward or backward."""
     logprobs, ent = _ChunkedLogprobs.apply(hidden, weight, targets, entropy, chunk_bytes)
     return logprobs, (ent if entropy else None)
@@ -92,7 +98,7 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, entropy: b
 
 def full_logprobs(logits: Tensor, targets: Tensor, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """The same from materialised ``logits [..., V]`` (the TP > 1 path and the reference of the tests)."""
-    logits = logits.float()
+    logits = logits.to(_accumulation(logits.dtype))
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     norm = torch.logsumexp(logits, dim=-1)
     if not entropy:
