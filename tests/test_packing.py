@@ -24,7 +24,8 @@ from slurm_rl.rl.losses import LossAggregation
 
 MODEL = ModelConfig(vocab_size=97, hidden_size=64, num_layers=2, num_attention_heads=2, num_query_groups=1,
                     ffn_hidden_size=128, max_position_embeddings=128)
-LENGTHS = (5, 17, 9, 30, 3, 12)
+LENGTHS = (5, 17, 9, 30, 3, 12)  # short samples: attention under one block-diagonal mask
+LONG = (60, 90, 7)  # long ones: attention one call per sample (slurm_rl.engines.actor.attention)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,21 +51,26 @@ def per_sample(values: torch.Tensor, batch: dict, lengths) -> list[torch.Tensor]
     return [values[0, cu[i]:cu[i] + n - 1] for i, n in enumerate(lengths)]
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, LONG])
 @pytest.mark.parametrize("precision,atol", [("fp32", 2e-6), ("bf16", 0.04)])
-def test_packed_and_padded_rows_give_the_same_logprobs_entropies_and_gradients(precision: str, atol: float) -> None:
+def test_packed_and_padded_rows_give_the_same_logprobs_entropies_and_gradients(precision: str, atol: float,
+                                                                               lengths: tuple) -> None:
     """Log-probs are O(5) (log 97 = 4.6): fp32 rounding moves them by ~5e-7; in bf16 a logit's last bit is
     4.6 * 2^-8 = 0.018, and the tolerance two of those (measured: 1e-6, the fp32 reduction). Gradients are compared to their tensor's largest
     entry (a sum over tokens of O(1) terms): 1e-5 in fp32, 2e-2 (bf16's 8 bits of mantissa) in bf16."""
+    from slurm_rl.engines.actor.attention import packed_attention_form
+
     model = build_gpt_model(MODEL, seed=0, precision=precision)
-    samples = samples_of()
+    samples = samples_of(lengths)
     padded, packed = collate(samples), collate_packed(samples)
-    assert packed["input_ids"].shape == (1, sum(LENGTHS)) and padded["input_ids"].shape == (6, 30)
+    assert packed["input_ids"].shape == (1, sum(lengths)) and padded["input_ids"].shape == (len(lengths), max(lengths))
+    assert packed_attention_form(packed["cu_seqlens"].tolist()) == ("mask" if lengths == LENGTHS else "per_sample")
     results = []
     for batch in (padded, packed):
         model.zero_grad()
         lp, ent = batch_logprobs(model, batch, "cpu", entropy=True)
         ((lp * batch["advantages"] + 0.01 * ent) * batch["loss_mask"]).sum().backward()
-        results.append((per_sample(lp.detach(), batch, LENGTHS), per_sample(ent.detach(), batch, LENGTHS),
+        results.append((per_sample(lp.detach(), batch, lengths), per_sample(ent.detach(), batch, lengths),
                         {n: p.grad.float().clone() for n, p in model.named_parameters()}))
     (lp_a, ent_a, grad_a), (lp_b, ent_b, grad_b) = results
     for a, b in zip(lp_a + ent_a, lp_b + ent_b):
@@ -74,14 +80,15 @@ def test_packed_and_padded_rows_give_the_same_logprobs_entropies_and_gradients(p
         assert float((g - grad_b[name]).abs().max()) <= rtol * float(g.abs().max()), name
 
 
-def test_a_sample_of_a_packed_row_sees_only_itself() -> None:
+@pytest.mark.parametrize("lengths", [LENGTHS, LONG])
+def test_a_sample_of_a_packed_row_sees_only_itself(lengths: tuple) -> None:
     model = build_gpt_model(MODEL, seed=1)
-    samples = samples_of()
+    samples = samples_of(lengths)
     changed = [dict(s) for s in samples]
     changed[2] = {**samples[2], "input_ids": [(t + 1) % MODEL.vocab_size for t in samples[2]["input_ids"]]}
     with torch.no_grad():
-        before = per_sample(batch_logprobs(model, collate_packed(samples), "cpu")[0], collate_packed(samples), LENGTHS)
-        after = per_sample(batch_logprobs(model, collate_packed(changed), "cpu")[0], collate_packed(changed), LENGTHS)
+        before = per_sample(batch_logprobs(model, collate_packed(samples), "cpu")[0], collate_packed(samples), lengths)
+        after = per_sample(batch_logprobs(model, collate_packed(changed), "cpu")[0], collate_packed(changed), lengths)
         alone = [batch_logprobs(model, collate([s]), "cpu")[0][0] for s in samples]
     for i in range(len(samples)):
         if i == 2:
@@ -103,9 +110,10 @@ def test_packed_row_layout_masks_the_gap_between_samples() -> None:
     assert token_and_sequence_counts(collate(samples)) == (1.0, 1.0)
 
 
+@pytest.mark.parametrize("chunk_tokens", [3, 11])  # several chunks (recomputed in the backward), or one (kept)
 @pytest.mark.parametrize("entropy", [False, True])
-def test_chunked_logprobs_equal_the_whole_logits_values_and_gradients(entropy: bool) -> None:
-    """fp64, chunks of 3 tokens: the same log-probs, entropies and gradients as from the whole logits to 1e-9."""
+def test_chunked_logprobs_equal_the_whole_logits_values_and_gradients(entropy: bool, chunk_tokens: int) -> None:
+    """fp64: the same log-probs, entropies and gradients as from the whole logits to 1e-9."""
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(13, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -115,7 +123,7 @@ def test_chunked_logprobs_equal_the_whole_logits_values_and_gradients(entropy: b
     for chunked in (True, False):
         hidden.grad = weight.grad = None
         if chunked:
-            lp, ent = chunked_logprobs(hidden, weight, targets, entropy, chunk_bytes=3 * 13 * 4)
+            lp, ent = chunked_logprobs(hidden, weight, targets, entropy, chunk_bytes=chunk_tokens * 13 * 4)
         else:
             lp, ent = full_logprobs(hidden @ weight.t(), targets, entropy)
         loss = (lp.double() * w_lp).sum() + ((ent.double() * w_ent).sum() if entropy else 0.0)

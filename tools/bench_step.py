@@ -234,6 +234,17 @@ def loss_peak_bytes(cfg: ModelConfig, tokens: int, precision: str, device: str, 
     return _peak_rss() - base
 
 
+def loss_peak_in_subprocess(name: str, args: argparse.Namespace, precision: str, chunked: bool) -> int:
+    """:func:`loss_peak_bytes` in a fresh process (no memory freed earlier that the allocator could reuse)."""
+    import subprocess
+
+    spec = {"model": name, "device": args.device, "cpu_layers": args.cpu_layers, "tokens": args.loss_tokens,
+            "max_len": args.prompt_len + args.response_max, "precision": precision, "chunked": chunked}
+    proc = subprocess.run([sys.executable, __file__, "--loss-peak-of", json.dumps(spec)], capture_output=True,
+                          text=True, check=True)
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -253,7 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense peak for the precision")
     p.add_argument("--json", action="store_true", help="JSON lines only (else also a line per row on stderr)")
+    p.add_argument("--loss-peak-of", default=None, help=argparse.SUPPRESS)  # one peak_loss_bytes figure (JSON spec)
     args = p.parse_args(argv)
+    if args.loss_peak_of:
+        spec = json.loads(args.loss_peak_of)
+        cfg = model_config(spec["model"], spec["device"], spec["cpu_layers"], spec["max_len"])
+        print(loss_peak_bytes(cfg, spec["tokens"], spec["precision"], spec["device"], spec["chunked"]))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in args.models.split(","):
@@ -263,9 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         real = sum(sum(s["loss_mask"]) for s in samples)
         for precision in args.precision.split(","):
             peaks = {}
-            if args.loss_tokens:  # the chunked measurement first: the process's peak only grows
-                peaks = {chunked: loss_peak_bytes(cfg, args.loss_tokens, precision, args.device, chunked)
-                         for chunked in (True, False)}
+            if args.loss_tokens:
+                peaks = {chunked: loss_peak_in_subprocess(name, args, precision, chunked) for chunked in (True, False)}
             for packing in (v.strip().lower() == "true" for v in args.packing.split(",")):
                 batch_cfg = batch_config(samples, args.micro_batch, packing, args.max_tokens)
                 ref = reference(cfg, samples, batch_cfg, precision, args.device, args.reps)

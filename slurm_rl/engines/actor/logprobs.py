@@ -22,8 +22,9 @@ from torch import Tensor
 
 from .microbatch import is_packed
 
-CHUNK_BYTES = 256 << 20
-"""fp32 logits held at once by :func:`chunked_logprobs` (a chunk of tokens x the vocabulary)."""
+CHUNK_BYTES = 512 << 20
+"""fp32 logits held at once by :func:`chunked_logprobs` (a chunk of tokens x the vocabulary): 512 MiB, so that
+a micro-batch of up to ~880 tokens at Qwen2.5's vocabulary is one chunk (no recompute)."""
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
@@ -38,7 +39,8 @@ def _chunks(n: int, vocab: int, chunk_bytes: int) -> list[tuple[int, int]]:
 
 class _ChunkedLogprobs(torch.autograd.Function):
     """``(hidden [N, h], weight [V, h], targets [N])`` -> fp32 log-probs ``[N]`` and entropies ``[N]``
-    (zeros unless asked), the logits ``hidden @ weight.T`` computed a chunk of tokens at a time."""
+    (zeros unless asked), the logits ``hidden @ weight.T`` computed a chunk of tokens at a time. With one
+    chunk its logits are kept for the backward (they fit the bound); with several each is recomputed there."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, entropy: bool,
@@ -47,13 +49,16 @@ class _ChunkedLogprobs(torch.autograd.Function):
         logprobs = hidden.new_empty(n, dtype=acc)
         lse = hidden.new_empty(n, dtype=acc)
         ent = hidden.new_zeros(n, dtype=acc)
-        for a, b in _chunks(n, weight.shape[0], chunk_bytes):
+        chunks = _chunks(n, weight.shape[0], chunk_bytes)
+        z = None
+        for a, b in chunks:
             z = (hidden[a:b] @ weight.t()).to(acc)
             lse[a:b] = torch.logsumexp(z, dim=-1)
             logprobs[a:b] = z.gather(-1, targets[a:b, None]).squeeze(-1) - lse[a:b]
             if entropy:
                 ent[a:b] = lse[a:b] - (torch.softmax(z, dim=-1) * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        kept = z if len(chunks) == 1 and z is not None else hidden.new_empty(0, dtype=acc)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent, kept)
         ctx.entropy, ctx.chunk_bytes = entropy, chunk_bytes
         if not entropy:
             ctx.mark_non_differentiable(ent)
@@ -61,24 +66,24 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_logprobs: Tensor | None, g_ent: Tensor | None) -> tuple[Any, ...]:
-        hidden, weight, targets, lse, ent = ctx.saved_tensors
-        n = hidden.shape[0]
+        hidden, weight, targets, lse, ent, kept = ctx.saved_tensors
+        n, acc = hidden.shape[0], _accumulation(hidden.dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        acc = _accumulation(hidden.dtype)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         use_ent = ctx.entropy and g_ent is not None
         for a, b in _chunks(n, weight.shape[0], ctx.chunk_bytes):
-            z = (hidden[a:b] @ weight.t()).to(acc)
-            logp = z - lse[a:b, None]
-            p = logp.exp()
-            g = torch.zeros_like(z)
-            if g_logprobs is not None:
-                # d log p_t / dz_j = 1[j = t] - p_j
-                g -= g_logprobs[a:b, None] * p
-                g.scatter_add_(-1, targets[a:b, None], g_logprobs[a:b, None])
+            z = kept if kept.numel() else (hidden[a:b] @ weight.t()).to(acc)
+            logp = z.sub_(lse[a:b, None]) if not kept.numel() else z - lse[a:b, None]  # log p (in place on a recompute)
+            g = logp.exp()  # p, then (in place) the gradient of the logits
             if use_ent:
                 # dH / dz_j = -p_j (log p_j + H)
-                g -= g_ent[a:b, None] * p * (logp + ent[a:b, None])
+                logp.add_(ent[a:b, None]).mul_(g).mul_(-g_ent[a:b, None])
+            # d log p_t / dz_j = 1[j = t] - p_j
+            g.mul_(-g_logprobs[a:b, None] if g_logprobs is not None else 0.0)
+            if g_logprobs is not None:
+                g.scatter_add_(-1, targets[a:b, None], g_logprobs[a:b, None])
+            if use_ent:
+                g.add_(logp)
             g = g.to(hidden.dtype)
             if grad_h is not None:
                 grad_h[a:b] = g @ weight

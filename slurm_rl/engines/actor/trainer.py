@@ -327,17 +327,17 @@ class ActorTrainer:
             mask = batch["loss_mask"].to(logprobs.device)
             if ent is not None:
                 batch = {**batch, "entropy": ent}
-                loss_sum[1] += float((ent.detach() * mask).sum())
+                loss_sum[1] += (ent.detach() * mask).sum()  # a device op: no host sync per micro-batch
             token_loss, diagnostics = _split(loss_fn(logprobs, batch))
             if diagnostics and not names:
                 names = sorted(diagnostics)
                 loss_sum = torch.cat([loss_sum, loss_sum.new_zeros(len(names))])
             for i, name in enumerate(names):
-                loss_sum[2 + i] += float((diagnostics[name].detach() * mask).sum())
+                loss_sum[2 + i] += (diagnostics[name].detach() * mask).sum()
             weights = agg.weights(batch["loss_mask"], batch.get("segment_ids")).to(token_loss.device)
             total = (token_loss * weights).sum()
             (total / denominator).backward()
-            loss_sum[0] += float(total.detach())
+            loss_sum[0] += total.detach()
         if self.dp_size > 1:
             dist.all_reduce(loss_sum, group=self.dp_group)
         step_samples = self.batch_cfg.global_batch_size if schedule_samples is None else schedule_samples
