@@ -145,9 +145,10 @@ _RESOLVERS: dict[str, Callable[..., Any]] = {  # the OmegaConf resolvers RLinf's
 
 
 def _register_resolvers() -> None:
+    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver  # OmegaConf >= 2.4
     for name, fn in _RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+            register(name, fn)
 
 
 def parse_override(item: str) -> tuple[str, str, Any] | None:

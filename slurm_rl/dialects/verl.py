@@ -278,6 +278,9 @@ def derive(v: Mapping[str, Any], given: set[str], out: Out) -> None:
             "ppo_max_token_len_per_gpu" if dyn else "fixed micro-batches", f"{A}.use_dynamic_bsz" in given)
     if v.get("data.filter_overlong_prompts"):
         out.set("data.overlong", "drop", "data.filter_overlong_prompts", True, "longer prompts are dropped")
+        if "data.truncation" in given:
+            out.ignore("data.truncation", v["data.truncation"], "filter_overlong_prompts drops longer prompts first",
+                       warn=False)
     elif v.get("data.truncation") == "error":
         out.set("data.overlong", "error", "data.truncation", "error", "a longer prompt is an error",
                 "data.truncation" in given)
