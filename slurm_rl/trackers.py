@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -49,7 +50,7 @@ def verl_metrics(row: dict[str, Any], gpus: int, loss_is_pg_loss: bool) -> dict[
     if isinstance(row.get("loss"), (int, float)):
         out["actor/pg_loss" if loss_is_pg_loss else "actor/loss"] = float(row["loss"])
     for key, value in row.items():
-        if key in ("iteration", "time", "plan", "losses", "loss", "prompts_digest", "critic/vf_losses", "actor_tp"):
+        if key in ("iteration", "time", "plan", "losses", "loss", "actor_dp", "prompts_digest", "critic/vf_losses", "actor_tp"):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
@@ -152,8 +153,11 @@ class MlflowTracker:
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
         self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
         atomic_write_json(record, {"run_id": self.run_id, "tracking_uri": uri})
-        for key, value in list(config.items())[:100]:
-            self.client.log_param(self.run_id, key, str(value)[:250])
+        from mlflow.entities import Param
+
+        params = [Param(re.sub(r"[^\w\-. :/]", "_", k), str(v)[:250]) for k, v in config.items()]
+        for i in range(0, len(params), 100):  # mlflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -200,18 +204,25 @@ class TrackerPump:
         project = self.cfg.runtime.project_name
         trackers: list[Tracker] = []
         for kind in self.names:
-            if kind == "console":
-                trackers.append(ConsoleTracker(self.print))
-            elif kind == "file":
-                trackers.append(FileTracker(self.dir / "metrics.jsonl"))
-            elif kind == "tensorboard":
-                trackers.append(TensorBoardTracker(self.dir / "tensorboard"))
-            elif kind == "wandb":
-                run_id = "".join(ch for ch in f"{name}-{self.run_dir.name}" if ch.isalnum() or ch in "-_")[:64]
-                trackers.append(WandbTracker(self.dir, project, name, run_id, config))
-            elif kind == "mlflow":
-                trackers.append(MlflowTracker(self.dir, project, name, config))
+            try:
+                trackers.append(self._make(kind, config, name, project))
+            except Exception as exc:  # noqa: BLE001  (a tracker's failure is reported; the run goes on)
+                self.print(f"trackers: {kind} did not open ({type(exc).__name__}: {exc}); it logs nothing")
         return trackers
+
+    def _make(self, kind: str, config: dict[str, Any], name: str, project: str) -> Tracker:
+        if kind == "console":
+            return ConsoleTracker(self.print)
+        if kind == "file":
+            return FileTracker(self.dir / "metrics.jsonl")
+        if kind == "tensorboard":
+            return TensorBoardTracker(self.dir / "tensorboard")
+        if kind == "wandb":
+            run_id = "".join(ch for ch in f"{name}-{self.run_dir.name}" if ch.isalnum() or ch in "-_")[:64]
+            return WandbTracker(self.dir, project, name, run_id, config)
+        if kind == "mlflow":
+            return MlflowTracker(self.dir, project, name, config)
+        raise ValueError(f"runtime.logger: {kind!r} is not a tracker")
 
     def poll(self) -> int:
         """Log every complete row appended since the last call; returns the last iteration logged (-1: none)."""
@@ -240,8 +251,13 @@ class TrackerPump:
                 self.trackers = self._open()
             al = self.cfg.algorithm
             metrics = verl_metrics(row, self.gpus, loss_is_pg_loss=not al.kl_coef and not al.entropy_coeff)
-            for tracker in self.trackers:
-                tracker.log(metrics, k)
+            for tracker in list(self.trackers):
+                try:
+                    tracker.log(metrics, k)
+                except Exception as exc:  # noqa: BLE001  (reported; the run goes on without that tracker)
+                    self.print(f"trackers: {type(tracker).__name__} failed at iteration {k} ({type(exc).__name__}: "
+                               f"{exc}); it logs nothing more")
+                    self.trackers.remove(tracker)
             self.last = k
             atomic_write_json(self.dir / LOGGED_FILE, {"iteration": k}, durable=False)
         return self.last

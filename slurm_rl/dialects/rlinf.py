@@ -282,6 +282,9 @@ def derive(v: Mapping[str, Any], given: set[str], out: Out) -> None:
     if "runner.enable_dynamic_batch_size" in v:
         out.set("train.max_tokens_per_microbatch", cap, "runner.enable_dynamic_batch_size", dyn,
                 "runner.max_tokens_per_mbs" if dyn else "fixed micro-batches")
+    if str(v.get("actor.model.precision")) == "fp16":
+        out.warnings.append("actor.model.precision=fp16 runs as bf16: fp16 with loss scaling is not done here "
+                            "(bf16 is the half precision of the actor)")
     tp = v.get("rollout.tensor_parallel_size")
     if tp is not None and int(tp) > 1:
         out.ignore("rollout.tensor_parallel_size", tp, "one rollout engine per rank here (no rollout tensor "
@@ -292,6 +295,14 @@ def derive(v: Mapping[str, Any], given: set[str], out: Out) -> None:
     if v.get("algorithm.clip_ratio_c") is None and "algorithm.clip_ratio_c" in v:
         out.ignore("algorithm.clip_ratio_c", None, "null (no dual clip) is not done here: the dual clip "
                    "algorithm.clip_ratio_c stays 3.0", warn=True)
+    placement = v.get("cluster.component_placement")
+    if v.get("algorithm.recompute_logprobs", True) and isinstance(placement, Mapping) and not any(
+            "inference" in (n.strip() for n in str(k).split(",")) for k in placement):
+        entry = next((k for k in placement if "actor" in (n.strip() for n in str(k).split(","))), None)
+        if entry is not None:  # RLinf's actor recomputes them on its GPUs: here the inference component there does
+            moved = {(f"{entry},inference" if k == entry else k): p for k, p in placement.items()}
+            out.set("cluster.component_placement", moved, "algorithm.recompute_logprobs", True,
+                    "the actor's GPUs recompute the old log-probs: the inference component on them")
     _steps(v, given, out, samples // n_mb, samples)
 
 
