@@ -46,7 +46,7 @@ def print_modes(result: dict[str, Any]) -> None:
     Console().print(table)
     print("overrides of each mode (append them to the config's command line):")
     for i, row in enumerate(result["modes"]):
-        print(f"  {i}: {row['config']}")
+        print(f"  {i} ({row['what']}): {row['config']}")
     best = result["fastest"]
     print(f"fastest: {best['mode']} {best['policy']}: {best['config']}")
     skipped = result["not_compared"]
