@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import struct
 import subprocess
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -235,19 +235,24 @@ def test_emulated_runs_check_the_files_they_name(tmp_path: Path, capsys: pytest.
     assert cli.main(["validate", config, f"model.path={missing}", "runtime.check_files=false"]) == 0
 
 
-def test_compare_modes_suggestions_validate() -> None:
+def test_compare_modes_suggestions_validate(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Each mode's overrides, as the shell splits them, validate appended to the config; the text prints them
+    whole on an 80-column terminal."""
+    from slurm_rl.scheduler.cli_bridge import print_modes
+    from slurm_rl.scheduler.simulate import compare_modes
+
     config = REPO / "configs/examples/auto_8.yaml"
-    proc = subprocess.run([*CLI, "simulate", str(config), "--compare-modes", "--json"], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)["modes"][1:]
+    result = compare_modes(load_config(config, ["runtime.device=emulated", "train.num_iterations=1"], env={}))
+    rows = result["modes"][1:]
     assert {r["policy"] for r in rows} >= {"static", "collocated"}
-    for row in rows:  # each suggestion, as the shell splits it, validates
-        load_config(config, ["runtime.device=emulated", *shlex.split(row["config"])], env={})
-    text = subprocess.run([*CLI, "simulate", str(config), "--compare-modes"], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env={**os.environ, "COLUMNS": "80"}).stdout
     for row in rows:
-        assert row["config"] in text  # printed whole, never cut at 80 columns
+        load_config(config, ["runtime.device=emulated", *shlex.split(row["config"])], env={})
+    monkeypatch.setenv("COLUMNS", "80")
+    print_modes(result)
+    text = capsys.readouterr().out
+    for row in rows:
+        assert row["config"] in text  # never cut at 80 columns
 
 
 # --------------------------------------------------------------------------- 2-iteration emulated runs
