@@ -1175,6 +1175,10 @@ def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:
     _choice(issues, "actor.precision", a.precision, PRECISIONS)
     _choice(issues, "actor.recompute", a.recompute, RECOMPUTE)
     _choice(issues, "actor.attention_backend", a.attention_backend, ATTENTION_BACKENDS)
+    if root.train.use_remove_padding and a.attention_backend == "local":
+        issues.append(ConfigIssue("actor.attention_backend", a.attention_backend, (
+            "sdpa with train.use_remove_padding: true (megatron-core's local attention has no packed (THD) "
+            "form), or train.use_remove_padding: false")))
     if a.pipeline_parallel != 1:
         issues.append(ConfigIssue("actor.pipeline_parallel", a.pipeline_parallel,
                                   "1 (pipeline parallelism is not supported yet; use actor.tensor_parallel)"))

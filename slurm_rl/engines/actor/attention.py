@@ -30,8 +30,10 @@ class SDPAttention(DotProductAttention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, attn_mask_type: AttnMaskType | None = None,
                 attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
-        if packed_seq_params is not None or attention_bias is not None:
-            raise NotImplementedError("SDPAttention: packed sequences and attention bias are not supported")
+        if attention_bias is not None:
+            raise NotImplementedError("SDPAttention: attention bias is not supported")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         sq, b = query.shape[0], query.shape[1]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         scale = self.softmax_scale * (self.layer_number if self.config.apply_query_key_layer_scaling else 1)
@@ -48,6 +50,24 @@ class SDPAttention(DotProductAttention):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
                                              scale=scale, enable_gqa=q.shape[1] != k.shape[1])
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+    def _packed(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: Any) -> torch.Tensor:
+        """THD attention of a packed row (query ``[t, np, hn]``, key and value ``[t, ng, hn]``): each sample
+        ``cu_seqlens[i]:cu_seqlens[i + 1]`` attends causally to itself only, one fused causal SDPA call per
+        sample (no ``t x t`` mask: the work is the samples' own squares). Out ``[t, np * hn]``."""
+        if params.qkv_format != "thd":
+            raise NotImplementedError(f"SDPAttention: packed format {params.qkv_format!r} (only thd)")
+        cu = params.cu_seqlens_q.tolist()
+        q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [heads, t, hn]
+        scale = self.softmax_scale * (self.layer_number if self.config.apply_query_key_layer_scaling else 1)
+        dropout = self.attention_dropout.p if self.training else 0.0
+        gqa = q.shape[0] != k.shape[0]
+        parts = [F.scaled_dot_product_attention(q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], dropout_p=dropout,
+                                                is_causal=True, scale=scale, enable_gqa=gqa)[0]
+                 for a, b in zip(cu[:-1], cu[1:])]
+        out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]  # [np, t, hn]
+        return out.transpose(0, 1).reshape(query.shape[0], self.hidden_size_per_partition)
 
 
 def use_attention(spec: Any, backend: str) -> Any:
