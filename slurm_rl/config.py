@@ -166,7 +166,8 @@ class RuntimeConfig:
     on_rank_failure: str = "fail"  # fail | checkpoint_and_requeue (sbatch: requeue, resume from the last checkpoint)
     coordinator_restarts: int = 3  # rank 0 restarts a coordinator killed mid-run this many times
     # verl's trainer.logger: where the coordinator writes each iteration's metrics while the run trains (verl's
-    # names beside ours): console | tensorboard (RUN_DIR/tensorboard) | wandb | mlflow | file (RUN_DIR/tracking.jsonl)
+    # names beside ours): console (a line per iteration in the coordinator's log) | tensorboard | wandb | mlflow |
+    # file, each under RUN_DIR/tracking/ (slurm_rl.trackers)
     logger: List[str] = field(default_factory=lambda: ["console"])
     project_name: str = "slurm_rl"  # verl's trainer.project_name: the wandb project, the mlflow experiment
     experiment_name: Optional[str] = None  # verl's trainer.experiment_name: the tracker's run name; null: RUN_DIR's name
