@@ -159,3 +159,24 @@ def rlinf_math_grpo(train: Path, model: Path, output_dir: Path) -> dict[str, Any
                    "tokenizer": {"tokenizer_model": "${actor.tokenizer.tokenizer_model}", "use_fast": False}},
         "critic": {"use_critic_model": False},
     }
+
+
+def rlinf_math_grpo_dynamic(train: Path, model: Path, output_dir: Path) -> dict[str, Any]:
+    """RLinf's one-node dynamic-scheduling math config (``qwen2.5-1.5b-grpo-megatron-dynamic-1node.yaml``): the
+    math GRPO config with its cluster (auto scheduler, RLinf's scheduler knobs, a disaggregated placement) and the
+    keys that differ."""
+    cfg = rlinf_math_grpo(train, model, output_dir)
+    cfg["cluster"] = {"num_nodes": 1, "auto_scheduler": True, "assign_policy": "greedy",
+                      "use_pre_process_policy": True, "rollout_use_all_gpus": True, "monitor_interval": 1,
+                      "preprocess_threshold": 0.3, "migrate_out_max_bs": 80, "use_wait_before_last_iter_policy": False,
+                      "recreate_nccl_groups": False, "fuse_rollout_inference_only": True,
+                      "component_placement": {"actor": "0-1", "rollout": "2-5", "inference": "6-7", "reward": "all"}}
+    cfg["runner"]["seq_length"] = 2048
+    cfg["algorithm"].update(max_num_gen_batches=1, loss_type="actor", normalize_advantages=False,
+                            calculate_entropy=True)
+    cfg["inference"] = {"model_arch": "${rollout.model_arch}", "group_name": "InferenceGroup", "load_from_actor": True,
+                        "model": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+                                  "sequence_parallel": True}}
+    cfg["rollout"].update(gpu_memory_utilization=0.70, precision="${actor.model.precision}", max_running_requests=128)
+    cfg["data"].update(rollout_batch_size=32, answer_key="answer", apply_chat_template=False)
+    return cfg

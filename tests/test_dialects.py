@@ -18,6 +18,7 @@ from cli_command import CLI
 from foreign_configs import (
     GSM8K_TRAIN_ROWS,
     rlinf_math_grpo,
+    rlinf_math_grpo_dynamic,
     verl_gsm8k_grpo,
     write_gsm8k_parquet,
     write_math_jsonl,
@@ -127,6 +128,24 @@ def test_rlinf_math_grpo_translates_to_the_same_run(files: dict[str, Path]) -> N
     assert cfg.reward.name == "math" and cfg.scheduler.max_running_requests == 64
     assert any("fp16 runs as bf16" in w for w in tr.warnings)
     assert any("reward.reward_scale=5.0 ignored" in w for w in tr.warnings)
+
+
+def test_rlinf_dynamic_scheduling_config(files: dict[str, Path]) -> None:
+    """RLinf's cluster keys (auto_scheduler, pre-process threshold, assign_policy, migrate_out_max_bs, ...) map or
+    are listed as ignored; its offload on a disaggregated placement is a warning naming the key."""
+    path = files["root"] / "rlinf_dynamic.yaml"
+    path.write_text(yaml.safe_dump(rlinf_math_grpo_dynamic(files["math"], files["model"], files["root"] / "results")))
+    cfg, tr = _load(str(path), ["rollout.rollout_backend=vllm", "cluster.gpus_per_node=8", "runtime.device=emulated"])
+    assert cfg.scheduler.policy == "auto" and cfg.cluster.use_pre_process_policy is True
+    assert cfg.scheduler.pre_process_threshold == 0.3 and cfg.scheduler.max_running_requests == 128
+    assert cfg.placement.mode == "disaggregated" and cfg.placement.components["rollout"].ranks == (2, 3, 4, 5)
+    assert cfg.rollout.max_new_tokens == 2048 - 1024 and cfg.train.global_batch_size == 32 * 16 // 4
+    ignored = {r.foreign for r in tr.rows if r.ours is None}
+    assert {"cluster.assign_policy", "cluster.migrate_out_max_bs", "cluster.monitor_interval"} <= ignored
+    from slurm_rl.config_warnings import config_warnings
+
+    assert any(w.startswith("actor.offload_weight: true has no effect: the actor shares no rank") for w in
+               config_warnings(cfg, env={}))
 
 
 def test_rlinf_dynamic_batch(files: dict[str, Path]) -> None:
