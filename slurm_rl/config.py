@@ -184,7 +184,10 @@ class TrainConfig:
     group_size: int = 4  # responses per prompt (GRPO group)
     global_batch_size: int = 32  # samples per optimizer step (mini-batch); fixed whatever the placement
     micro_batch_size: int = 4  # samples per forward/backward
-    max_tokens_per_microbatch: Optional[int] = None  # dynamic batching cap; None = fixed micro-batches
+    # a micro-batch's token budget (verl's ppo_max_token_len_per_gpu with use_dynamic_bsz, RLinf's max_tokens_per_mbs):
+    # packed, a first-fit-decreasing bin of at most this many tokens; padded, rows x longest row <= it; null:
+    # micro_batch_size samples
+    max_tokens_per_microbatch: Optional[int] = None
     # verl's actor_rollout_ref.model.use_remove_padding: a micro-batch's samples are concatenated into one row
     # without padding (positions restart per sample, attention stays inside each sample)
     use_remove_padding: bool = False
