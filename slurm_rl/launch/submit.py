@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import submitit
 
+from slurm_rl.job_limits import job_timeout_s
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.errors import InputError, LaunchError
 from slurm_rl.launch.prepare import prepare_run
@@ -268,7 +269,8 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
     options = options or SlurmOptions()
     folder = run_dir / "logs" / "submitit"
     world = cfg.placement.world_size
-    timeout_min = options.time_min or max(1, int(cfg.runtime.run_timeout_s // 60) + 1)
+    timeout_min = options.time_min or max(1, int(job_timeout_s(cfg.runtime.run_timeout_s, cfg.runtime.checkpoint_margin_s)
+                                                 // 60) + 1)
     if executor == "local":
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=timeout_min)

@@ -76,13 +76,27 @@ def _refresh_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+def executor_backend(tensor_parallel_size: int, ranks: int) -> str:
+    """vLLM's executor for an engine of ``tensor_parallel_size`` GPUs over ``ranks`` processes: ``uni`` in
+    one process of one GPU, ``external_launcher`` across processes of one GPU each (every process runs
+    the same engine on its shard: torch.distributed's world must be the engine's ranks), ``mp`` for one
+    process owning several GPUs (vLLM starts a worker per GPU)."""
+    if ranks > 1:
+        return "external_launcher"
+    return "mp" if tensor_parallel_size > 1 else "uni"
+
+
 class VLLMRolloutEngine(RolloutEngine):
-    """Rollout with ``vllm.LLM``; one engine per process, started in the constructor."""
+    """Rollout with ``vllm.LLM``; one engine per process (or per ``ranks`` processes), started in the
+    constructor. ``llm_kwargs`` are ``vllm.LLM``'s (the rollout section's options,
+    :func:`slurm_rl.rollout_config.resolve_engine_options`); without them: float32, eager, the model's
+    whole context. ``kv_cache_gib`` sizes the KV cache on cpu; None: ``gpu_memory_utilization`` of the
+    host's memory (vLLM's cpu backend reads the fraction so)."""
 
     def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
-                 work_dir: str | Path | None = None, kv_cache_gib: float = 1.0,
+                 work_dir: str | Path | None = None, kv_cache_gib: float | None = 1.0,
                  gpu_memory_utilization: float = 0.5, checkpoint: str | Path | None = None,
-                 pad_id: int = 0, **llm_kwargs: Any) -> None:
+                 pad_id: int = 0, ranks: int = 1, **llm_kwargs: Any) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
@@ -92,15 +106,19 @@ class VLLMRolloutEngine(RolloutEngine):
             tempfile.TemporaryDirectory(prefix="slurm_rl_vllm_")
         self.model_dir = Path(checkpoint) if checkpoint is not None else write_hf_checkpoint(
             model_cfg, Path(work_dir if work_dir is not None else self._tmp.name) / "model", seed)
+        tp = int(llm_kwargs.pop("tensor_parallel_size", ranks))
         kwargs: dict[str, Any] = dict(
             model=str(self.model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed,
-            distributed_executor_backend="uni", max_model_len=model_cfg.max_position_embeddings,
-            enforce_eager=True, generation_config="vllm", enable_prefix_caching=False)
+            distributed_executor_backend=executor_backend(tp, ranks), tensor_parallel_size=tp,
+            max_model_len=model_cfg.max_position_embeddings, enforce_eager=True, generation_config="vllm",
+            enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization)
         if self.device.type == "cuda":
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
-        else:
+            kwargs.update(enable_sleep_mode=True)
+        elif kv_cache_gib is not None:
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)))
         kwargs.update(llm_kwargs)
+        self.dtype: torch.dtype = getattr(torch, str(kwargs["dtype"]))
+        self.options = {k: v for k, v in kwargs.items() if k != "model"}
         self.llm = LLM(**kwargs)
         self.weight_version = 0
         self._released = False
@@ -157,14 +175,14 @@ class VLLMRolloutEngine(RolloutEngine):
         the weights is kept instead and loaded by :meth:`resume`; the version is set now.
         """
         if self._released:
-            self._pending = [(n, t.detach().to(device="cpu", dtype=torch.float32, copy=True))
+            self._pending = [(n, t.detach().to(device="cpu", dtype=self.dtype, copy=True))
                              for n, t in named_tensors]
         else:
             self._load(named_tensors)
         self.weight_version = version
 
     def _load(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        weights = [(n, t.detach().to(device=self.device, dtype=torch.float32))
+        weights = [(n, t.detach().to(device=self.device, dtype=self.dtype))
                    for n, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.model_cfg.tie_word_embeddings:
