@@ -123,9 +123,13 @@ def tp_model_problems(cfg: Config, tok: Any) -> list[ConfigIssue]:
 def model_context(cfg: Config) -> int:
     """The model's context in tokens (``max_position_embeddings``: ``model.path``'s config.json, else the
     random model's)."""
-    from slurm_rl.worker.real_compute import engine_model_config
+    if cfg.model.path is None:
+        from slurm_rl.config import model_sizes
 
-    return int(engine_model_config(cfg, 0).max_position_embeddings)
+        return int(model_sizes(cfg.model)["max_position_embeddings"])
+    from slurm_rl.engines.hf_checkpoint import model_config_from_dir
+
+    return int(model_config_from_dir(cfg.model.path).max_position_embeddings)
 
 
 def rollout_model_problems(cfg: Config) -> list[ConfigIssue]:
@@ -134,11 +138,11 @@ def rollout_model_problems(cfg: Config) -> list[ConfigIssue]:
     (``load_config`` checks a random model's own sizes)."""
     if cfg.model.path is None:
         return []
+    from slurm_rl.engines.hf_checkpoint import model_config_from_dir
     from slurm_rl.rollout_config import rollout_engine_problems
-    from slurm_rl.worker.real_compute import engine_model_config
 
     try:
-        mc = engine_model_config(cfg, 0)
+        mc = model_config_from_dir(cfg.model.path)
     except Exception:  # a checkpoint transformers cannot read: checkpoint_problems reports it
         return []
     sizes = {"max_position_embeddings": mc.max_position_embeddings, "num_attention_heads": mc.num_attention_heads,
