@@ -25,7 +25,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slurm_rl.rollout_config import processes_per_engine, rollout_engine_problems, rollout_placement_problems
+from slurm_rl.rollout_config import ROLLOUT_DTYPES, processes_per_engine, rollout_engine_problems, rollout_placement_problems
 from slurm_rl.placement import (
     COMPONENTS,
     MISSING_VALUE,

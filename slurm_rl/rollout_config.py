@@ -115,7 +115,7 @@ def rollout_engine_problems(ro: Any, *, backend_vllm: bool, device: str, max_pro
         out.append(ConfigIssue("rollout.max_new_tokens", ro.max_new_tokens, (
             f"at most {context - max_prompt_length} so that a prompt of data.max_prompt_length ({max_prompt_length}) "
             f"and its response fit the model's context of {context} tokens ({where})")))
-    elif isinstance(context, int) and ro.max_new_tokens >= context:
+    elif isinstance(context, int) and backend_vllm and ro.max_new_tokens >= context:
         out.append(ConfigIssue("rollout.max_new_tokens", ro.max_new_tokens, (
             f"less than the model's context of {context} tokens ({where}), leaving room for the prompt")))
     if ro.max_model_len is not None:
@@ -185,7 +185,7 @@ def rollout_placement_problems(ro: Any, placement: Placement, key: str, spec: An
             out.append(ConfigIssue(key, spec, (
                 f"rollout engines ({per} consecutive rollout ranks) inside one node: ranks {list(group)} lie on "
                 "several nodes")))
-    if ranks_per_instance not in (1, per):
+    if ranks_per_instance > 1 and ranks_per_instance != per:  # < 1 is reported on its own
         out.append(ConfigIssue("scheduler.rollout_ranks_per_instance", ranks_per_instance, (
             f"{per} (the ranks of one engine: rollout.tensor_model_parallel_size {tp}), or 1 (the default, "
             "which follows it)")))
