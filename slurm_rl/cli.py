@@ -358,7 +358,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if previous is not None:
         _, run_dir, _ = prepare_resume(previous, log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
-        _, run_dir = prepare_run(args.config, args.overrides)
+        _, run_dir = prepare_run(args.config, args.overrides, check_allocation=True)
     if env.get("SLURM_JOB_ID"):
         record_job(run_dir, env["SLURM_JOB_ID"])
     print(run_dir)

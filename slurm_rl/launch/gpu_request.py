@@ -79,12 +79,18 @@ def sbatch_flags(cfg: Config) -> str:
     return f"--nodes={cfg.cluster.num_nodes} --ntasks-per-node={tasks} --gres=gpu:{per_node}"
 
 
-def allocation_problem(cfg: Config, env: Mapping[str, str], parameters: Optional[int] = None) -> Optional[str]:
+def allocation_problem(cfg: Config, env: Mapping[str, str]) -> Optional[str]:
     """Inside a Slurm job: why its allocation cannot run the config (it needs more GPUs per node than
     the job holds), with the sbatch command that would work; None when it can, or outside a job."""
     job = env.get("SLURM_JOB_ID")
-    need = gpu_need(cfg, parameters)
-    if not job or need is None:
+    if not job:
+        return None
+    need = gpu_need(cfg)
+    if need is None and written_device(cfg) == "auto":  # the model's size decides
+        from slurm_rl.inputs import model_summary
+
+        need = gpu_need(cfg, model_summary(cfg)["parameters"])
+    if need is None:
         return None
     placement = cfg.placement
     wanted = max(placement.slots_per_node) if placement.slots_per_node else placement.num_slots
