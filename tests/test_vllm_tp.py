@@ -1,6 +1,6 @@
 """A TP-2 vLLM engine across two processes (vLLM's ``external_launcher`` over gloo, one process per
 rank, as verl's SPMD rollout runs it) against the TP-1 reference, and a weight sync that hands each rank
-only its shard. The two ranks run tests/vllm_tp_check.py once per module; the tests read their JSON."""
+only its shard. The two ranks run tools/vllm_tp_check.py once per module; the tests read their JSON."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ TIMEOUT_S = 600
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("vllm-tp")
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "vllm_tp_check.py"), str(r), str(WORLD),
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tools" / "vllm_tp_check.py"), str(r), str(WORLD),
                                str(out / "store"), str(out)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                               stderr=open(out / f"rank-{r}.log", "w")) for r in range(WORLD)]
     try:

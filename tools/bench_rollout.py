@@ -2,12 +2,14 @@
 
     .venv/bin/python tools/bench_rollout.py --backends hf,vllm --threads 1
     .venv/bin/python tools/bench_rollout.py --vs-transformers --hidden 256 --layers 4 --heads 4 --long 64
+    .venv/bin/python tools/bench_rollout.py --vs-vllm --device cuda --hidden 896 --layers 24 --heads 14 --long 256
 
 Two cases per backend: the quickstart workload (toy-task prompts, answers of up to
 ``max_new_tokens`` with a stop token) and a decode-heavy one (``--long`` new tokens, no stop).
 Throughput counts generated tokens only; the first (warm-up) round is not timed.
 ``--vs-transformers``: the hf engine against ``transformers``' own ``generate`` with a static cache on
-the same batch (greedy, no stop), the ratio of their tokens/s.
+the same batch (greedy, no stop), the ratio of their tokens/s. ``--vs-vllm``: the vllm engine against
+``vllm.LLM.generate`` of the same engine on the same prompts.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ def main() -> None:
     p.add_argument("--sync-ranks", type=int, default=3, help="ranks in the weight-sync bench")
     p.add_argument("--vs-transformers", action="store_true",
                    help="only: the hf engine against transformers' generate with a static cache on the same batch")
-    p.add_argument("--batch", type=int, default=32, help="--vs-transformers: sequences per generate call")
+    p.add_argument("--vs-vllm", action="store_true",
+                   help="only: the vllm engine against its own vllm.LLM.generate on the same prompts")
+    p.add_argument("--batch", type=int, default=32, help="--vs-transformers / --vs-vllm: sequences per call")
+    p.add_argument("--dtype", default=None, help="--vs-vllm: rollout.dtype (null: the device's default)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
@@ -41,6 +46,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.vs_transformers:
         bench_vs_transformers(args)
+        return
+    if args.vs_vllm:
+        bench_vs_vllm(args)
         return
     from slurm_rl.engines.model_config import ModelConfig
     from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
@@ -145,6 +153,77 @@ def bench_vs_transformers(args: argparse.Namespace) -> None:
     doc["ratio_best"] = round(max(rates["hf_engine"]) / max(rates["transformers_static"]), 3)
     doc["ratio_median"] = round(statistics.median(rates["hf_engine"]) / statistics.median(rates["transformers_static"]), 3)
     print(json.dumps(doc), flush=True)
+
+
+def _rates(times: list[float], tokens: int) -> dict[str, float]:
+    import statistics
+
+    rates = [tokens / t for t in times]
+    return {"max": max(rates), "median": statistics.median(rates)}
+
+
+def bench_vs_vllm(args: argparse.Namespace) -> None:
+    """The vllm rollout engine's ``generate`` (per-request params, logprobs, Generation rows) against
+    ``vllm.LLM.generate`` of the same engine on the same prompts (greedy, ``--long`` new tokens, no
+    stop), with the rollout section's defaults on ``--device`` (bf16 and CUDA graphs on cuda); rounds
+    alternate the two. Prints tokens/s (max, median) and their ratio."""
+    from vllm import SamplingParams as VSP
+
+    from types import SimpleNamespace
+
+    from slurm_rl.engines.model_config import ModelConfig
+    from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
+    from slurm_rl.rollout_config import resolve_engine_options
+
+    cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
+                      num_attention_heads=args.heads, max_position_embeddings=max(128, 2 * args.long))
+    ro = SimpleNamespace(dtype=args.dtype, enforce_eager=None, max_model_len=None, enable_chunked_prefill=None,
+                         enable_prefix_caching=True, max_num_seqs=None, max_num_batched_tokens=None,
+                         gpu_memory_utilization=0.5, max_new_tokens=args.long)
+    options = resolve_engine_options(ro, args.device, "bf16", 16, cfg.max_position_embeddings)
+    t0 = time.perf_counter()
+    engine = make_rollout_engine("vllm", cfg, device=args.device, seed=0, **options)
+    start_s = time.perf_counter() - t0
+    g = prompt_rng(0)
+    prompts = [[1] + [int(x) for x in g.integers(3, args.vocab, size=int(n))]
+               for n in g.integers(4, 16, size=args.batch)]
+    sp = SamplingParams(max_new_tokens=args.long, temperature=0)
+    raw = VSP(max_tokens=args.long, temperature=0.0, detokenize=False, ignore_eos=True)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+
+    def ours() -> int:
+        return sum(len(x.token_ids) for x in engine.generate(prompts, sp))
+
+    def reference() -> int:
+        return sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(inputs, raw, use_tqdm=False))
+
+    times: dict[str, list[float]] = {"engine": [], "vllm_generate": []}
+    tokens: dict[str, int] = {}
+    for r in range(args.rounds + 1):
+        for name, fn in (("engine", ours), ("vllm_generate", reference)):
+            engine.llm.reset_prefix_cache()  # each call computes its prompts afresh
+            t0 = time.perf_counter()
+            tokens[name] = fn()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    mine, ref = _rates(times["engine"], tokens["engine"]), _rates(times["vllm_generate"], tokens["vllm_generate"])
+    print(json.dumps({"case": "vllm_engine_vs_llm_generate", "device": args.device, "batch": args.batch,
+                      "new_tokens": args.long, "rounds": args.rounds, "options": options,
+                      "parameters": cfg.num_parameters(), "engine_start_s": round(start_s, 1),
+                      "tokens": tokens, "engine_tokens_per_s_max": round(mine["max"], 1),
+                      "engine_tokens_per_s_median": round(mine["median"], 1),
+                      "vllm_tokens_per_s_max": round(ref["max"], 1),
+                      "vllm_tokens_per_s_median": round(ref["median"], 1),
+                      "ratio_best": round(mine["max"] / ref["max"], 3),
+                      "ratio_median": round(mine["median"] / ref["median"], 3)}), flush=True)
+    engine.close()
+
+
+def prompt_rng(seed: int):
+    """A numpy generator for the prompts (their lengths and tokens)."""
+    import numpy as np
+
+    return np.random.default_rng(seed)
 
 
 def _sync_worker(rank: int, world: int, store: str, cfg_dict: dict, rounds: int) -> None:

@@ -1,10 +1,10 @@
-"""One rank of a TP-2 vLLM engine (``external_launcher`` over gloo, one process per rank):
-``python tests/vllm_tp_check.py RANK WORLD STORE_FILE OUT_DIR`` writes ``OUT_DIR/rank-RANK.json``.
+"""One rank of a TP vLLM engine (``external_launcher``, one process per rank; gloo on cpu, NCCL on cuda):
+``python tools/vllm_tp_check.py RANK WORLD STORE_FILE OUT_DIR [DEVICE]`` writes ``OUT_DIR/rank-RANK.json``.
 
 Every rank builds the same engine on its shard and an hf engine (the TP-1 reference) of the same
 random init; greedy tokens and scores are recorded before and after a weight sync in which rank 0,
 holding the new full weights, sends every rank only its shard (``tp_shards``). Run by
-tests/test_vllm_tp.py.
+tests/test_vllm_tp.py (cpu) and tools/gpu_check.sh (cuda).
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ CFG = dict(vocab_size=48, hidden_size=64, num_layers=2, num_attention_heads=2, n
 PROMPTS = [[1, 5, 6, 7], [1, 8], [1, 9, 10, 11, 12, 13, 14], [1, 20, 21]]
 
 
-def main(rank: int, world: int, store: str, out: Path) -> None:
+def main(rank: int, world: int, store: str, out: Path, device: str = "cpu") -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       VLLM_ENABLE_V1_MULTIPROCESSING="0")
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "cuda:nccl,cpu:gloo" if device == "cuda" else "gloo"  # the shards travel from host memory
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     from slurm_rl.engines.model_config import ModelConfig
     from slurm_rl.engines.rollout import SamplingParams, make_rollout_engine
     from slurm_rl.engines.rollout.hf import build_hf_model
@@ -33,9 +36,10 @@ def main(rank: int, world: int, store: str, out: Path) -> None:
 
     cfg = ModelConfig(**CFG)
     res: dict = {"rank": rank}
-    engine = make_rollout_engine("vllm", cfg, seed=0, ranks=world, tensor_parallel_size=world, max_model_len=32)
+    engine = make_rollout_engine("vllm", cfg, device=device, seed=0, ranks=world, tensor_parallel_size=world,
+                                 max_model_len=32)
     res["executor"] = engine.options["distributed_executor_backend"]
-    hf = make_rollout_engine("hf", cfg, seed=0)
+    hf = make_rollout_engine("hf", cfg, device=device, seed=0)
     greedy = SamplingParams(max_new_tokens=8, temperature=0)
     res["init"] = [[g.token_ids for g in e.generate(PROMPTS, greedy)] for e in (engine, hf)]
     new = [(n, t.detach().clone()) for n, t in build_hf_model(cfg, 11).state_dict().items()]
@@ -53,7 +57,7 @@ def main(rank: int, world: int, store: str, out: Path) -> None:
     hf.update_weights(new, version=1)
     res["synced"] = [[g.token_ids for g in e.generate(PROMPTS, greedy)] for e in (engine, hf)]
     probe = [p + [3, 4, 5] for p in PROMPTS]
-    res["score_diff"] = max(float((a - b).abs().max()) for a, b in zip(engine.score(probe), hf.score(probe)))
+    res["score_diff"] = max(float((a.cpu() - b.cpu()).abs().max()) for a, b in zip(engine.score(probe), hf.score(probe)))
     res["version"] = engine.weight_version
     (out / f"rank-{rank}.json").write_text(json.dumps(res))
     engine.close()
@@ -63,4 +67,4 @@ def main(rank: int, world: int, store: str, out: Path) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), *sys.argv[5:6])
