@@ -165,8 +165,8 @@ def _rates(times: list[float], tokens: int) -> dict[str, float]:
 def bench_vs_vllm(args: argparse.Namespace) -> None:
     """The vllm rollout engine's ``generate`` (per-request params, logprobs, Generation rows) against
     ``vllm.LLM.generate`` of the same engine on the same prompts (greedy, ``--long`` new tokens, no
-    stop), with the rollout section's defaults on ``--device`` (bf16 and CUDA graphs on cuda); rounds
-    alternate the two. Prints tokens/s (max, median) and their ratio."""
+    stop), without and with logprobs, with the rollout section's defaults on ``--device`` (bf16 and CUDA
+    graphs on cuda); rounds alternate them. Prints tokens/s (max, median) and the ratios."""
     from vllm import SamplingParams as VSP
 
     from types import SimpleNamespace
@@ -189,24 +189,27 @@ def bench_vs_vllm(args: argparse.Namespace) -> None:
                for n in g.integers(4, 16, size=args.batch)]
     sp = SamplingParams(max_new_tokens=args.long, temperature=0)
     raw = VSP(max_tokens=args.long, temperature=0.0, detokenize=False, ignore_eos=True)
+    with_lp = VSP(max_tokens=args.long, temperature=0.0, detokenize=False, ignore_eos=True, logprobs=0)
     inputs = [{"prompt_token_ids": p} for p in prompts]
 
     def ours() -> int:
         return sum(len(x.token_ids) for x in engine.generate(prompts, sp))
 
-    def reference() -> int:
-        return sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(inputs, raw, use_tqdm=False))
+    def reference(params: VSP) -> int:
+        return sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(inputs, params, use_tqdm=False))
 
-    times: dict[str, list[float]] = {"engine": [], "vllm_generate": []}
+    times: dict[str, list[float]] = {"engine": [], "vllm_generate": [], "vllm_generate_logprobs": []}
     tokens: dict[str, int] = {}
     for r in range(args.rounds + 1):
-        for name, fn in (("engine", ours), ("vllm_generate", reference)):
+        for name, fn in (("engine", ours), ("vllm_generate", lambda: reference(raw)),
+                         ("vllm_generate_logprobs", lambda: reference(with_lp))):
             engine.llm.reset_prefix_cache()  # each call computes its prompts afresh
             t0 = time.perf_counter()
             tokens[name] = fn()
             if r:
                 times[name].append(time.perf_counter() - t0)
     mine, ref = _rates(times["engine"], tokens["engine"]), _rates(times["vllm_generate"], tokens["vllm_generate"])
+    ref_lp = _rates(times["vllm_generate_logprobs"], tokens["vllm_generate_logprobs"])
     print(json.dumps({"case": "vllm_engine_vs_llm_generate", "device": args.device, "batch": args.batch,
                       "new_tokens": args.long, "rounds": args.rounds, "options": options,
                       "parameters": cfg.num_parameters(), "engine_start_s": round(start_s, 1),
@@ -215,7 +218,10 @@ def bench_vs_vllm(args: argparse.Namespace) -> None:
                       "vllm_tokens_per_s_max": round(ref["max"], 1),
                       "vllm_tokens_per_s_median": round(ref["median"], 1),
                       "ratio_best": round(mine["max"] / ref["max"], 3),
-                      "ratio_median": round(mine["median"] / ref["median"], 3)}), flush=True)
+                      "ratio_median": round(mine["median"] / ref["median"], 3),
+                      # the same work as the engine's: vLLM also returns each sampled token's logprob
+                      "vllm_logprobs_tokens_per_s_max": round(ref_lp["max"], 1),
+                      "ratio_vs_logprobs_best": round(mine["max"] / ref_lp["max"], 3)}), flush=True)
     engine.close()
 
 
