@@ -74,29 +74,38 @@ def test_set_options_pass_through() -> None:
      "at least rollout.max_num_seqs (64)"),
     (["rollout.enable_chunked_prefill=false", "rollout.max_num_batched_tokens=128"],
      "rollout.max_num_batched_tokens", 128, "at least the engine's max_model_len (256)"),
-    (["rollout.tensor_model_parallel_size=3", "cluster.component_placement.rollout=4-6",
-      "cluster.component_placement.actor=0-3"], "rollout.tensor_model_parallel_size", 3,
+    (["rollout.tensor_model_parallel_size=3", "cluster.component_placement.rollout=4-6:0"],
+     "rollout.tensor_model_parallel_size", 3,
      "num_attention_heads 4 is not a multiple of 3"),
 ])
 def test_values_vllm_refuses(overrides: list[str], key: str, value: Any, allowed: str) -> None:
     assert allowed in issue_line(overrides, key, value)
 
 
+EMULATED = ONE_NODE.replace("device: cpu", "device: emulated")
+
+
+def test_tp_engines_over_rollout_ranks_on_cpu_are_refused() -> None:
+    """The worker builds one engine per process so far: an engine over ranks is the emulated device's."""
+    line = issue_line(["rollout.tensor_model_parallel_size=2"], "rollout.tensor_model_parallel_size", 2)
+    assert '1 on runtime.device cpu' in line and '"0-3:0-1"' in line and "emulated device only" in line
+
+
 def test_tp_engines_over_rollout_ranks() -> None:
-    cfg = load("rollout.tensor_model_parallel_size=2")
+    cfg = load("rollout.tensor_model_parallel_size=2", text=EMULATED)
     assert engine_tp(cfg.rollout, cfg.placement) == 2
     assert processes_per_engine(cfg.rollout, cfg.placement) == 2
     assert cfg.scheduler.rollout_ranks_per_instance == 2  # the scheduler moves whole engines
     line = issue_line(["rollout.tensor_model_parallel_size=4", "cluster.component_placement.rollout=4-6"],
-                      "cluster.component_placement.rollout", "4-6")
+                      "cluster.component_placement.rollout", "4-6", text=EMULATED)
     assert "a multiple of rollout.tensor_model_parallel_size (4)" in line
     line = issue_line(["rollout.tensor_model_parallel_size=2", "scheduler.rollout_ranks_per_instance=4"],
-                      "scheduler.rollout_ranks_per_instance", 4)
+                      "scheduler.rollout_ranks_per_instance", 4, text=EMULATED)
     assert "2 (the ranks of one engine" in line
 
 
 def test_tp_engine_inside_one_node() -> None:
-    two = ONE_NODE.replace("num_nodes: 1, gpus_per_node: 8", "num_nodes: 2, gpus_per_node: 4").replace(
+    two = EMULATED.replace("num_nodes: 1, gpus_per_node: 8", "num_nodes: 2, gpus_per_node: 4").replace(
         "actor: 0-3, rollout: 4-7", "actor: 0-2, rollout: 3-6, inference: 7")
     line = issue_line(["rollout.tensor_model_parallel_size=2"], "cluster.component_placement.rollout", "3-6", text=two)
     assert "inside one node: ranks [3, 4]" in line
@@ -112,19 +121,19 @@ def test_a_process_owning_slots_is_one_engine() -> None:
 
 
 def test_null_tp_follows_rollout_ranks_per_instance() -> None:
-    cfg = load("scheduler.rollout_ranks_per_instance=2")
+    cfg = load("scheduler.rollout_ranks_per_instance=2", text=EMULATED)
     assert engine_tp(cfg.rollout, cfg.placement, cfg.scheduler.rollout_ranks_per_instance) == 2
 
 
 def test_validate_prints_the_engine_options(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
     (tmp_path / "c.yaml").write_text(ONE_NODE)
-    cmd = [*CLI, "validate", str(tmp_path / "c.yaml"), "rollout.tensor_model_parallel_size=2",
+    cmd = [*CLI, "validate", str(tmp_path / "c.yaml"), "cluster.component_placement.rollout=4-7:0-1",
            "rollout.max_num_seqs=32"]
     text = subprocess.run([*cmd, "data.max_prompt_length=16"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     line = next(x for x in text.stdout.splitlines() if x.strip().startswith("rollout:"))
-    assert "2 engine(s) of TP 2 (2 rank(s) each)" in line and "max_model_len 80" in line and "max_num_seqs 32" in line
+    assert "2 engine(s) of TP 2 (1 rank(s) each)" in line and "max_model_len 80" in line and "max_num_seqs 32" in line
     bad = subprocess.run([*cmd, "rollout.max_model_len=9999"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "rollout.max_model_len: got 9999" in bad.stderr
 

@@ -61,8 +61,8 @@ def main(rank: int, world: int, store: str, out: Path, device: str = "cpu") -> N
     res["version"] = engine.weight_version
     (out / f"rank-{rank}.json").write_text(json.dumps(res))
     engine.close()
-    dist.destroy_process_group()
-    torch.set_num_threads(1)
+    if dist.is_initialized():  # vLLM may have torn the group down with its engine
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -278,10 +278,12 @@ class RealCompute:
 
     def _vllm_options(self) -> dict[str, Any]:
         """The rollout section's vLLM options on this rank's device (nulls resolved)."""
-        from slurm_rl.rollout_config import resolve_engine_options
+        from slurm_rl.rollout_config import engine_tp, resolve_engine_options
 
-        return resolve_engine_options(self.cfg.rollout, str(self.device), actor_precision(self.cfg),
-                                      self.cfg.data.max_prompt_length, self.model_cfg.max_position_embeddings)
+        options = resolve_engine_options(self.cfg.rollout, str(self.device), actor_precision(self.cfg),
+                                         self.cfg.data.max_prompt_length, self.model_cfg.max_position_embeddings)
+        tp = engine_tp(self.cfg.rollout, self.cfg.placement)  # the slots this process owns (validated)
+        return {**options, "tensor_parallel_size": tp} if tp > 1 else options
 
     def _reference_scorer(self, dtype: str = "fp32") -> Any:
         """The initial policy: the checkpoint, or the random init every rank rebuilds from the seed."""
