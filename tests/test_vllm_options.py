@@ -75,10 +75,12 @@ def run_checks(out: Path) -> None:
     res["options_greedy_again"] = [g.token_ids for g in engine.generate(PROMPTS, greedy)]  # prefix cache hits
     res["options_score_diff"] = max(float((a - b).abs().max()) for a, b in zip(engine.score(probe), hf_scores))
     res["capped"] = len(engine.generate([list(range(1, 20))], greedy)[0].token_ids)  # 19 + 8 > max_model_len 24
+    from vllm.exceptions import VLLMValidationError
+
     try:
         engine.generate([list(range(1, 26))], greedy)  # a prompt of 25 tokens
         res["too_long"] = ""
-    except ValueError as exc:
+    except VLLMValidationError as exc:
         res["too_long"] = str(exc)
     engine.close()
 
