@@ -86,6 +86,15 @@ def executor_backend(tensor_parallel_size: int, ranks: int) -> str:
     return "mp" if tensor_parallel_size > 1 else "uni"
 
 
+def _sampled_logprobs(ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The logprob of each sampled token: from vLLM's flat logprobs (with ``logprobs=0`` one entry per
+    position, the sampled token's), else from its dict per position."""
+    flat_ids = getattr(logprobs, "token_ids", None)
+    if flat_ids is not None and len(flat_ids) == len(ids) and list(flat_ids) == list(ids):
+        return [float(x) for x in logprobs.logprobs]
+    return [float(d[t].logprob) for t, d in zip(ids, logprobs)]
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """Rollout with ``vllm.LLM``; one engine per process (or per ``ranks`` processes), started in the
     constructor. ``llm_kwargs`` are ``vllm.LLM``'s (the rollout section's options,
@@ -150,17 +159,20 @@ class VLLMRolloutEngine(RolloutEngine):
             seeds = [None if sampling.seed is None else sampling.seed + i
                      for i in range(len(prompts))]
         greedy = sampling.temperature == 0
-        params = [VSP(max_tokens=sampling.max_new_tokens,
-                      temperature=0.0 if greedy else sampling.temperature,
-                      top_p=1.0 if greedy else sampling.top_p, top_k=sampling.top_k, seed=seed,
-                      stop_token_ids=list(sampling.stop_token_ids), logprobs=0,
-                      detokenize=False) for seed in seeds]
+
+        def params_of(seed: int | None) -> Any:  # flat logprobs: a few lists per request, no dict per token
+            return VSP(max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
+                       top_p=1.0 if greedy else sampling.top_p, top_k=sampling.top_k, seed=seed,
+                       stop_token_ids=list(sampling.stop_token_ids), logprobs=0, flat_logprobs=True,
+                       detokenize=False)
+
+        params = params_of(None) if all(s is None for s in seeds) else [params_of(s) for s in seeds]
         outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)
         result = []
         for prompt, out in zip(prompts, outs):
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs)]
+            lps = _sampled_logprobs(ids, c.logprobs)
             reason = "stop" if c.finish_reason == "stop" else "length"
             result.append(Generation(token_ids=ids, logprobs=lps, finish_reason=reason,
                                      weight_version=self.weight_version,
