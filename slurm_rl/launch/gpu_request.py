@@ -47,18 +47,16 @@ def gpu_need(cfg: Config, parameters: Optional[int] = None) -> Optional[str]:
 
 
 def _count(text: str) -> Optional[int]:
-    """GPUs in a Slurm GPU variable: ``4``, ``gpu:4``, ``gpu:a100:4``, or a device list ``0,1,2``."""
+    """GPUs in a Slurm GPU variable: ``4``, ``gpu:4``, ``a100:4``, ``gpu:a100:4``, or a device list ``0,1,2``."""
     text = text.strip()
     if not text or text in ("(null)", "N/A"):
         return None
     if text.isdigit():
         return int(text)
-    m = re.search(r"gpu(?::[\w-]+)?:(\d+)", text)
-    if m:
-        return int(m.group(1))
-    if re.fullmatch(r"[\d,\s-]+", text):
+    if re.fullmatch(r"[\d,\s]+", text):
         return len([d for d in text.split(",") if d.strip()])
-    return None
+    m = re.search(r":(\d+)$", text)  # gpu:4, gpu:a100:4, a100:4, gres/gpu:4
+    return int(m.group(1)) if m else None
 
 
 def allocation_gpus_per_node(env: Mapping[str, str]) -> int:

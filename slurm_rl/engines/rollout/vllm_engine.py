@@ -7,10 +7,13 @@ with ``skip_tokenizer_init=True``: prompts and outputs are token ids only.
 
 In-place weight updates go through the worker's ``reload_weights(weights_iterator=...)``
 followed by ``reset_prefix_cache()`` (``model.load_weights`` fails once the CPU backend has
-repacked its Linear weights). The in-process executor (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-``distributed_executor_backend="uni"``) lets tensors be handed over directly; this module sets
+repacked its Linear weights). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+with the ``uni`` executor (one GPU), ``mp`` (one process owning several GPUs) or ``external_launcher``
+(a TP engine over ``ranks`` processes of one GPU each, torch.distributed's world being the engine's:
+each rank loads its shard, see ``tp_shards``), so tensors are handed over directly; this module sets
 that environment variable when it is unset, so scripts that build it must guard their entry point
-with ``if __name__ == "__main__"``.
+with ``if __name__ == "__main__"``. The engine's options (dtype, eager, context length, scheduler
+and cache settings) are the rollout section's (``slurm_rl.rollout_config``).
 
 Logprobs are vLLM's ``raw_logprobs`` (before temperature / top-p): the temperature-1 model
 logprobs of the sampled tokens, like the hf backend. With per-request ``seeds``, request ``i`` is
