@@ -57,8 +57,9 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
+    p.add_argument("config", help="YAML config file (ours, verl's or RLinf's; 'verl': verl's default config)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (ours, or Hydra-style in the config's dialect: "
+                   "+key=value, ++key=value), e.g. train.num_iterations=2")
 
 
 def _slurm_args(p: argparse.ArgumentParser) -> None:
@@ -102,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=_Formatter, **kwargs)
 
     p = command("run", "train locally: one process per rank on this machine (no Slurm)")
-    p.add_argument("config", nargs="?", help="YAML config file (with --resume: none, only overrides)")
+    p.add_argument("config", nargs="?", help="YAML config file (ours, verl's or RLinf's; 'verl': verl's default "
+                   "config) (with --resume: none, only overrides)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", default=None,
                    help="go on with the run in RUN_DIR from its newest checkpoint (overrides may change the "
@@ -134,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(p)
 
     p = command("validate", "check a config (or a group file) and print the resolved placement")
-    p.add_argument("config", help="YAML config file, or a group file (a file with group: and jobs:)")
+    p.add_argument("config", help="YAML config file (ours, verl's or RLinf's; 'verl': verl's default config), or a "
+                   "group file (a file with group: and jobs:)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.num_iterations=2")
     p.add_argument("--json", action="store_true", help="print the resolved placement (or group) as JSON")
 
@@ -174,6 +177,26 @@ def _parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():  # --debug after the command too (SUPPRESS: keeps a --debug given before it)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _translated(args: argparse.Namespace) -> Any:
+    """A verl or RLinf CONFIG (and overrides in its dialect) translated into ours: ``args.config`` and
+    ``args.overrides`` replaced by what ``load_config`` reads; the translation (None for one of ours)."""
+    from slurm_rl.dialects.core import resolve_config
+
+    args.source_config = args.config
+    args.config, args.overrides, translation = resolve_config(args.config, args.overrides)
+    return translation
+
+
+def _warn(cfg: Any, translation: Any) -> list[str]:
+    """The warnings of a config (keys with no effect here) and of its translation, printed to stderr."""
+    from slurm_rl.config_warnings import config_warnings
+
+    warnings = [*(translation.warnings if translation is not None else []), *config_warnings(cfg)]
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+    return warnings
 
 
 def _bad(message: str) -> int:
@@ -239,10 +262,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if is_group_file(args.config):
         return cmd_validate_group(args)
+    from omegaconf import OmegaConf
+
+    from slurm_rl.config_warnings import config_warnings
     from slurm_rl.rl.advantages import needs_critic
 
+    translation = _translated(args)
     cfg = load_config(args.config, args.overrides)
     check_inputs(cfg)
+    warnings = [*(translation.warnings if translation is not None else []), *config_warnings(cfg)]
     doc = cfg.placement.to_json()
     actor = {"tensor_parallel": cfg.actor.tensor_parallel, "tensor_parallel_choices": list(actor_tp_choices(cfg)),
              "precision": actor_precision(cfg), "recompute": cfg.actor.recompute}
@@ -261,10 +289,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
         off = time_slicing_off_because(cfg)
         run["time_slicing"] = {"on": not off, "off_because": off}
     if args.json:
-        print(json.dumps({**doc, **run, "actor": actor}))
+        print(json.dumps({**doc, **run, "actor": actor, "warnings": warnings,
+                          "translation": translation.to_json() if translation is not None else None,
+                          "config": OmegaConf.to_container(cfg.raw, resolve=True)}, default=str))
         return EXIT_OK
     model = run["model"]
-    print(f"config {args.config}: valid; world size {doc['world_size']} on {cfg.placement.num_slots} slots")
+    if translation is not None:
+        print(f"{translation.dialect} config {args.source_config}, translated (foreign key = value -> our key = value):")
+        for row in translation.rows:
+            print(f"  {row.text()}")
+    for line in warnings:
+        print(f"warning: {line}")
+    print(f"config {args.source_config}: valid; world size {doc['world_size']} on {cfg.placement.num_slots} slots")
     print(f"  device {run['device']}" + (f" (runtime.device {written}: resolved on this host; each rank resolves it)"
                                          if written == "auto" else "")
           + f"; scheduling {run['policy']} (cluster.auto_scheduler {str(run['auto_scheduler']).lower()})")
@@ -354,11 +390,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from slurm_rl.resume.restart import prepare_resume, previous_incarnation, record_job
 
     env = dict(os.environ)
+    translation = _translated(args)
     previous = previous_incarnation(args.config, args.overrides, env)
     if previous is not None:
         _, run_dir, _ = prepare_resume(previous, log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
-        _, run_dir = prepare_run(args.config, args.overrides, check_allocation=True)
+        cfg, run_dir = prepare_run(args.config, args.overrides, check_allocation=True)
+        _warn(cfg, translation)
     if env.get("SLURM_JOB_ID"):
         record_job(run_dir, env["SLURM_JOB_ID"])
     print(run_dir)
@@ -378,7 +416,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.config is None:
         return _bad("config: got nothing; allowed: a YAML config file, or --resume RUN_DIR")
     else:
+        translation = _translated(args)
         cfg, run_dir = prepare_run(args.config, args.overrides)
+        _warn(cfg, translation)
     print(f"run dir: {run_dir}", flush=True)
     print(f"starting {cfg.placement.world_size} ranks locally (device {cfg.runtime.device})", flush=True)
     from slurm_rl.inspect.commands import next_steps
@@ -543,6 +583,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(job.results()[0] if isinstance(job.results(), list) else job.results())
         return EXIT_OK
 
+    translation = _translated(args)
+    if translation is not None:
+        for line in translation.warnings:
+            print(f"warning: {line}", file=sys.stderr, flush=True)
     job = submit(args.config, args.overrides, executor=args.executor, options=options)
     if args.wait:
         job.results()

@@ -65,6 +65,7 @@ Recompute = Literal["none", "selective", "full"]  # the actor's activation recom
 OldLogprobs = Literal["actor", "rollout"]  # where the policy's pre-update log-probs come from
 RolloutIs = Literal["none", "truncated"]  # the rollout/actor mismatch correction
 FilterMetric = Literal["acc", "score", "seq_reward"]  # what DAPO's dynamic sampling compares within a group
+Logger = Literal["console", "tensorboard", "wandb", "mlflow", "file"]  # verl's trainer.logger (slurm_rl.trackers)
 
 DEVICES = typing.get_args(Device)
 ON_RANK_FAILURE = typing.get_args(OnRankFailure)
@@ -83,6 +84,7 @@ ATTENTION_BACKENDS = ("sdpa", "local")  # actor.attention_backend (slurm_rl.engi
 OLD_LOGPROBS = typing.get_args(OldLogprobs)
 ROLLOUT_IS = typing.get_args(RolloutIs)
 FILTER_METRICS = typing.get_args(FilterMetric)
+LOGGERS = typing.get_args(Logger)
 
 # Scheduler defaults (documented in slurm_rl.scheduler.defaults, which re-exports them)
 POLICY = "static"
@@ -167,6 +169,14 @@ class RuntimeConfig:
     keep_checkpoints: int = 2  # run checkpoints kept (the newest K)
     on_rank_failure: str = "fail"  # fail | checkpoint_and_requeue (sbatch: requeue, resume from the last checkpoint)
     coordinator_restarts: int = 3  # rank 0 restarts a coordinator killed mid-run this many times
+    # verl's trainer.logger: where the coordinator writes each iteration's metrics while the run trains (verl's
+    # names beside ours): console (a line per iteration in the coordinator's log) | tensorboard | wandb | mlflow |
+    # file, each under RUN_DIR/tracking/ (slurm_rl.trackers)
+    logger: List[str] = field(default_factory=lambda: ["console"])
+    project_name: str = "slurm_rl"  # verl's trainer.project_name: the wandb project, the mlflow experiment
+    experiment_name: Optional[str] = None  # verl's trainer.experiment_name: the tracker's run name; null: RUN_DIR's name
+    # emulated: the files the config names (model.path, model.tokenizer_path, data files) must exist; false: unchecked
+    check_files: bool = True
 
 
 @dataclass
@@ -863,6 +873,8 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
     if not r.run_dir.strip():
         issues.append(ConfigIssue("runtime.run_dir", r.run_dir, "a non-empty path"))
     _choice(issues, "runtime.on_rank_failure", r.on_rank_failure, ON_RANK_FAILURE)
+    for i, name in enumerate(r.logger):
+        _choice(issues, f"runtime.logger[{i}]", name, LOGGERS)
     for key in ("checkpoint_every", "coordinator_restarts"):
         if getattr(r, key) < 0:
             issues.append(ConfigIssue(f"runtime.{key}", getattr(r, key), "an integer >= 0"))
@@ -1127,7 +1139,7 @@ def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[Config
     (the actor holds every rank) and where its pre-process would lend the actor's shared ranks to the rollout.
     ``plan`` refuses shared ranks: it chooses co-location by itself, per iteration, from a disaggregated
     placement. A scripted run follows its steps' placements; static time-slices what it is given."""
-    from slurm_rl.inspect.epoch_log import compress_ranks
+    from slurm_rl.rules import compress_ranks
 
     shared = [r for r in range(placement.world_size) if len(placement.roles_of(r)) > 1]
     policy = root.scheduler.policy
@@ -1140,7 +1152,7 @@ def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[Config
             "shared; plan chooses co-location by itself, per iteration): a disaggregated placement (it time-slices "
             "every rank in the iterations it runs collocated: scheduler.time_slicing), or scheduler.policy auto "
             "or static for this one"))]
-    from slurm_rl.scheduler.collocated import actor_holds_every_rank
+    from slurm_rl.rules import actor_holds_every_rank
 
     actor = set(placement.components["actor"].ranks) if "actor" in placement.components else set()
     issues = []
@@ -1182,6 +1194,10 @@ def _validate_parallel(root: RootSchema, issues: list[ConfigIssue]) -> bool:
     _choice(issues, "actor.precision", a.precision, PRECISIONS)
     _choice(issues, "actor.recompute", a.recompute, RECOMPUTE)
     _choice(issues, "actor.attention_backend", a.attention_backend, ATTENTION_BACKENDS)
+    if root.train.use_remove_padding and a.attention_backend == "local":
+        issues.append(ConfigIssue("actor.attention_backend", a.attention_backend, (
+            "sdpa with train.use_remove_padding: true (megatron-core's local attention has no packed (THD) "
+            "form), or train.use_remove_padding: false")))
     if a.pipeline_parallel != 1:
         issues.append(ConfigIssue("actor.pipeline_parallel", a.pipeline_parallel,
                                   "1 (pipeline parallelism is not supported yet; use actor.tensor_parallel)"))
@@ -1280,8 +1296,8 @@ def _tp_placement_problems(root: RootSchema, placement: Placement,
 
 def _dp_problems(root: RootSchema, key: str, spec: Any, dp: int, what: str) -> list[ConfigIssue]:
     """On cpu / cuda, a mini-batch must split over the ``dp`` replicas in whole micro-batches (the rule of
-    ``scheduler.state.valid_dp_sizes``); the emulated compute splits nothing."""
-    from slurm_rl.scheduler.state import valid_dp_sizes
+    ``slurm_rl.rules.valid_dp_sizes``); the emulated compute splits nothing."""
+    from slurm_rl.rules import valid_dp_sizes
 
     t = root.train
     if root.runtime.device not in ("cpu", "cuda") or dp < 1 or t.global_batch_size <= 0 or t.micro_batch_size <= 0:

@@ -6,7 +6,7 @@ and whether the scheduling policy can start from the placement.
 function's module) and tokenises the training prompts once, so that a missing tensor, a data file
 without ``prompt_key``, or no prompt left after ``data.max_prompt_length`` stops ``slurm-rl
 validate`` / ``run`` / ``submit`` / ``sbatch`` with exit code 2 and every problem at once.
-Emulated runs read none of these files.
+Emulated runs read none of these files; they check that the files exist (``runtime.check_files``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from slurm_rl.config import Config, ConfigError, ConfigIssue, actor_offloads, ac
 
 
 def input_problems(cfg: Config) -> list[ConfigIssue]:
-    """Every problem of the model, tokenizer, data and reward of a real-engine config."""
+    """Every problem of the model, tokenizer, data and reward of a real-engine config; of an emulated one, the
+    files it names that do not exist; of both, the trackers that are not installed."""
+    from slurm_rl.config_warnings import emulated_file_problems, tracker_problems
+
     if cfg.runtime.device == "emulated":
-        return []
-    issues: list[ConfigIssue] = []
+        return emulated_file_problems(cfg) + tracker_problems(cfg)
+    issues: list[ConfigIssue] = tracker_problems(cfg)
     m = cfg.model
     if m.path is not None:
         from slurm_rl.engines.hf_checkpoint import checkpoint_problems

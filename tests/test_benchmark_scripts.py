@@ -103,20 +103,26 @@ def test_bench_memory_prints_a_line_per_configuration() -> None:
 
 
 @pytest.mark.slow  # imports torch, megatron-core and transformers, trains two tiny models a few steps
-def test_bench_step_prints_ours_against_plain_pytorch_per_attention() -> None:
+def test_bench_step_prints_ours_against_plain_pytorch_per_attention_and_packing() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_step.py"), "--models", "quickstart",
                            "--precision", "fp32", "--samples", "4", "--response-max", "64", "--reps", "1",
-                           "--threads", "1", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "--max-tokens", "160", "--loss-tokens", "512", "--threads", "1", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [(r["model"], r["precision"], r["attention"]) for r in rows] == [
-        ("quickstart", "fp32", "sdpa"), ("quickstart", "fp32", "local")]
+    assert [(r["model"], r["precision"], r["attention"], r["packing"]) for r in rows] == [
+        ("quickstart", "fp32", "sdpa", False), ("quickstart", "fp32", "local", False),
+        ("quickstart", "fp32", "sdpa", True)]
     for row in rows:
-        assert row["device"] == "cpu" and row["packing"] is False and 0 <= row["padding_fraction"] < 1
+        assert row["device"] == "cpu" and 0 <= row["padding_fraction"] < 1
         assert row["ours_tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
         assert row["ratio"] == pytest.approx(row["reference_step_s"] / row["ours_step_s"], rel=0.01)
         assert set(row["breakdown_s"]) == {"forward", "backward", "optimizer", "host_syncs"}
         assert all(v >= 0 for v in row["breakdown_s"].values())
+        assert row["loss_tokens"] == 512 and row["peak_loss_bytes"] >= 0 and row["reference_peak_loss_bytes"] > 0
+    padded, packed = rows[0], rows[2]
+    assert packed["padding_fraction"] == 0 and padded["padding_fraction"] > 0  # long-tailed lengths pad
+    assert packed["max_tokens_per_microbatch"] == 160 and packed["micro_batch_size"] is None
 
 
 @pytest.mark.slow  # imports torch and megatron-core, profiles two tiny models' steps

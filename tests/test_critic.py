@@ -153,7 +153,7 @@ def test_critic_learns_checkpoints_and_its_twin_gives_its_values(tmp_path) -> No
     # ones), clipping 0.1 around V_old makes the clipped term the larger on every even position, never on an odd
     batch = collate(samples)
     with torch.no_grad():
-        now = token_values(critic.model, batch["input_ids"], batch["attention_mask"])
+        now = token_values(critic.model, batch, "cpu")
     probe = []
     for i, s in enumerate(samples):
         v = now[i, :len(s["input_ids"]) - 1].tolist()
@@ -173,7 +173,7 @@ def test_critic_learns_checkpoints_and_its_twin_gives_its_values(tmp_path) -> No
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(critic.named_parameters_for_sync(),
                                                             fresh.named_parameters_for_sync()))
     ids = collate([{"input_ids": s["input_ids"]} for s in samples[:3]])
-    megatron = token_values(fresh.model, ids["input_ids"], ids["attention_mask"])
+    megatron = token_values(fresh.model, ids, "cpu")
     twin = ValueScorer(model_cfg, fresh.full_parameters()).score([s["input_ids"] for s in samples[:3]])
     assert [len(t) for t in twin] == [len(s["input_ids"]) - 1 for s in samples[:3]]
     worst = max(float((megatron[i, :len(t)] - t).abs().max()) for i, t in enumerate(twin))

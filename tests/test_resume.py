@@ -45,6 +45,26 @@ def test_stopped_run_resumes_at_another_dp_size_identically(backend: str, refere
     assert [m["actor_dp"] for m in read_metrics(run_dir)] == [2, 2, 1, 1]
 
 
+# Packed micro-batches (train.use_remove_padding) in token bins smaller than a padded micro-batch of 4: the
+# actor, the reference and the policy scorers pack; the run trains as the padded reference within float noise.
+PACKED = {"use_remove_padding": True, "max_tokens_per_microbatch": 40}
+
+
+@pytest.mark.slow  # a cpu run stopped and resumed (the packed computation has no emulated counterpart)
+def test_packed_run_stopped_and_resumed_at_another_dp_size_ends_as_the_padded_reference(reference, tmp_path: Path
+                                                                                        ) -> None:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    cfg = run_config("cpu", run_dir)
+    cfg["train"] |= PACKED
+    config.write_text(yaml.safe_dump(cfg))
+    run_until_stopped(config, run_dir, at_iteration=2)
+    resumed = cli("run", "--resume", str(run_dir), RESUME_PLACEMENT, "--no-inspect")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [m["actor_dp"] for m in read_metrics(run_dir)] == [2, 2, 1, 1]
+    assert_same_outcome(run_dir, reference("cpu"), params_rtol=1e-5)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_run_whose_ranks_are_killed_resumes_from_its_last_checkpoint(backend: str, reference, tmp_path: Path) -> None:
     """Every rank SIGKILLed inside iteration 2 (a lost node): the run resumes from the checkpoint

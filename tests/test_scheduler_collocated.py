@@ -149,7 +149,8 @@ def test_simulate_cli_compares_a_config_with_co_location(tmp_path) -> None:
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
     assert "hybrid" in proc.stdout and "not compared: static, plan+disaggregated, plan" in proc.stdout
-    assert "scheduler.policy=auto (the shared ranks pinned)" in proc.stdout, proc.stdout  # auto: shared ranks pinned
+    assert "(auto scheduler (the shared ranks pinned)): cluster.auto_scheduler=true scheduler.policy=auto" in proc.stdout, (
+        proc.stdout)  # auto: shared ranks pinned
     for args, says in ((["--policy", "collocated+nothing"], "'nothing'"), (["--compare-modes", "--policy", "auto"], "--compare-modes"),
                        (["--policy", "auto+disaggregated"], "plan+disaggregated")):
         bad = subprocess.run([*CLI, "simulate", str(path), *args], capture_output=True, text=True)

@@ -59,3 +59,20 @@ def test_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     assert proc.returncode == 0, proc.stderr
     if module == "history":
         assert "slurm_rl.scheduler.forecast" not in proc.stdout
+
+
+def test_config_imports_nothing_from_the_scheduler() -> None:
+    """``slurm_rl.config`` is the bottom layer: importing it and loading (validating) configs of every kind
+    brings in nothing from ``slurm_rl/scheduler/`` (nor ``inspect/``), in a fresh interpreter."""
+    repo = Path(slurm_rl.__file__).resolve().parents[1]
+    code = (
+        "import sys\n"
+        "import slurm_rl.config as c\n"
+        "assert not [m for m in sys.modules if m.startswith('slurm_rl.scheduler')], 'import'\n"
+        f"for name in ('configs/examples/emulated_8.yaml', 'configs/examples/auto_8.yaml',"
+        f" 'configs/examples/ppo_qwen2.5_0.5b.yaml'):\n"
+        f"    c.load_config({str(repo)!r} + '/' + name, ['runtime.device=emulated', 'model.path=null'], env={{}})\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('slurm_rl.scheduler', 'slurm_rl.inspect'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

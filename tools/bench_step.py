@@ -11,16 +11,23 @@ same configuration (SDPA attention) with ``torch.optim.AdamW`` (``fused`` on cud
 reference trains its bf16 parameters directly, with no fp32 master: the usual plain-PyTorch baseline).
 
 Samples: a prompt of ``--prompt-len`` tokens and a long-tailed response length (log-normal, median
-``--response-median``, capped at ``--response-max``), as RL rollouts are. ``padding_fraction``: the share of
-the tokens computed that are padding (micro-batches padded to their longest row); ``packing`` is false
-(packed micro-batches are not implemented yet).
+``--response-median``, capped at ``--response-max``), as RL rollouts are. Rows with ``packing`` false pad each
+micro-batch of ``--micro-batch`` samples to its longest row (``padding_fraction``: the share of the tokens computed
+that are padding); rows with ``packing`` true concatenate first-fit-decreasing bins of at most ``--max-tokens``
+tokens into one row each (``train.use_remove_padding`` with ``train.max_tokens_per_microbatch``), and the reference
+trains the same bins as packed rows too (``position_ids`` restarting per sample, which ``transformers`` turns into
+attention inside each sample).
 
 Figures per line: ``ours_tokens_per_s`` / ``reference_tokens_per_s`` (real tokens, not padding, per second
 of a whole step, best of ``--reps`` after a warm-up step), ``ratio`` = ours / reference, ``breakdown_s`` of
 our step measured piece by piece on the same model (``forward``, ``backward``: forward+backward less
 forward; ``optimizer``: clip + AdamW + refresh; ``host_syncs``: the step less the three), and on cuda
 ``mfu`` (6 x parameters x real tokens per second / the GPU's dense bf16 or fp32 peak, ``--peak-tflops``) and
-peak memory. The ``qwen2.5-0.5b`` shapes keep Qwen2.5-0.5B's widths (896 hidden, 14 heads, 2 KV groups,
+peak memory. ``peak_loss_bytes``: the memory the loss's log-probs and their backward take on ``--loss-tokens``
+tokens at the model's vocabulary (hidden states to gradients; on cpu the rise of the process's peak resident
+set, ``VmHWM`` reset through ``/proc/self/clear_refs``), ours from chunked logits against
+``reference_peak_loss_bytes`` from the whole logits (what the reference and a plain user compute). The
+``qwen2.5-0.5b`` shapes keep Qwen2.5-0.5B's widths (896 hidden, 14 heads, 2 KV groups,
 4864 FFN, 151936 vocabulary) with ``--cpu-layers`` layers on cpu (24 on cuda): a 24-layer cpu step takes
 minutes.
 """
@@ -71,14 +78,27 @@ def make_samples(n: int, vocab: int, prompt_len: int, median: int, cap: int, see
     return out
 
 
-def padding_fraction(samples: list[dict[str, Any]], micro: int) -> float:
-    computed = real = 0
-    for i in range(0, len(samples), micro):
-        rows = samples[i:i + micro]
-        longest = max(len(s["input_ids"]) for s in rows)
-        computed += longest * len(rows)
-        real += sum(len(s["input_ids"]) for s in rows)
+def padding_fraction(batches: list[dict[str, Any]]) -> float:
+    """The share of the computed token positions of ``batches`` (collated micro-batches) that are padding."""
+    computed = sum(int(b["input_ids"].numel()) for b in batches)
+    real = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["input_ids"].numel())
+               for b in batches)
     return 1.0 - real / computed
+
+
+def batch_config(samples: list[dict[str, Any]], micro: int, packing: bool, max_tokens: int) -> Any:
+    from slurm_rl.engines.actor.microbatch import BatchConfig
+
+    if packing:
+        return BatchConfig(global_batch_size=len(samples), micro_batch_size=1, max_tokens_per_microbatch=max_tokens,
+                           remove_padding=True)
+    return BatchConfig(global_batch_size=len(samples), micro_batch_size=micro)
+
+
+def micro_batches(samples: list[dict[str, Any]], batch_cfg: Any) -> list[dict[str, Any]]:
+    from slurm_rl.engines.actor.microbatch import collate_for, split_microbatches
+
+    return [collate_for(batch_cfg, mb) for mb in split_microbatches(samples, batch_cfg)]
 
 
 def pg_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -104,32 +124,30 @@ def best_of(fn, reps: int, device: str) -> float:
     return best
 
 
-def ours(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, precision: str, attention: str,
+def ours(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precision: str, attention: str,
          device: str, reps: int) -> dict[str, Any]:
     from slurm_rl.engines.actor.groups import GroupCache
-    from slurm_rl.engines.actor.microbatch import BatchConfig, collate, split_microbatches
-    from slurm_rl.engines.actor.model import init_local_process_group, token_logprobs_and_entropy
+    from slurm_rl.engines.actor.logprobs import batch_logprobs
+    from slurm_rl.engines.actor.model import init_local_process_group
     from slurm_rl.engines.actor.optimizer import OptimConfig
     from slurm_rl.engines.actor.trainer import ActorTrainer
 
     init_local_process_group()
-    batch_cfg = BatchConfig(global_batch_size=len(samples), micro_batch_size=micro)
     trainer = ActorTrainer(cfg, OptimConfig(lr=1e-6), batch_cfg, [0], GroupCache(), seed=0, device=device,
                            precision=precision, attention=attention)
     step_s = best_of(lambda: trainer.train_step(samples, pg_loss), reps, device)
-    batches = [collate(mb) for mb in split_microbatches(samples, batch_cfg)]
+    batches = micro_batches(samples, batch_cfg)
     model = trainer.model
 
     def forward() -> None:
         with torch.no_grad():
             for b in batches:
-                token_logprobs_and_entropy(model, b["input_ids"].to(device), b["attention_mask"].to(device), entropy=False)
+                batch_logprobs(model, b, device)
 
     def forward_backward() -> None:
         trainer.flat.zero_grad()
         for b in batches:
-            lp, _ = token_logprobs_and_entropy(model, b["input_ids"].to(device), b["attention_mask"].to(device),
-                                               entropy=False)
+            lp, _ = batch_logprobs(model, b, device)
             (pg_loss(lp, b) * b["loss_mask"].to(device)).sum().backward()
 
     fwd_s = best_of(forward, reps, device)
@@ -137,15 +155,15 @@ def ours(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, precision:
     opt_s = best_of(lambda: trainer.optimizer.step(1e-6), reps, device)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
     return {"step_s": step_s, "params": sum(p.numel() for p in model.parameters()), "peak_bytes": peak,
+            "micro_batches": len(batches), "padding_fraction": padding_fraction(batches),
             "breakdown_s": {"forward": fwd_s, "backward": max(0.0, fb_s - fwd_s), "optimizer": opt_s,
                             "host_syncs": max(0.0, step_s - fb_s - opt_s)}}
 
 
-def reference(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, precision: str, device: str,
+def reference(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precision: str, device: str,
               reps: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from slurm_rl.engines.actor.microbatch import BatchConfig, collate, split_microbatches
     from slurm_rl.engines.convert import hf_config
 
     torch.manual_seed(0)
@@ -153,15 +171,20 @@ def reference(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, preci
     model = AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation="sdpa").to(device=device, dtype=dtype)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, **({"fused": True} if device == "cuda" else {"foreach": True}))
-    batches = [collate(mb) for mb in split_microbatches(samples, BatchConfig(global_batch_size=len(samples),
-                                                                             micro_batch_size=micro))]
+    batches = micro_batches(samples, batch_cfg)
     tokens = sum(float(b["loss_mask"].sum()) for b in batches)
+
+    def inputs(b: dict[str, Any]) -> dict[str, Any]:
+        if "position_ids" in b:  # a packed row: positions restart per sample, no cache
+            return {"input_ids": b["input_ids"].to(device), "position_ids": b["position_ids"].to(device),
+                    "use_cache": False}
+        return {"input_ids": b["input_ids"].to(device), "attention_mask": b["attention_mask"].to(device)}
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         for b in batches:
-            ids, att = b["input_ids"].to(device), b["attention_mask"].to(device)
-            logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+            ids = b["input_ids"].to(device)
+            logits = model(**inputs(b)).logits[:, :-1].float()
             lp = torch.gather(logits, -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
             ((pg_loss(lp, b) * b["loss_mask"].to(device)).sum() / tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -173,6 +196,55 @@ def reference(cfg: ModelConfig, samples: list[dict[str, Any]], micro: int, preci
     return {"step_s": step_s, "peak_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
 
 
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def loss_peak_bytes(cfg: ModelConfig, tokens: int, precision: str, device: str, chunked: bool) -> int:
+    """Memory the next-token log-probs of ``tokens`` positions and their backward take, from the hidden states:
+    chunked (ours) or from the whole logits (the reference's way)."""
+    from slurm_rl.engines.actor.logprobs import chunked_logprobs, full_logprobs
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(tokens, cfg.hidden_size, generator=g) * 0.1).to(device=device, dtype=dtype).requires_grad_()
+    weight = (torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g) * 0.02).to(device=device, dtype=dtype)
+    weight.requires_grad_()
+    targets = torch.randint(0, cfg.vocab_size, (tokens,), generator=g).to(device)
+
+    def run() -> None:
+        if chunked:
+            lp, _ = chunked_logprobs(hidden, weight, targets)
+        else:
+            lp, _ = full_logprobs(hidden @ weight.t(), targets)
+        lp.sum().backward()
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident set
+    base = _peak_rss()
+    run()
+    return _peak_rss() - base
+
+
+def loss_peak_in_subprocess(name: str, args: argparse.Namespace, precision: str, chunked: bool) -> int:
+    """:func:`loss_peak_bytes` in a fresh process (no memory freed earlier that the allocator could reuse)."""
+    import subprocess
+
+    spec = {"model": name, "device": args.device, "cpu_layers": args.cpu_layers, "tokens": args.loss_tokens,
+            "max_len": args.prompt_len + args.response_max, "precision": precision, "chunked": chunked}
+    proc = subprocess.run([sys.executable, __file__, "--loss-peak-of", json.dumps(spec)], capture_output=True,
+                          text=True, check=True)
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -181,15 +253,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="sdpa,local")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--packing", default="false,true", help="rows without and with packed micro-batches")
+    p.add_argument("--max-tokens", type=int, default=1024, help="the packed rows' token budget per micro-batch")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--response-median", type=int, default=96)
     p.add_argument("--response-max", type=int, default=512)
     p.add_argument("--cpu-layers", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--loss-tokens", type=int, default=4096, help="tokens of the peak_loss_bytes measurement (0: skip)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense peak for the precision")
     p.add_argument("--json", action="store_true", help="JSON lines only (else also a line per row on stderr)")
+    p.add_argument("--loss-peak-of", default=None, help=argparse.SUPPRESS)  # one peak_loss_bytes figure (JSON spec)
     args = p.parse_args(argv)
+    if args.loss_peak_of:
+        spec = json.loads(args.loss_peak_of)
+        cfg = model_config(spec["model"], spec["device"], spec["cpu_layers"], spec["max_len"])
+        print(loss_peak_bytes(cfg, spec["tokens"], spec["precision"], spec["device"], spec["chunked"]))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in args.models.split(","):
@@ -198,28 +279,40 @@ def main(argv: list[str] | None = None) -> int:
                                args.response_max, seed=1)
         real = sum(sum(s["loss_mask"]) for s in samples)
         for precision in args.precision.split(","):
-            ref = reference(cfg, samples, args.micro_batch, precision, args.device, args.reps)
-            for attention in args.attention.split(","):
-                got = ours(cfg, samples, args.micro_batch, precision, attention, args.device, args.reps)
-                row = {"device": args.device, "model": name, "layers": cfg.num_layers, "params": got["params"],
-                       "precision": precision, "attention": attention, "samples": len(samples),
-                       "micro_batch_size": args.micro_batch, "tokens_per_step": real,
-                       "packing": False, "padding_fraction": round(padding_fraction(samples, args.micro_batch), 4),
-                       "ours_step_s": round(got["step_s"], 4), "reference_step_s": round(ref["step_s"], 4),
-                       "ours_tokens_per_s": round(real / got["step_s"], 1),
-                       "reference_tokens_per_s": round(real / ref["step_s"], 1),
-                       "ratio": round(ref["step_s"] / got["step_s"], 3),
-                       "breakdown_s": {k: round(v, 4) for k, v in got["breakdown_s"].items()},
-                       "threads": torch.get_num_threads()}
-                if args.device == "cuda":
-                    row["peak_bytes"], row["reference_peak_bytes"] = got["peak_bytes"], ref["peak_bytes"]
-                    if args.peak_tflops:
-                        row["mfu"] = round(6 * got["params"] * real / got["step_s"] / (args.peak_tflops * 1e12), 4)
-                print(json.dumps(row), flush=True)
-                if not args.json:
-                    print(f"{name} {precision} {attention}: ours {row['ours_tokens_per_s']:.0f} tok/s, reference "
-                          f"{row['reference_tokens_per_s']:.0f} tok/s (x{row['ratio']}), padding "
-                          f"{row['padding_fraction']:.0%}", file=sys.stderr, flush=True)
+            peaks = {}
+            if args.loss_tokens:
+                peaks = {chunked: loss_peak_in_subprocess(name, args, precision, chunked) for chunked in (True, False)}
+            for packing in (v.strip().lower() == "true" for v in args.packing.split(",")):
+                batch_cfg = batch_config(samples, args.micro_batch, packing, args.max_tokens)
+                ref = reference(cfg, samples, batch_cfg, precision, args.device, args.reps)
+                for attention in args.attention.split(","):
+                    if packing and attention == "local":
+                        continue  # megatron-core's local attention has no packed form (validate refuses it)
+                    got = ours(cfg, samples, batch_cfg, precision, attention, args.device, args.reps)
+                    row = {"device": args.device, "model": name, "layers": cfg.num_layers, "params": got["params"],
+                           "precision": precision, "attention": attention, "samples": len(samples),
+                           "micro_batch_size": None if packing else args.micro_batch,
+                           "max_tokens_per_microbatch": args.max_tokens if packing else None,
+                           "micro_batches": got["micro_batches"], "tokens_per_step": real,
+                           "packing": packing, "padding_fraction": round(got["padding_fraction"], 4),
+                           "ours_step_s": round(got["step_s"], 4), "reference_step_s": round(ref["step_s"], 4),
+                           "ours_tokens_per_s": round(real / got["step_s"], 1),
+                           "reference_tokens_per_s": round(real / ref["step_s"], 1),
+                           "ratio": round(ref["step_s"] / got["step_s"], 3),
+                           "breakdown_s": {k: round(v, 4) for k, v in got["breakdown_s"].items()},
+                           "threads": torch.get_num_threads()}
+                    if peaks:
+                        row.update(loss_tokens=args.loss_tokens, peak_loss_bytes=peaks[True],
+                                   reference_peak_loss_bytes=peaks[False])
+                    if args.device == "cuda":
+                        row["peak_bytes"], row["reference_peak_bytes"] = got["peak_bytes"], ref["peak_bytes"]
+                        if args.peak_tflops:
+                            row["mfu"] = round(6 * got["params"] * real / got["step_s"] / (args.peak_tflops * 1e12), 4)
+                    print(json.dumps(row), flush=True)
+                    if not args.json:
+                        print(f"{name} {precision} {attention} packing={packing}: ours {row['ours_tokens_per_s']:.0f} "
+                              f"tok/s, reference {row['reference_tokens_per_s']:.0f} tok/s (x{row['ratio']}), padding "
+                              f"{row['padding_fraction']:.0%}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -7,8 +7,10 @@
 # 2. tools/profile_step.py --device cuda    torch.profiler over one step of Qwen2.5-0.5B's shapes, bf16,
 #                                           at 2, 8 and 24 layers: top kernels, GPU busy fraction, kernel
 #                                           launches and host syncs per step (profile_step.jsonl)
-# 3. tools/bench_step.py --device cuda      ours vs transformers + fused AdamW: tokens/s, ratio, mfu, peak
-#                                           memory (bench_step.jsonl; H100/H200 dense bf16 peak: 989 TFLOP/s)
+#    and the same with packed micro-batches (--packing true: profile_step_packed.jsonl)
+# 3. tools/bench_step.py --device cuda      ours vs transformers + fused AdamW, padded and packed rows: tokens/s,
+#                                           ratio, mfu, peak memory, peak_loss_bytes (chunked logits vs whole) at
+#                                           4K tokens (bench_step.jsonl; H100/H200 dense bf16 peak: 989 TFLOP/s)
 # 4. tools/bench_rollout.py --backends vllm where vllm imports: generation throughput (bench_rollout.jsonl)
 # Each step has its own time limit; a failed step is reported and the next one runs. Prints a summary.
 set -u
@@ -33,13 +35,15 @@ step() {  # step NAME SECONDS OUTFILE CMD...
 step gpu_check 90 gpu_check.json bash tools/gpu_check.sh --sizes "10M"
 step profile_step 90 profile_step.jsonl "$PY" tools/profile_step.py --device cuda --model qwen2.5-0.5b \
     --precision bf16 --layers 2,8,24 --samples 8 --micro-batch 2
-step bench_step 90 bench_step.jsonl "$PY" tools/bench_step.py --device cuda --models quickstart,qwen2.5-0.5b \
-    --precision bf16,fp32 --attention sdpa,local --reps 3 --peak-tflops "$PEAK" --json
+step profile_step_packed 60 profile_step_packed.jsonl "$PY" tools/profile_step.py --device cuda --model qwen2.5-0.5b \
+    --precision bf16 --layers 24 --samples 8 --packing true --max-tokens 2048
+step bench_step 120 bench_step.jsonl "$PY" tools/bench_step.py --device cuda --models quickstart,qwen2.5-0.5b \
+    --precision bf16,fp32 --attention sdpa,local --packing false,true --reps 3 --peak-tflops "$PEAK" --json
 if "$PY" -c "import vllm" 2>/dev/null; then
     step bench_rollout 60 bench_rollout.jsonl "$PY" tools/bench_rollout.py --backends hf,vllm
 else
     echo "bench_rollout: vllm does not import here; skipped" >&2
 fi
 echo "--- summary" >&2
-cat "$OUT_DIR"/profile_step.jsonl "$OUT_DIR"/bench_step.jsonl 2>/dev/null
+cat "$OUT_DIR"/profile_step.jsonl "$OUT_DIR"/profile_step_packed.jsonl "$OUT_DIR"/bench_step.jsonl 2>/dev/null
 exit $status

@@ -43,8 +43,10 @@ def profile_one(layers: int, args: argparse.Namespace) -> dict:
                               num_layers=layers)
     samples = make_samples(args.samples, cfg.vocab_size, args.prompt_len, args.response_median,
                            args.response_max, seed=1)
-    trainer = ActorTrainer(cfg, OptimConfig(lr=1e-6), BatchConfig(global_batch_size=len(samples),
-                                                                  micro_batch_size=args.micro_batch),
+    batch_cfg = (BatchConfig(global_batch_size=len(samples), micro_batch_size=1, max_tokens_per_microbatch=args.max_tokens,
+                             remove_padding=True) if args.packing == "true"
+                 else BatchConfig(global_batch_size=len(samples), micro_batch_size=args.micro_batch))
+    trainer = ActorTrainer(cfg, OptimConfig(lr=1e-6), batch_cfg,
                            [0], GroupCache(), seed=0, device=args.device, precision=args.precision,
                            attention=args.attention)
     trainer.train_step(samples, pg_loss)  # warm-up: allocations, lazy inits
@@ -58,6 +60,7 @@ def profile_one(layers: int, args: argparse.Namespace) -> dict:
     events = prof.key_averages()
     count = {e.key: e.count for e in events}
     row = {"device": args.device, "model": args.model, "layers": layers, "precision": args.precision,
+           "packing": args.packing == "true",
            "attention": args.attention, "param_tensors": sum(1 for _ in trainer.model.parameters()),
            "params": sum(p.numel() for p in trainer.model.parameters()), "step_s": round(step_s, 4),
            "ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")),
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "local"])
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--packing", default="false", choices=["false", "true"], help="packed micro-batches (--max-tokens)")
+    p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--response-median", type=int, default=96)
     p.add_argument("--response-max", type=int, default=512)

@@ -98,8 +98,11 @@ fi
 [ -e "$venv/.gitignore" ] || printf '*\n' > "$venv/.gitignore"  # git leaves the venv alone wherever it lies
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1 PYTHONWARNINGS=ignore
 pip=("$venv/bin/python" -m pip install -q)
+test_stamp="$venv/.installed-test-${stamp##*-}"
 if [ -f "$stamp" ]; then
   echo "setup: $venv is up to date ($profile)"
+elif [ "$profile" = core ] && [ -f "$test_stamp" ]; then
+  echo "setup: $venv is up to date (its test install holds core)"
 elif [ "$profile" = cuda ]; then
   : > "$log"
   pip+=(--no-cache-dir)

@@ -38,10 +38,12 @@ class ReferenceScorer:
 
     def __init__(self, model_cfg: ModelConfig, initial_state: Iterable[tuple[str, Tensor]] | None,
                  device: str = "cpu", max_tokens_per_batch: int = 16384,
-                 checkpoint: str | Path | None = None, dtype: torch.dtype = torch.float32) -> None:
+                 checkpoint: str | Path | None = None, dtype: torch.dtype = torch.float32,
+                 packed: bool = False) -> None:
         self.model_cfg = model_cfg
         self.device = torch.device(device)
         self.max_tokens_per_batch = max_tokens_per_batch
+        self.packed = packed  # score packed rows (train.use_remove_padding): no padding computed
         self.model = self._build(model_cfg, checkpoint, dtype)
         self.model.requires_grad_(False)
         self._parking = HostParking("ReferenceScorer")
@@ -96,23 +98,25 @@ class ReferenceScorer:
         return self._parking.unpark()
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
-        """fp32 reference logprob of every token after the first, per sequence."""
+        """fp32 reference logprob of every token after the first, per sequence, in batches of at most
+        ``max_tokens_per_batch`` computed tokens (padded rows x longest, or a packed row's sum)."""
         self._parking.check_live("score")
         out: list[Tensor] = []
         batch: list[Sequence[int]] = []
-        longest = 0
+        longest = total = 0
         for seq in sequences:
-            longest = max(longest, len(seq))
-            if batch and longest * (len(batch) + 1) > self.max_tokens_per_batch:
-                out += score_sequences(self.model, batch, self.device)
-                batch, longest = [], len(seq)
+            longest, total = max(longest, len(seq)), total + len(seq)
+            size = total if self.packed else longest * (len(batch) + 1)
+            if batch and size > self.max_tokens_per_batch:
+                out += self._score_batch(batch)
+                batch, longest, total = [], len(seq), len(seq)
             batch.append(seq)
         if batch:
             out += self._score_batch(batch)
         return out
 
     def _score_batch(self, batch: Sequence[Sequence[int]]) -> list[Tensor]:
-        return score_sequences(self.model, batch, self.device)
+        return score_sequences(self.model, batch, self.device, packed=self.packed)
 
 
 class ValueScorer(ReferenceScorer):
@@ -144,8 +148,12 @@ class ValueScorer(ReferenceScorer):
 
     @torch.no_grad()
     def _score_batch(self, batch: Sequence[Sequence[int]]) -> list[Tensor]:
+        from slurm_rl.engines.rollout.hf import packed_inputs, unpack_rows
         from slurm_rl.rl.tokenizer import pad_batch
 
+        if self.packed:
+            out = self.model(**packed_inputs(batch, self.device)).logits[:, :-1, 0].float().cpu()
+            return unpack_rows(out, batch)
         ids, mask = pad_batch(batch, 0, left=False)
         out = self.model(input_ids=torch.tensor(ids, device=self.device),
                          attention_mask=torch.tensor(mask, device=self.device)).logits[..., 0].float().cpu()

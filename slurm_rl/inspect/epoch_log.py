@@ -11,6 +11,7 @@ from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.events import read_events
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.placement import COMPONENTS
+from slurm_rl.rules import compress_ranks  # noqa: F401  (re-exported: the config names rank lists with it too)
 
 
 
@@ -35,20 +36,6 @@ class EpochRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def compress_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"`` (the RLinf range notation)."""
-    out: list[str] = []
-    sorted_ranks = sorted(set(ranks))
-    i = 0
-    while i < len(sorted_ranks):
-        j = i
-        while j + 1 < len(sorted_ranks) and sorted_ranks[j + 1] == sorted_ranks[j] + 1:
-            j += 1
-        out.append(str(sorted_ranks[i]) if i == j else f"{sorted_ranks[i]}-{sorted_ranks[j]}")
-        i = j + 1
-    return ",".join(out) or "-"
 
 
 def epoch_records(run_dir: Path) -> list[EpochRecord]:

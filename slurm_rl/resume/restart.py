@@ -50,7 +50,8 @@ ACTOR_LAYOUT_KEYS = ("zero1", "threads", "warm_joiners", "recompute", "tensor_pa
 FROZEN = ("model", "algorithm", "data", "reward", "rollout", "emulated", "runtime.seed", "runtime.device",
           *(f"actor.{f.name}" for f in dataclasses.fields(ActorSection) if f.name not in ACTOR_LAYOUT_KEYS),
           "train.rollout_batch_size", "train.group_size", "train.global_batch_size", "train.micro_batch_size",
-          "train.max_tokens_per_microbatch", "train.minibatch_order", "scheduler.seed")
+          "train.max_tokens_per_microbatch", "train.use_remove_padding", "train.balance_batch",
+          "train.minibatch_order", "scheduler.seed")
 
 
 @dataclass(frozen=True)

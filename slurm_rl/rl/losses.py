@@ -128,11 +128,17 @@ class LossAggregation:
         if self.mode == "seq-mean-token-sum-norm" and not (self.horizon and self.horizon > 0):
             raise ValueError(f"loss_agg_mode {self.mode!r} needs a positive horizon, got {self.horizon!r}")
 
-    def weights(self, mask: Tensor) -> Tensor:
-        """Per-token weights of a micro-batch's ``mask`` ``[batch, tokens]``."""
-        if self.mode == "seq-mean-token-mean":
+    def weights(self, mask: Tensor, segments: Tensor | None = None) -> Tensor:
+        """Per-token weights of a micro-batch's ``mask`` ``[rows, tokens]``; a packed row gives the sample of
+        each token in ``segments`` (same shape), padded rows are one sample each."""
+        if self.mode != "seq-mean-token-mean":
+            return mask
+        if segments is None:
             return mask / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
-        return mask
+        flat = segments.reshape(-1)
+        counts = torch.zeros(int(flat.max()) + 1, dtype=mask.dtype, device=mask.device).index_add_(
+            0, flat, mask.reshape(-1))
+        return mask / counts[flat].view_as(mask).clamp(min=1.0)
 
     def denominator(self, tokens: float, sequences: float) -> float:
         """What the step's weighted sum is divided by."""

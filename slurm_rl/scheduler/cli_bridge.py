@@ -32,18 +32,23 @@ def run_simulation(cfg: Config, gpus: int | None, policy: str | None, as_json: b
 
 
 def print_modes(result: dict[str, Any]) -> None:
-    """One row per mode (rich table), the fastest named with what the config says for it."""
+    """One row per mode (rich table), then each mode's overrides in full (they validate appended to the config's
+    command line), and the fastest."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"modes on {result['gpus']} GPUs ({result['iterations']} iterations simulated)")
-    for name in ("mode", "policy", "s/iteration", "vs configured", "config"):
-        table.add_column(name, justify="right" if name in ("s/iteration", "vs configured") else "left")
-    for row in result["modes"]:
-        table.add_row(row["mode"], row["policy"], f"{row['mean_iteration_s']:.1f}",
-                      f"{row['speedup_vs_configured']:.2f}x", row["config"])
-    best = result["fastest"]
-    skipped = result["not_compared"]
-    table.caption = f"fastest: {best['mode']} {best['policy']} ({best['config']})" + (
-        f"\nnot compared: {', '.join(skipped['policies'])} ({skipped['why']})" if skipped["policies"] else "")
+    for name in ("#", "mode", "policy", "s/iteration", "vs configured"):
+        table.add_column(name, justify="right" if name in ("#", "s/iteration", "vs configured") else "left")
+    for i, row in enumerate(result["modes"]):
+        table.add_row(str(i), row["mode"], row["policy"], f"{row['mean_iteration_s']:.1f}",
+                      f"{row['speedup_vs_configured']:.2f}x")
     Console().print(table)
+    print("overrides of each mode (append them to the config's command line):")
+    for i, row in enumerate(result["modes"]):
+        print(f"  {i} ({row['what']}): {row['config']}")
+    best = result["fastest"]
+    print(f"fastest: {best['mode']} {best['policy']}: {best['config']}")
+    skipped = result["not_compared"]
+    if skipped["policies"]:
+        print(f"not compared: {', '.join(skipped['policies'])} ({skipped['why']})")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from slurm_rl.placement import COMPONENTS
+from slurm_rl.rules import actor_holds_every_rank  # noqa: F401  (re-exported; the config checks it too)
 from slurm_rl.scheduler.state import Decision, RankMap, SchedState
 
 MODE = "collocated"
@@ -50,12 +51,6 @@ def shared_ranks(placement: Mapping[str, tuple[int, ...]]) -> frozenset[int]:
         shared.update(seen.intersection(ranks))
         seen.update(ranks)
     return frozenset(shared)
-
-
-def actor_holds_every_rank(placement: Mapping[str, tuple[int, ...]]) -> bool:
-    """Whether the actor serves every rank that ``placement`` uses (``auto`` has then no rank to grow it into)."""
-    used = {r for ranks in placement.values() for r in ranks}
-    return used <= set(placement.get("actor", ()))
 
 
 def shares_ranks(placement: Mapping[str, tuple[int, ...]]) -> bool:

@@ -72,6 +72,10 @@ from slurm_rl.scheduler.live_state import (
 from slurm_rl.scheduler.placement_ops import mid_iteration_problems, placement_problems
 from slurm_rl.scheduler.recorder import HistoryRecorder
 from slurm_rl.scheduler.state import Decision, RankMap, SchedState, normalize_placement
+from slurm_rl.trackers import TrackerPump
+
+TRACK_EVERY_S = 0.5  # how often the coordinator looks for new metrics rows for runtime.logger's trackers
+TRACK_DRAIN_S = 60.0  # at the end, how long it waits for the last iteration's row (the actor leader appends it)
 
 
 @dataclass
@@ -124,6 +128,7 @@ class CoordinatorLoop:
         self.actor_state_dp: int | None = None
         # the actor's tensor-parallel size in force: the configured one, or the last epoch's
         self.actor_tp: int = self.cfg.actor.tensor_parallel
+        self.trackers = TrackerPump(self.paths.run_dir, self.cfg, self.log)  # runtime.logger
         if self.current is not None:
             self.actor_tp = epoch_actor_tp(self.current) or self.actor_tp
 
@@ -298,6 +303,7 @@ class CoordinatorLoop:
         limit = run_limit(self.runtime.run_timeout_s, self.runtime.checkpoint_margin_s)
         self.log(f"run time limit: {limit.describe()}")
         limit_stop = False
+        last_track = 0.0
         last_liveness = 0.0
         last_tick = 0.0
         dynamic = self.cfg.scheduler.policy != "static"
@@ -311,6 +317,8 @@ class CoordinatorLoop:
                     atomic_write_json(self.paths.history, history.to_json(), durable=False)
                     self.seen_minibatch = -1
                 if self.at_gate_checkpoint(gate, progress):
+                    self.trackers.poll()
+                    self.trackers.close()
                     return  # stopped after the checkpoint (preemption, time limit, slurm-rl stop)
                 if gate < num_iterations:
                     state = build_state(self.cfg, self.current, progress, gate, at_gate=True,
@@ -348,6 +356,9 @@ class CoordinatorLoop:
                                                           "published": published is not None})
                 if published is not None:
                     continue
+            if time.monotonic() - last_track > TRACK_EVERY_S:  # runtime.logger: each new metrics row, live
+                self.trackers.poll()
+                last_track = time.monotonic()
             if time.monotonic() - last_liveness > self.runtime.heartbeat_interval_s:
                 self.check_alive()
                 last_liveness = time.monotonic()
@@ -360,6 +371,7 @@ class CoordinatorLoop:
                                   f"of its time limit ({limit.describe()})")
             time.sleep(self.runtime.poll_interval_s)
         self.status("finished")
+        self.trackers.drain(num_iterations - 1, timeout_s=TRACK_DRAIN_S)
 
     # -- checkpoints and stop requests ----------------------------------------------------------
     def at_gate_checkpoint(self, gate: int, progress: Mapping[int, RankProgress]) -> bool:
@@ -476,6 +488,11 @@ def run_coordinator(run_dir: Path) -> int:
             # process before it writes another line (an empty coordinator.log was seen under load)
             traceback.print_exc()
             print(f"coordinator failed: {error}", file=sys.stderr, flush=True)
+            if loop is not None:
+                try:  # what the run measured so far stays in the trackers
+                    loop.trackers.close()
+                except Exception as close_exc:  # noqa: BLE001  (a tracker's own failure must not hide the run's)
+                    print(f"trackers: closing failed: {close_exc}", file=sys.stderr, flush=True)
             write_coordinator_status(paths, {"generation": generation, "state": "failed", "error": error,
                                              "rank_failure": rank_failure, "requeue": requeue,
                                              "exclude": loop.dead_hosts if loop is not None else [],

@@ -11,6 +11,8 @@ like a YAML file.
 
 from __future__ import annotations
 
+import shlex
+
 import dataclasses
 import math
 from typing import Mapping, Sequence
@@ -174,14 +176,38 @@ def simulate(cfg: Config, gpus: int | None = None, policy: str | None = None,
     return Simulation(setup, fn, policy_name=base).run()
 
 
-#: The modes ``simulate --compare-modes`` sets side by side: (mode, policy, what a config says for it;
-#: ``{all}``: every configured component on every rank).
-MODES = (("disaggregated", "static", "scheduler.policy=static"),
-         ("disaggregated", "auto", "scheduler.policy=auto"),
-         ("disaggregated", f"plan+{DISAGGREGATED}", "scheduler.policy=plan, scheduler.time_slicing=false"),
-         ("per iteration", "plan", "scheduler.policy=plan (iterations collocated where measured faster)"),
-         ("collocated", COLLOCATED, "component_placement {all}"),
-         ("collocated", f"{COLLOCATED}+offload", "component_placement {all}, actor.offload_weight=true"))
+#: The modes ``simulate --compare-modes`` sets side by side: (mode, policy, what it is; the overrides that run it
+#: come from :func:`mode_overrides`).
+MODES = (("disaggregated", "static", "static placement"),
+         ("disaggregated", "auto", "auto scheduler"),
+         ("disaggregated", f"plan+{DISAGGREGATED}", "plan, never collocated"),
+         ("per iteration", "plan", "plan (iterations collocated where measured faster)"),
+         ("collocated", COLLOCATED, "every component on every rank"),
+         ("collocated", f"{COLLOCATED}+offload", "every component on every rank, actor parked between phases"))
+
+
+def mode_overrides(cfg: Config, policy: str) -> list[str]:
+    """The ``key=value`` overrides that make ``cfg`` run under ``policy`` (a row of :data:`MODES`): each
+    validates when appended to the config's command line (RLinf's switch ``cluster.auto_scheduler`` set to
+    match the policy; a collocated run places every configured component on every rank, statically)."""
+    dynamic = policy in ("auto", "plan", f"plan+{DISAGGREGATED}")
+    out = [] if cfg.cluster.auto_scheduler == dynamic else [f"cluster.auto_scheduler={str(dynamic).lower()}"]
+    if policy.startswith(COLLOCATED):
+        every = ",".join(cfg.placement.components)
+        out += [f'cluster.component_placement={{"{every}": all}}', "scheduler.policy=static"]
+        if policy.endswith("+offload"):
+            out.append("actor.offload_weight=true")
+        elif actor_offloads(cfg):
+            out += [f"actor.{k}=false" for k in ("offload_weight", "offload_grad", "offload_optimizer")]
+        if cfg.scheduler.time_slicing is not None:
+            out.append("scheduler.time_slicing=null")
+        return out
+    out.append(f"scheduler.policy={policy.split('+')[0]}")
+    if policy == f"plan+{DISAGGREGATED}":
+        out.append("scheduler.time_slicing=false")
+    elif cfg.scheduler.time_slicing is not None and policy != "plan":
+        out.append("scheduler.time_slicing=null")
+    return out
 
 
 def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None) -> dict[str, object]:
@@ -192,10 +218,9 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
     included) is the first row."""
     cfg = _config(cfg)
     own = simulate(cfg, gpus=gpus, seed=seed)
-    rows = [{"mode": cfg.placement.mode, "policy": own.policy, "config": "as configured",
-             "mean_iteration_s": round(own.mean_iteration_s, 3)}]
+    rows = [{"mode": cfg.placement.mode, "policy": own.policy, "what": "as configured", "overrides": [],
+             "config": "as configured", "mean_iteration_s": round(own.mean_iteration_s, 3)}]
     skipped = []
-    every = "{'" + ",".join(cfg.placement.components) + "': all}"
     sliced = not time_slicing_problems(cfg)
     configured = {"plan": own.policy == "plan" and sliced,  # which row the config's own run is
                   f"plan+{DISAGGREGATED}": own.policy == "plan" and not sliced,
@@ -204,15 +229,16 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
         {name: tuple(comp.ranks) for name, comp in cfg.placement.components.items()})
     for mode, policy, how in MODES:
         if pinned and policy == "auto":  # auto runs a hybrid placement with its shared ranks pinned
-            mode, how = HYBRID, "scheduler.policy=auto (the shared ranks pinned)"
+            mode, how = HYBRID, "auto scheduler (the shared ranks pinned)"
         elif mode != "collocated" and cfg.placement.mode != "disaggregated":
             skipped.append(policy)
             continue
         if configured.get(policy, policy == own.policy):
             continue  # the configured run itself
         report = simulate(cfg, gpus=gpus, policy=policy, seed=seed)
-        rows.append({"mode": mode, "policy": policy, "config": how.format(all=every),
-                     "mean_iteration_s": round(report.mean_iteration_s, 3)})
+        overrides = mode_overrides(cfg, policy)
+        rows.append({"mode": mode, "policy": policy, "what": how, "overrides": overrides,
+                     "config": shlex.join(overrides), "mean_iteration_s": round(report.mean_iteration_s, 3)})
     base = rows[0]["mean_iteration_s"]
     for row in rows:
         row["speedup_vs_configured"] = round(base / row["mean_iteration_s"], 3) if row["mean_iteration_s"] else None

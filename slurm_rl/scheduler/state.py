@@ -14,6 +14,7 @@ from slurm_rl.config import PHASES
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.history import History
+from slurm_rl.rules import valid_dp_sizes  # noqa: F401  (the rule lives below the config; re-exported here)
 
 Ranks = tuple[int, ...]
 RankMap = dict[str, Ranks]
@@ -28,22 +29,6 @@ is the full parsed placement)."""
 #: inference changes only); ``minibatch``: at the actor's next mini-batch boundary (the actor's
 #: ranks change); ``iteration``: before the next iteration starts (return to the initial placement).
 BOUNDARIES = ("now", "minibatch", "iteration")
-
-
-def valid_dp_sizes(global_batch_size: int, micro_batch_size: int, max_dp: int) -> list[int]:
-    """Data-parallel sizes the actor may take, ascending.
-
-    The rule: a DP size ``dp`` is valid when the samples of one mini-batch divide evenly over the
-    replicas in whole micro-batches, i.e. ``global_batch_size % (micro_batch_size * dp) == 0``.
-    Changing DP then only changes gradient accumulation, never the global batch (training math does
-    not depend on placement). The actor engine (``engines.actor.microbatch``) calls this rule too.
-    """
-    if global_batch_size <= 0 or micro_batch_size <= 0:
-        raise ValueError(
-            f"valid_dp_sizes: global_batch_size={global_batch_size} and "
-            f"micro_batch_size={micro_batch_size} must be positive")
-    return [dp for dp in range(1, max_dp + 1)
-            if global_batch_size % (micro_batch_size * dp) == 0]
 
 
 def normalize_placement(placement: Mapping[str, Sequence[int]]) -> RankMap:

@@ -625,6 +625,7 @@ class _Cutter:
         self.prev_end: float | None = 0.0  # predicted end of the last mini-batch (None: not known)
         self.plan: list[dict[str, Any]] = []
         self.rewards: list[float] = []
+        self.response_lengths: list[int] = []  # tokens of each response (verl's response_length/mean)
         self.prompts: dict[int, list[int]] = {}  # group id -> prompt ids: which prompts the iteration trained on
         self.kl: list[float] = []
         self.mismatch_kl: list[float] = []  # per response: KL(rollout || actor) (algorithm.old_logprobs: actor)
@@ -878,6 +879,7 @@ class _Cutter:
             lengths = pc.list_value_length(batch.column("response_ids")).to_numpy(zero_copy_only=False)
             self.current_kl.extend(float(x) / n for x, n in zip(sums, lengths) if n > 0)
         self.rewards.extend(batch.column("reward").to_pylist())
+        self.response_lengths.extend(pc.list_value_length(batch.column("response_ids")).to_pylist())
         self.prompts.update(zip(batch.column("group_id").to_pylist(), batch.column("prompt_ids").to_pylist()))
         kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
         if kl is not None:
@@ -1232,6 +1234,10 @@ class _Iteration:
             # the iteration's prompts in group order: equal in a resumed or re-placed run (data order kept)
             "prompts_digest": xxhash.xxh3_64_hexdigest(json.dumps(sorted(c.prompts.items())).encode()),
             "minibatches": c.cut,
+            "response_length_mean": float(np.mean(c.response_lengths)) if c.response_lengths else None,
+            # prompt and response tokens of the iteration's samples (each counted once, whatever actor.ppo_epochs)
+            "tokens": sum(int(e.get("tokens", 0)) for e in c.plan if not e.get("ppo_epoch")),
+            "grad_norm": steps[-1].get("grad_norm"),
             "seconds": time.monotonic() - c.started,
             "sync_s": self.sync.get("seconds"), "sync_bytes": self.sync.get("bytes"),
             "actor_dp": max(int(e["dp"]) // int(e.get("tp", 1)) for e in c.plan),

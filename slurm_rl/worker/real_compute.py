@@ -191,7 +191,9 @@ class RealCompute:
         optim_cfg = engine_optim_config(cfg)
         batch_cfg = BatchConfig(global_batch_size=cfg.train.global_batch_size,
                                 micro_batch_size=cfg.train.micro_batch_size,
-                                max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch)
+                                max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch,
+                                remove_padding=cfg.train.use_remove_padding,
+                                balance_batch=cfg.train.balance_batch)
         self.algorithm = cfg.algorithm
         self.horizon = cfg.rollout.max_new_tokens
         self.temperature = cfg.algorithm.temperature
@@ -292,12 +294,15 @@ class RealCompute:
         from slurm_rl.engines.inference import ReferenceScorer
 
         kind = torch.bfloat16 if dtype == "bf16" else torch.float32
+        packed = self.cfg.train.use_remove_padding
         if self.checkpoint is not None:
-            return ReferenceScorer(self.model_cfg, None, device=self.device, checkpoint=self.checkpoint, dtype=kind)
+            return ReferenceScorer(self.model_cfg, None, device=self.device, checkpoint=self.checkpoint, dtype=kind,
+                                   packed=packed)
         from slurm_rl.engines.actor.model import build_gpt_model
 
         initial = build_gpt_model(self.model_cfg, self.seed, "cpu")
-        return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device, dtype=kind)
+        return ReferenceScorer(self.model_cfg, initial.named_parameters(), device=self.device, dtype=kind,
+                               packed=packed)
 
     def _value_scorer(self) -> Any:
         """A copy of the critic (its weights: each iteration's sync)."""
@@ -306,7 +311,7 @@ class RealCompute:
         from slurm_rl.engines.inference import ValueScorer
 
         kind = torch.bfloat16 if actor_precision(self.cfg) == "bf16" else torch.float32
-        return ValueScorer(self.model_cfg, None, device=self.device, dtype=kind)
+        return ValueScorer(self.model_cfg, None, device=self.device, dtype=kind, packed=self.cfg.train.use_remove_padding)
 
     # -- rollout --------------------------------------------------------------------------------
     def dataset(self) -> Any:
@@ -551,12 +556,19 @@ class RealCompute:
     def predict_switch_seconds(self) -> float | None:
         return None
 
-    def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
-              ) -> tuple[float, dict[str, Any]]:
+    def _dp_share(self, rows: list[dict[str, Any]], dp_rank: int, dp_size: int) -> list[dict[str, Any]]:
+        """This DP rank's samples of a mini-batch: contiguous, or its part of the token-balanced partition
+        (``train.balance_batch``, verl's key: every DP rank of the step gets a like compute load)."""
         from slurm_rl.engines.actor.microbatch import shard_for_rank
 
+        lengths = ([len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]
+                   if self.cfg.train.balance_batch else None)
+        return shard_for_rank(rows, dp_rank, dp_size, lengths, self.model_cfg.hidden_size)
+
+    def train(self, k: int, index: int, batch: pa.Table, ranks: list[int], ready_at: float | None
+              ) -> tuple[float, dict[str, Any]]:
         rows = batch.to_pylist()
-        mine = shard_for_rank(rows, self.trainer.dp_rank, self.trainer.dp_size)  # TP peers share one
+        mine = self._dp_share(rows, self.trainer.dp_rank, self.trainer.dp_size)  # TP peers share one
         t0 = time.perf_counter()
         t = self.cfg.train
         later_pass = index >= t.rollout_batch_size * t.group_size // t.global_batch_size  # actor.ppo_epochs > 1
@@ -570,10 +582,8 @@ class RealCompute:
         return time.time(), {**stats, "train_s": time.perf_counter() - t0}
 
     def train_critic(self, k: int, index: int, batch: pa.Table, ranks: list[int]) -> tuple[float, dict[str, Any]]:
-        from slurm_rl.engines.actor.microbatch import shard_for_rank
-
         t0 = time.perf_counter()
-        mine = shard_for_rank(batch.to_pylist(), self.critic.dp_rank, self.critic.dp_size)
+        mine = self._dp_share(batch.to_pylist(), self.critic.dp_rank, self.critic.dp_size)
         t = self.cfg.train
         later_pass = index >= t.rollout_batch_size * t.group_size // t.global_batch_size  # actor.ppo_epochs > 1
         stats = self._critic_step(mine, [self._sample(r) for r in mine], later_pass)

@@ -1,5 +1,5 @@
 # Shared settings and helpers for the local test cluster; sourced by start.sh, stop.sh, env.sh.
-# Every setting can be overridden from the environment (see README.md).
+# Every setting can be overridden from the environment (see docs/testing.md).
 
 _slurm_tools_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _slurm_repo_dir="$(cd "${_slurm_tools_dir}/../.." && pwd)"

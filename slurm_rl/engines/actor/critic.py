@@ -20,7 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .layout import ParamSpec
-from .model import attention_mask_4d
 from .trainer import ActorTrainer
 
 HEAD_STD = 0.02  # transformers' initializer_range: the score layer's init
@@ -42,13 +41,13 @@ class ValueHead(torch.nn.Module):
         return F.linear(hidden_states, self.weight, self.bias), None
 
 
-def token_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+def token_values(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], device: torch.device | str
                  ) -> torch.Tensor:
-    """The critic's value at every position but the last: float32 ``[B, T-1]`` (right padding)."""
-    batch, seq = input_ids.shape
-    position_ids = torch.arange(seq, device=input_ids.device).unsqueeze(0).expand(batch, seq)
-    out = model(input_ids, position_ids, attention_mask=attention_mask_4d(attention_mask, batch, seq, input_ids.device))
-    return out[:, :-1, 0].float()
+    """The critic's value at every position but the last of a micro-batch: float32 ``[B, T-1]`` (right
+    padding), or ``[1, N-1]`` for a packed row."""
+    from .logprobs import model_forward
+
+    return model_forward(model, batch, device)[:, :-1, 0].float()
 
 
 class CriticTrainer(ActorTrainer):
@@ -74,5 +73,4 @@ class CriticTrainer(ActorTrainer):
         return model
 
     def _forward(self, batch: Mapping[str, torch.Tensor], entropy: bool) -> tuple[torch.Tensor, None]:
-        return token_values(self.model, batch["input_ids"].to(self.device),
-                            batch["attention_mask"].to(self.device)), None
+        return token_values(self.model, batch, self.device), None

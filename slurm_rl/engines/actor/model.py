@@ -291,12 +291,11 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
                                attention_mask: torch.Tensor | None = None, entropy: bool = True
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`token_logprobs` and, with ``entropy``, the entropy of each next-token distribution
-    (``-sum_v p_v log p_v``, float32 ``[B, T-1]``, differentiable: verl's ``entropy_coeff`` term)."""
-    logits = forward_logits(model, input_ids, attention_mask)[:, :-1].float()
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = torch.gather(logits, -1, targets).squeeze(-1)
-    norm = torch.logsumexp(logits, dim=-1)
-    if not entropy:
-        return picked - norm, None
-    probs = torch.softmax(logits, dim=-1)
-    return picked - norm, norm - (probs * logits).sum(dim=-1)
+    (``-sum_v p_v log p_v``, float32 ``[B, T-1]``, differentiable: verl's ``entropy_coeff`` term); the logits
+    are never held whole (:func:`slurm_rl.engines.actor.logprobs.batch_logprobs`)."""
+    from .logprobs import batch_logprobs
+
+    batch = {"input_ids": input_ids}
+    if attention_mask is not None:
+        batch["attention_mask"] = attention_mask
+    return batch_logprobs(model, batch, input_ids.device, entropy)

@@ -29,10 +29,11 @@ from slurm_rl.rl.losses import LossAggregation
 
 from .groups import GroupCache
 from .lr_schedule import SampleLRScheduler
-from .microbatch import BatchConfig, check_dp_size, collate, split_microbatches
+from .microbatch import BatchConfig, check_dp_size, collate_for, split_microbatches, token_and_sequence_counts
 from .layout import Layout, ParamSpec, local_offsets, param_specs
 from .layout_reshard import execute_layout_change, keeps_arrays, pieces_bytes, plan_layout_change
-from .model import build_gpt_model, preload_megatron, token_logprobs_and_entropy
+from .logprobs import batch_logprobs
+from .model import build_gpt_model, preload_megatron
 from .optimizer import DPAdamW, FlatParams, OptimConfig, shard_range
 from .reshard import (broadcast_json, broadcast_ranks, broadcast_source, copy_local,
                       decode_tensor, encode_tensor, execute_plan, holding, plan_bytes,
@@ -232,8 +233,7 @@ class ActorTrainer:
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What the loss reads per next-token position of a micro-batch: the log-probs of the tokens
         (and the policy's entropy, when asked)."""
-        return token_logprobs_and_entropy(self.model, batch["input_ids"].to(self.device),
-                                          batch["attention_mask"].to(self.device), entropy=entropy)
+        return batch_logprobs(self.model, batch, self.device, entropy)
 
     @staticmethod
     def _specs_of(model: torch.nn.Module, tp: int) -> list[ParamSpec]:
@@ -308,9 +308,8 @@ class ActorTrainer:
                              f"DP {self.dp_size})")
         assert self.model is not None and self.flat is not None and self.optimizer is not None
         agg = aggregation or LossAggregation()
-        batches = [collate(mb) for mb in split_microbatches(samples, self.batch_cfg)]
-        counts = torch.tensor([sum(float(b["loss_mask"].sum()) for b in batches),
-                               sum(float((b["loss_mask"].sum(-1) > 0).sum()) for b in batches)],
+        batches = [collate_for(self.batch_cfg, mb) for mb in split_microbatches(samples, self.batch_cfg)]
+        counts = torch.tensor([sum(c) for c in zip(*map(token_and_sequence_counts, batches))],
                               dtype=torch.float64, device=self.device)
         if self.dp_size > 1:
             dist.all_reduce(counts, group=self.dp_group)
@@ -328,16 +327,17 @@ class ActorTrainer:
             mask = batch["loss_mask"].to(logprobs.device)
             if ent is not None:
                 batch = {**batch, "entropy": ent}
-                loss_sum[1] += float((ent.detach() * mask).sum())
+                loss_sum[1] += (ent.detach() * mask).sum()  # a device op: no host sync per micro-batch
             token_loss, diagnostics = _split(loss_fn(logprobs, batch))
             if diagnostics and not names:
                 names = sorted(diagnostics)
                 loss_sum = torch.cat([loss_sum, loss_sum.new_zeros(len(names))])
             for i, name in enumerate(names):
-                loss_sum[2 + i] += float((diagnostics[name].detach() * mask).sum())
-            total = (token_loss * agg.weights(batch["loss_mask"]).to(token_loss.device)).sum()
+                loss_sum[2 + i] += (diagnostics[name].detach() * mask).sum()
+            weights = agg.weights(batch["loss_mask"], batch.get("segment_ids")).to(token_loss.device)
+            total = (token_loss * weights).sum()
             (total / denominator).backward()
-            loss_sum[0] += float(total.detach())
+            loss_sum[0] += total.detach()
         if self.dp_size > 1:
             dist.all_reduce(loss_sum, group=self.dp_group)
         step_samples = self.batch_cfg.global_batch_size if schedule_samples is None else schedule_samples

@@ -55,17 +55,41 @@ def build_hf_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device =
 
 
 @torch.no_grad()
+def packed_inputs(sequences: Sequence[Sequence[int]], device: torch.device) -> dict[str, Tensor]:
+    """``sequences`` as one row for an HF model: ``input_ids`` and ``position_ids`` ``[1, N]``, positions
+    restarting at each sequence (transformers then keeps attention inside each; no cache)."""
+    ids = torch.tensor([t for s in sequences for t in s], device=device).unsqueeze(0)
+    pos = torch.cat([torch.arange(len(s), device=device) for s in sequences]).unsqueeze(0)
+    return {"input_ids": ids, "position_ids": pos, "use_cache": False}
+
+
+def unpack_rows(out: Tensor, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
+    """Per-sequence slices ``[len - 1]`` of a packed row's next-token values ``out [1, N - 1]``."""
+    rows, start = [], 0
+    for s in sequences:
+        rows.append(out[0, start:start + len(s) - 1].clone())
+        start += len(s)
+    return rows
+
+
 def score_sequences(model: torch.nn.Module, sequences: Sequence[Sequence[int]],
-                    device: torch.device, pad_id: int = 0) -> list[Tensor]:
-    """Per-token fp32 logprobs of ``sequences`` under an HF causal LM (right padding)."""
+                    device: torch.device, pad_id: int = 0, packed: bool = False) -> list[Tensor]:
+    """Per-token fp32 logprobs of ``sequences`` under an HF causal LM: right-padded rows, or with ``packed``
+    one row without padding (:func:`packed_inputs`)."""
     if not sequences:
         return []
-    ids, mask = pad_batch(sequences, pad_id, left=False)
-    input_ids = torch.tensor(ids, device=device)
-    attn = torch.tensor(mask, device=device)
-    logits = model(input_ids=input_ids, attention_mask=attn).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], dim=-1)
-    tok = torch.gather(logp, 2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1).cpu()
+    if packed:
+        inputs = packed_inputs(sequences, device)
+        input_ids = inputs["input_ids"]
+    else:
+        ids, mask = pad_batch(sequences, pad_id, left=False)
+        input_ids = torch.tensor(ids, device=device)
+        inputs = {"input_ids": input_ids, "attention_mask": torch.tensor(mask, device=device)}
+    logits = model(**inputs).logits[:, :-1].float()
+    tok = (torch.gather(logits, 2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+           - torch.logsumexp(logits, dim=-1)).cpu()
+    if packed:
+        return unpack_rows(tok, sequences)
     return [tok[i, : len(s) - 1].clone() for i, s in enumerate(sequences)]
 
 
