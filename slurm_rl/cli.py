@@ -25,7 +25,7 @@ DISTRIBUTION = "slurm_rl"  # pyproject.toml's [project] name
 DESCRIPTION = ("slurm-rl: RL post-training of LLMs inside one Slurm allocation\n"
                "(placement epochs on shared storage, Arrow handoff between components, in-place resharding).")
 EPILOG = f"""\
-exit codes: 0 done; 2 bad config or arguments (nothing launched); 1 any other failure;
+exit codes: 0 done; 2 bad config or arguments (nothing launched); 1 any other failure; 141 stdout closed early;
 3 a run stopped at a gate with a checkpoint (resume it with: slurm-rl run --resume RUN_DIR).
 --debug (or {DEBUG_ENV}=1) prints the traceback of a failure.
 'slurm-rl COMMAND --help' shows a command's arguments and their defaults."""
@@ -72,7 +72,8 @@ def _slurm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--qos", default=None, metavar="NAME", help="quality of service (default: the cluster's default)")
     g.add_argument("--time", default=None, metavar="LIMIT",
                    help="time limit: minutes (90) or Slurm's forms (1:30:00, 2-12, 2-12:30:00); also the "
-                        "local executor's timeout (default: runtime.run_timeout_s + 1 minute; with --group "
+                        "local executor's timeout (default: runtime.run_timeout_s, null: 4 h, + runtime.checkpoint_margin_s "
+                        "+ 1 minute; with --group "
                         "group.timeout_s + 1 minute)")
     g.add_argument("--nodes", type=int, default=None, metavar="N",
                    help="nodes; must equal the config's cluster.num_nodes, 1 with --group "
@@ -277,6 +278,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     run = {"device": cfg.runtime.device, "device_setting": written, "policy": cfg.scheduler.policy,
            "auto_scheduler": cfg.cluster.auto_scheduler, "model": model_summary(cfg), "mode": cfg.placement.mode,
            "critic": needs_critic(cfg.algorithm)}
+    from slurm_rl.job_limits import run_limit
+
+    limit = run_limit(cfg.runtime.run_timeout_s, cfg.runtime.checkpoint_margin_s)
+    run["run_timeout"] = {"seconds": round(limit.timeout_s, 1), "deadline": limit.deadline, "source": limit.source}
+    run["rollout"] = _rollout_summary(cfg)
     if cfg.scheduler.policy == "plan":  # may plan run an iteration collocated?
         from slurm_rl.inputs import time_slicing_off_because
 
@@ -334,11 +340,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"    ranks {compress_ranks(list(pm.ranks)):<12} memory at least: {pm.describe()}")
         if not fits:
             print("    memory per GPU: not checked (no GPU visible here: set runtime.gpu_memory_gb)")
+    ro = run["rollout"]
+    print(f"  rollout: {ro['backend']}, {ro['engines']} engine(s) of TP {ro['tensor_model_parallel_size']} "
+          f"({ro['ranks_per_engine']} rank(s) each)" + "".join(f", {k} {v}" for k, v in ro.get("vllm", {}).items()))
+    print(f"  run time limit: {limit.describe()}")
     choices = actor["tensor_parallel_choices"]
     also = f" (choices {', '.join(map(str, choices))})" if len(choices) > 1 else ""
     print(f"  actor: tensor_parallel {actor['tensor_parallel']}{also}, precision {actor['precision']}"
           f"{' (auto)' if cfg.actor.precision == 'auto' else ''}, recompute {actor['recompute']}")
     return EXIT_OK
+
+
+def _rollout_summary(cfg: Any) -> dict[str, Any]:
+    """The rollout engines as the run builds them: TP size, ranks per engine and, for vLLM, its options
+    on the resolved device."""
+    from slurm_rl.config import actor_precision
+    from slurm_rl.rollout_config import engine_tp, processes_per_engine, resolve_engine_options
+
+    placement = cfg.placement
+    ranks = len(placement.components["rollout"].ranks) if "rollout" in placement.components else 0
+    per = processes_per_engine(cfg.rollout, placement, cfg.scheduler.rollout_ranks_per_instance)
+    out: dict[str, Any] = {"backend": cfg.rollout.backend, "tensor_model_parallel_size": engine_tp(
+        cfg.rollout, placement, cfg.scheduler.rollout_ranks_per_instance), "ranks_per_engine": per,
+        "engines": ranks // per}
+    if cfg.rollout.backend == "vllm" and cfg.runtime.device in ("cpu", "cuda"):
+        from slurm_rl.inputs import model_context
+
+        out["vllm"] = resolve_engine_options(cfg.rollout, cfg.runtime.device, actor_precision(cfg),
+                                             cfg.data.max_prompt_length, model_context(cfg))
+    return out
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -365,7 +395,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if previous is not None:
         _, run_dir, _ = prepare_resume(previous, log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
-        cfg, run_dir = prepare_run(args.config, args.overrides)
+        cfg, run_dir = prepare_run(args.config, args.overrides, check_allocation=True)
         _warn(cfg, translation)
     if env.get("SLURM_JOB_ID"):
         record_job(run_dir, env["SLURM_JOB_ID"])
@@ -375,6 +405,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from slurm_rl.launch.local import LaunchError, run_local
+    from slurm_rl.job_limits import run_limit
     from slurm_rl.launch.prepare import prepare_run
 
     if args.resume is not None:
@@ -395,7 +426,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         with ProgressPrinter(run_dir, cfg.placement.world_size, cfg.train.num_iterations):
-            result = run_local(run_dir, cfg.placement.world_size, timeout_s=cfg.runtime.run_timeout_s)
+            result = run_local(run_dir, cfg.placement.world_size, timeout_s=run_limit(
+                cfg.runtime.run_timeout_s, cfg.runtime.checkpoint_margin_s).timeout_s + 2 * cfg.runtime.checkpoint_margin_s)
     except LaunchError as exc:
         print(f"run failed: {exc}", file=sys.stderr)
         print(next_steps(run_dir, ok=False), flush=True)
@@ -646,6 +678,16 @@ def _debug(args: argparse.Namespace) -> bool:
 MUX_VERBS = ("add", "remove", "place")
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # a shell's code for a command ended by SIGPIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush at exit raises nothing more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code (see the module docstring)."""
     from slurm_rl.config import ConfigError
@@ -662,7 +704,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         run = COMMANDS[args.command]
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()  # inside the try: a reader gone before the last flush is a broken pipe too
+        return code
+    except BrokenPipeError:  # stdout's reader left (`slurm-rl validate ... | head`): end quietly, as `cat` does
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         if _debug(args):
             traceback.print_exc()

@@ -25,6 +25,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slurm_rl.rollout_config import ROLLOUT_DTYPES, processes_per_engine, rollout_engine_problems, rollout_placement_problems
 from slurm_rl.placement import (
     COMPONENTS,
     MISSING_VALUE,
@@ -155,7 +156,10 @@ class RuntimeConfig:
     heartbeat_timeout_s: float = 30.0  # a rank whose heartbeat is older is dead
     ack_timeout_s: float = 60.0  # coordinator waits this long for all acks of an epoch
     wait_timeout_s: float = 600.0  # any other wait (batch manifests, collectives, weight sync)
-    run_timeout_s: float = 14400.0  # the whole run (local launcher, coordinator, submitit time limit)
+    # the whole run: at its end the run stops at its next gate with a checkpoint (slurm_rl.job_limits);
+    # null: the Slurm allocation's end less checkpoint_margin_s, outside a job 4 h
+    run_timeout_s: Optional[float] = None
+    checkpoint_margin_s: float = 120.0  # with run_timeout_s null: time kept before the allocation's end
     # cuda: one GPU's memory for validate's check that the phases of ranks serving several components fit;
     # null: the GPU visible to validate, else unchecked
     gpu_memory_gb: Optional[float] = None
@@ -405,6 +409,17 @@ class RolloutSection:
     stop: List[str] = field(default_factory=list)  # strings that end a response (besides the tokenizer's EOS)
     # vllm: the share of its GPU's memory the engine takes, weights and KV cache (verl's rollout.gpu_memory_utilization)
     gpu_memory_utilization: float = 0.5
+    # vllm engine options under verl's names (docs/rollout.md); null: the default written after each
+    # GPUs per engine: consecutive rollout ranks of one GPU each, or one process owning them ("0-3:0-1");
+    # null: scheduler.rollout_ranks_per_instance x the slots a rollout process owns (1 x 1)
+    tensor_model_parallel_size: Optional[int] = None
+    dtype: Optional[str] = None  # bfloat16 | float16 | float32; null: the actor's precision on cuda, float32 on cpu
+    enforce_eager: Optional[bool] = None  # null: false on cuda (CUDA graphs), true on cpu
+    max_model_len: Optional[int] = None  # null: data.max_prompt_length + max_new_tokens, else the model's context
+    enable_chunked_prefill: Optional[bool] = None  # null: vLLM's default
+    enable_prefix_caching: bool = True  # reuse the KV cache of a shared prompt (a GRPO group's)
+    max_num_seqs: Optional[int] = None  # sequences decoded together per engine; null: vLLM's default
+    max_num_batched_tokens: Optional[int] = None  # tokens per engine step; null: vLLM's default
 
 
 @dataclass
@@ -868,7 +883,7 @@ def _validate(root: RootSchema, issues: list[ConfigIssue]) -> None:
             issues.append(ConfigIssue(f"runtime.{key}", getattr(r, key), "an integer >= 0"))
     _positive(issues, "runtime", r, "poll_interval_s", "heartbeat_interval_s", "heartbeat_timeout_s",
               "ack_timeout_s", "wait_timeout_s", "run_timeout_s", "keep_iterations", "keep_checkpoints",
-              "gpu_memory_gb")
+              "gpu_memory_gb", "checkpoint_margin_s")
     if 0 < r.heartbeat_interval_s and r.heartbeat_timeout_s <= r.heartbeat_interval_s:
         issues.append(ConfigIssue("runtime.heartbeat_timeout_s", r.heartbeat_timeout_s,
                                   f"more than runtime.heartbeat_interval_s ({r.heartbeat_interval_s})"))
@@ -981,6 +996,9 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue("rollout.top_p", ro.top_p, "a number in (0, 1]"))
     if not 0.0 < ro.gpu_memory_utilization <= 1.0:
         issues.append(ConfigIssue("rollout.gpu_memory_utilization", ro.gpu_memory_utilization, "a number in (0, 1]"))
+    issues.extend(rollout_engine_problems(
+        ro, backend_vllm=ro.backend == "vllm", device=root.runtime.device, max_prompt_length=root.data.max_prompt_length,
+        sizes=model_sizes(m) if m.path is None and real else None, where="the model section"))
     for i, text in enumerate(ro.stop):
         if not isinstance(text, str) or not text:
             issues.append(ConfigIssue(f"rollout.stop[{i}]", text, "a non-empty string"))
@@ -1491,6 +1509,11 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     if placement is not None and parallel_ok:
         issues.extend(_tp_placement_problems(typed, placement, scripted))
     if placement is not None:
+        key, spec = _placement_entry(typed.cluster.component_placement, "rollout", "cluster.component_placement")
+        issues.extend(rollout_placement_problems(typed.rollout, placement, key, spec,
+                                                 typed.scheduler.rollout_ranks_per_instance, placement.node_of_rank,
+                                                 straddling_tp_groups, typed.runtime.device))
+    if placement is not None:
         if typed.algorithm.old_logprobs is None:  # the actor's where inference ranks can score them
             typed.algorithm.old_logprobs = "actor" if "inference" in placement.components else "rollout"
         issues.extend(_old_logprobs_problems(typed.algorithm, placement))
@@ -1505,6 +1528,8 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
     # (in the typed config only: the resolved config.yaml keeps what was written, so a run resumed with
     # another actor.tensor_parallel is not refused over a value derived from the old one)
     typed.scheduler.actor_ranks_per_instance = typed.actor.tensor_parallel
+    typed.scheduler.rollout_ranks_per_instance = processes_per_engine(  # a rollout instance is one engine's ranks
+        typed.rollout, placement, typed.scheduler.rollout_ranks_per_instance)
     OmegaConf.set_readonly(root, True)
     sections = {name: getattr(typed, name) for name in ENGINE_SECTIONS}
     return Config(raw=root, cluster=typed.cluster, runtime=typed.runtime, train=typed.train,

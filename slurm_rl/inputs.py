@@ -45,6 +45,7 @@ def input_problems(cfg: Config) -> list[ConfigIssue]:
     issues += data_issues
     if not any(i.key in ("model.path", "model.tokenizer_path") for i in issues):
         issues += tp_model_problems(cfg, tok)
+        issues += rollout_model_problems(cfg)
     dataset = None
     if tok is not None and not data_issues:
         prompt_issues, dataset = _prompt_problems(cfg, spec, tok)
@@ -120,6 +121,38 @@ def tp_model_problems(cfg: Config, tok: Any) -> list[ConfigIssue]:
                 "a tensor-parallel size that divides the model's attention heads, query groups, FFN and "
                 f"vocabulary ({where}: {'; '.join(problems)})")))
     return out
+
+
+def model_context(cfg: Config) -> int:
+    """The model's context in tokens (``max_position_embeddings``: ``model.path``'s config.json, else the
+    random model's)."""
+    if cfg.model.path is None:
+        from slurm_rl.config import model_sizes
+
+        return int(model_sizes(cfg.model)["max_position_embeddings"])
+    from slurm_rl.engines.hf_checkpoint import model_config_from_dir
+
+    return int(model_config_from_dir(cfg.model.path).max_position_embeddings)
+
+
+def rollout_model_problems(cfg: Config) -> list[ConfigIssue]:
+    """The rollout engine's options against ``model.path``'s config.json: its context holds a prompt and
+    its response, ``rollout.max_model_len`` fits in it, the engine's TP size splits its attention
+    (``load_config`` checks a random model's own sizes)."""
+    if cfg.model.path is None:
+        return []
+    from slurm_rl.engines.hf_checkpoint import model_config_from_dir
+    from slurm_rl.rollout_config import rollout_engine_problems
+
+    try:
+        mc = model_config_from_dir(cfg.model.path)
+    except Exception:  # a checkpoint transformers cannot read: checkpoint_problems reports it
+        return []
+    sizes = {"max_position_embeddings": mc.max_position_embeddings, "num_attention_heads": mc.num_attention_heads,
+             "num_query_groups": mc.kv_groups}
+    return rollout_engine_problems(cfg.rollout, backend_vllm=cfg.rollout.backend == "vllm",
+                                   device=cfg.runtime.device, max_prompt_length=cfg.data.max_prompt_length,
+                                   sizes=sizes, where=f"{cfg.model.path}/config.json")
 
 
 def _tokenizer(cfg: Config, issues: list[ConfigIssue]) -> Any:

@@ -152,3 +152,11 @@ def test_bench_collocated_prints_the_switches_and_each_ranks_peak_memory(tmp_pat
     assert all(0.05 < gib < 20 for gib in row["peak_rss_gib"].values()), row["peak_rss_gib"]
     assert row["collocated"]["samples_per_s"] > 0 and row["disaggregated"]["samples_per_s"] > 0
 
+
+
+def test_bench_rollout_compares_the_hf_engine_with_transformers_generate() -> None:
+    out = _run("bench_rollout.py", "--vs-transformers", "--rounds", "1", "--long", "4", "--batch", "4")
+    assert out["greedy_tokens_equal"] is True  # the same batch, the same model: the same tokens
+    assert out["hf_engine_tokens_per_s_max"] > 0 and out["transformers_static_tokens_per_s_max"] > 0
+    assert out["ratio_best"] == pytest.approx(out["hf_engine_tokens_per_s_max"]
+                                              / out["transformers_static_tokens_per_s_max"], rel=2e-3)

@@ -908,7 +908,7 @@ def test_engine_sections_match_the_engine_types() -> None:
 
 def test_the_config_owns_its_vocabularies() -> None:
     """Allowed values are declared once in the config (the bottom layer) and used by their packages."""
-    from slurm_rl import config
+    from slurm_rl import config, rollout_config
     from slurm_rl.engines.actor import lr_schedule
     from slurm_rl.rewards.builtin import BUILTIN
     from slurm_rl.scheduler import lengths, state
@@ -919,7 +919,9 @@ def test_the_config_owns_its_vocabularies() -> None:
     assert set(BUILTIN) == set(config.REWARD_NAMES)
     imports = [line for line in (REPO / "slurm_rl" / "config.py").read_text().splitlines()
                if line.startswith(("from slurm_rl", "import slurm_rl"))]
-    assert all(line.startswith(("from slurm_rl.placement", "from slurm_rl.errors")) for line in imports), imports
+    assert all(line.startswith(("from slurm_rl.placement", "from slurm_rl.errors", "from slurm_rl.rollout_config"))
+               for line in imports), imports
+    assert config.ROLLOUT_DTYPES is rollout_config.ROLLOUT_DTYPES  # the bottom layer's rollout module declares them
 
 
 def test_old_logprobs_follow_the_inference_component() -> None:

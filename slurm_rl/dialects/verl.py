@@ -183,13 +183,13 @@ TABLE: tuple[Key, ...] = (
         benign=lambda v: v in (None, 1)),
     Key(f"{R}.log_prob_micro_batch_size_per_gpu", "micro-batch of old log-prob scoring", ignored=MICRO),
     Key(f"{R}.log_prob_micro_batch_size", "micro-batch of old log-prob scoring", ignored=MICRO),
-    Key(f"{R}.max_num_batched_tokens", "vLLM's token budget per step", ignored="vLLM's default"),
+    Key(f"{R}.max_num_batched_tokens", "vLLM's token budget per step", "rollout.max_num_batched_tokens", int),
     Key(f"{R}.max_num_seqs", "vLLM's sequences per step", "scheduler.max_running_requests", int),
-    Key(f"{R}.enforce_eager", "no CUDA graphs", ignored="vLLM runs as the rollout engine sets it"),
+    Key(f"{R}.enforce_eager", "no CUDA graphs", "rollout.enforce_eager", bool),
     Key(f"{R}.free_cache_engine", "release the KV cache between phases", ignored="a shared rank sleeps the "
         "engine between phases (placement-driven)"),
     Key(f"{R}.load_format", "how vLLM loads weights", ignored="weights come from model.path, then weight sync"),
-    Key(f"{R}.enable_chunked_prefill", "vLLM's chunked prefill", ignored="vLLM's default"),
+    Key(f"{R}.enable_chunked_prefill", "vLLM's chunked prefill", "rollout.enable_chunked_prefill", bool),
     Key(f"{R}.val_kwargs.*", "sampling of validation", ignored="eval.temperature and eval.n set it"),
     Key(f"{R}.calculate_log_probs", "the rollout's own log-probs", ignored="always kept (algorithm.old_logprobs)"),
     # reference policy

@@ -57,17 +57,27 @@ def check_run_dir(run_dir: Path) -> None:
 
 
 def prepare_run(
-    config_path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+    config_path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None,
+    check_allocation: bool = False,
 ) -> tuple[Config, Path]:
     """Load and validate the config, check and create the run dir, write ``RUN_DIR/config.yaml``.
 
     Raises ``ConfigError`` (nothing created) on a bad config, bad input files (``inputs``) or an unsafe RUN_DIR (owned by
-    someone else, world-writable), ``FileExistsError`` if RUN_DIR already holds a run.
+    someone else, world-writable), ``FileExistsError`` if RUN_DIR already holds a run. With
+    ``check_allocation`` (sbatch/train.sh, inside its job): ``InputError`` naming the sbatch flags when the
+    job holds fewer GPUs than the config needs (``launch.gpu_request``).
     """
     from slurm_rl.inputs import check_inputs, time_slicing_off_because
 
     cfg = load_config(config_path, overrides, env=env)
     check_inputs(cfg)
+    if check_allocation:
+        from slurm_rl.errors import InputError
+        from slurm_rl.launch.gpu_request import allocation_problem
+
+        problem = allocation_problem(cfg, os.environ if env is None else env)
+        if problem is not None:
+            raise InputError(problem)
     off = time_slicing_off_because(cfg) if cfg.scheduler.policy == "plan" and cfg.scheduler.time_slicing is None else []
     if off:  # null: plan time-slices where it can; written down for the coordinator and a resume
         cfg = load_config(config_path, [*overrides, "scheduler.time_slicing=false"], env=env)

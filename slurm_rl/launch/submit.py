@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import submitit
 
+from slurm_rl.job_limits import job_timeout_s
 from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.errors import InputError, LaunchError
 from slurm_rl.launch.prepare import prepare_run
@@ -169,13 +170,15 @@ def _slurm_item(item: str) -> tuple[str, str]:
     return norm, value
 
 
-def requests_gpus(cfg: Config, gpus_per_node: int | None) -> bool:
+def requests_gpus(cfg: Config, gpus_per_node: int | None, partition_has_gpus: bool = False) -> bool:
     """Whether the job asks Slurm for GPUs: ``runtime.device: cuda``, or ``auto`` (decided by each rank
-    where it runs) with ``--gpus-per-node`` given; ``cpu`` and ``emulated`` runs ask for none."""
-    from omegaconf import OmegaConf
+    where it runs) with ``--gpus-per-node`` given or a partition whose nodes have GPUs; ``cpu`` and
+    ``emulated`` runs ask for none."""
+    from slurm_rl.launch.gpu_request import written_device
 
-    written = OmegaConf.select(cfg.raw, "runtime.device", default=None) if cfg.raw is not None else None
-    return written == "cuda" or cfg.runtime.device == "cuda" or (written == "auto" and gpus_per_node is not None)
+    written = written_device(cfg)
+    return written == "cuda" or cfg.runtime.device == "cuda" or (
+        written == "auto" and (gpus_per_node is not None or partition_has_gpus))
 
 
 # what the submitting shell's own allocation (if any) says about GPUs and tasks per node: not the new job's
@@ -268,7 +271,8 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
     options = options or SlurmOptions()
     folder = run_dir / "logs" / "submitit"
     world = cfg.placement.world_size
-    timeout_min = options.time_min or max(1, int(cfg.runtime.run_timeout_s // 60) + 1)
+    timeout_min = options.time_min or max(1, int(job_timeout_s(cfg.runtime.run_timeout_s, cfg.runtime.checkpoint_margin_s)
+                                                 // 60) + 1)
     if executor == "local":
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=timeout_min)
@@ -286,12 +290,19 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
         job_name="slurm-rl",
         signal_delay_s=60,
     )
-    if requests_gpus(cfg, options.gpus_per_node):
+    if requests_gpus(cfg, options.gpus_per_node, _partition_has_gpus(cfg, options)):
         params["gres"] = f"gpu:{max(cfg.placement.slots_per_node)}"
     params.update(options.params())
     params.update(slurm_params or {})
     ex.update_parameters(**params)
     return ex
+
+
+def _partition_has_gpus(cfg: Config, options: SlurmOptions) -> bool:
+    """Under ``runtime.device: auto``: whether ``sinfo`` lists GPUs on the nodes of the job's partition."""
+    from slurm_rl.launch.gpu_request import partition_gpus, written_device
+
+    return written_device(cfg) == "auto" and partition_gpus(options.partition) > 0
 
 
 def check_executor_options(executor: str, options: SlurmOptions | None) -> None:

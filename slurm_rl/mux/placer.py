@@ -38,6 +38,7 @@ from slurm_rl.config import Config, ConfigError, ConfigIssue, load_config
 from slurm_rl.control.grants import JOB_NAME_CHARS
 from slurm_rl.errors import InputError, LaunchError, WaitTimeout
 from slurm_rl.fsio import append_bytes, atomic_write_bytes, atomic_write_json
+from slurm_rl.job_limits import job_timeout_s
 from slurm_rl.mux.group_file import load_group
 from slurm_rl.mux.membership import MembershipError, add_job
 from slurm_rl.mux.live import (GROUP_FILES_DIR, PLACEMENTS_FILE, LiveGroup, QueueQuery, profile_of, read_cluster,
@@ -320,7 +321,7 @@ def write_group_file(cluster_dir: Path, group: str, name: str, config: Path, ove
     doc = {"group": {"dir": str(cluster_dir / group),
                      "pools": {p: _range(s) for p, s in pools.items()},
                      "tail_fraction": 0.8 if rollout > 1 else 1.0, "tail_slots": 1,
-                     "park_s": float(cfg.mux.park_s), "timeout_s": float(cfg.runtime.run_timeout_s),
+                     "park_s": float(cfg.mux.park_s), "timeout_s": job_timeout_s(cfg.runtime.run_timeout_s, 0.0),
                      "host_memory_gb": spec.host_memory_gb, "gpus_per_node": spec.capacity.gpus_per_node},
            "jobs": {name: job}}
     path = cluster_dir / GROUP_FILES_DIR / f"{group}.yaml"
@@ -345,7 +346,7 @@ def _act_new(cluster_dir: Path, p: Placement, groups: Sequence[LiveGroup], confi
     slots = job["rollout_slots"] + job["train_slots"]
     (cluster_dir / "logs").mkdir(mode=0o700, exist_ok=True)
     args = [*resource_args(slots, spec.capacity), f"--job-name=slurm-rl-mux-{group}",
-            f"--time={int(cfg.runtime.run_timeout_s // 60) + 1}",
+            f"--time={int(job_timeout_s(cfg.runtime.run_timeout_s, cfg.runtime.checkpoint_margin_s) // 60) + 1}",
             f"--output={cluster_dir / 'logs' / group}-%j.out", *sbatch_args, str(REPO_ROOT / "sbatch" / "mux.sh"),
             str(path)]
     action = {"group": group, "group_dir": str(cluster_dir / group), "group_file": str(path), "pools": pools,

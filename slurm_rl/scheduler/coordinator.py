@@ -45,11 +45,12 @@ from slurm_rl.control.lease import CoordinatorLease
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.control.progress import ProgressReader, RankProgress
 from slurm_rl.control.status import read_coordinator_status, write_coordinator_status
+from slurm_rl.job_limits import run_limit
 from slurm_rl.control.errors import ControlError, DeadRankError, WaitTimeout
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 from slurm_rl.resume.restart import read_resume_point
-from slurm_rl.resume.stop import install_stop_handlers, read_stop
+from slurm_rl.resume.stop import install_stop_handlers, read_stop, request_stop
 from slurm_rl.scheduler import defaults
 from slurm_rl.scheduler.cost_model import reshard_fraction
 from slurm_rl.scheduler.errors import CheckpointFailed
@@ -299,7 +300,9 @@ class CoordinatorLoop:
             restart = restart_decision(self.current, f"coordinator restarted (generation {self.generation})")
             self.publish(restart, iteration=self.current.iteration, state_read_at=time.time())
         self.status("running")
-        started = time.monotonic()
+        limit = run_limit(self.runtime.run_timeout_s, self.runtime.checkpoint_margin_s)
+        self.log(f"run time limit: {limit.describe()}")
+        limit_stop = False
         last_track = 0.0
         last_liveness = 0.0
         last_tick = 0.0
@@ -359,8 +362,13 @@ class CoordinatorLoop:
             if time.monotonic() - last_liveness > self.runtime.heartbeat_interval_s:
                 self.check_alive()
                 last_liveness = time.monotonic()
-            if time.monotonic() - started > self.runtime.run_timeout_s:
-                raise WaitTimeout(f"run did not finish within runtime.run_timeout_s={self.runtime.run_timeout_s}s")
+            if not limit_stop and time.time() > limit.deadline:  # stop at the next gate, with a checkpoint
+                limit_stop = True
+                request_stop(self.paths.run_dir, f"run time limit reached: {limit.describe()}")
+                self.log(f"run time limit reached ({limit.describe()}): stopping at the next gate with a checkpoint")
+            if time.time() > limit.deadline + self.runtime.checkpoint_margin_s:
+                raise WaitTimeout(f"run did not stop within runtime.checkpoint_margin_s={self.runtime.checkpoint_margin_s}s "
+                                  f"of its time limit ({limit.describe()})")
             time.sleep(self.runtime.poll_interval_s)
         self.status("finished")
         self.trackers.drain(num_iterations - 1, timeout_s=TRACK_DRAIN_S)

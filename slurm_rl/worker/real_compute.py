@@ -255,7 +255,7 @@ class RealCompute:
             if self.engine is None:
                 from slurm_rl.engines.rollout import make_rollout_engine
 
-                vllm = {"gpu_memory_utilization": self.cfg.rollout.gpu_memory_utilization} if self.backend == "vllm" else {}
+                vllm = self._vllm_options() if self.backend == "vllm" else {}
                 self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
                                                   pad_id=self.pad_id, checkpoint=self.checkpoint, **vllm)
                 figures["rollout_engine"] = "built"
@@ -277,6 +277,15 @@ class RealCompute:
         if figures:
             figures["engine_seconds"] = time.perf_counter() - t0
         return figures
+
+    def _vllm_options(self) -> dict[str, Any]:
+        """The rollout section's vLLM options on this rank's device (nulls resolved)."""
+        from slurm_rl.rollout_config import engine_tp, resolve_engine_options
+
+        options = resolve_engine_options(self.cfg.rollout, str(self.device), actor_precision(self.cfg),
+                                         self.cfg.data.max_prompt_length, self.model_cfg.max_position_embeddings)
+        tp = engine_tp(self.cfg.rollout, self.cfg.placement)  # the slots this process owns (validated)
+        return {**options, "tensor_parallel_size": tp} if tp > 1 else options
 
     def _reference_scorer(self, dtype: str = "fp32") -> Any:
         """The initial policy: the checkpoint, or the random init every rank rebuilds from the seed."""

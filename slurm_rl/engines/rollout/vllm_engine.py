@@ -7,10 +7,13 @@ with ``skip_tokenizer_init=True``: prompts and outputs are token ids only.
 
 In-place weight updates go through the worker's ``reload_weights(weights_iterator=...)``
 followed by ``reset_prefix_cache()`` (``model.load_weights`` fails once the CPU backend has
-repacked its Linear weights). The in-process executor (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-``distributed_executor_backend="uni"``) lets tensors be handed over directly; this module sets
+repacked its Linear weights). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+with the ``uni`` executor (one GPU), ``mp`` (one process owning several GPUs) or ``external_launcher``
+(a TP engine over ``ranks`` processes of one GPU each, torch.distributed's world being the engine's:
+each rank loads its shard, see ``tp_shards``), so tensors are handed over directly; this module sets
 that environment variable when it is unset, so scripts that build it must guard their entry point
-with ``if __name__ == "__main__"``.
+with ``if __name__ == "__main__"``. The engine's options (dtype, eager, context length, scheduler
+and cache settings) are the rollout section's (``slurm_rl.rollout_config``).
 
 Logprobs are vLLM's ``raw_logprobs`` (before temperature / top-p): the temperature-1 model
 logprobs of the sampled tokens, like the hf backend. With per-request ``seeds``, request ``i`` is
@@ -76,13 +79,36 @@ def _refresh_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+def executor_backend(tensor_parallel_size: int, ranks: int) -> str:
+    """vLLM's executor for an engine of ``tensor_parallel_size`` GPUs over ``ranks`` processes: ``uni`` in
+    one process of one GPU, ``external_launcher`` across processes of one GPU each (every process runs
+    the same engine on its shard: torch.distributed's world must be the engine's ranks), ``mp`` for one
+    process owning several GPUs (vLLM starts a worker per GPU)."""
+    if ranks > 1:
+        return "external_launcher"
+    return "mp" if tensor_parallel_size > 1 else "uni"
+
+
+def _sampled_logprobs(ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The logprob of each sampled token: from vLLM's flat logprobs (with ``logprobs=0`` one entry per
+    position, the sampled token's), else from its dict per position."""
+    flat_ids = getattr(logprobs, "token_ids", None)
+    if flat_ids is not None and len(flat_ids) == len(ids) and list(flat_ids) == list(ids):
+        return [float(x) for x in logprobs.logprobs]
+    return [float(d[t].logprob) for t, d in zip(ids, logprobs)]
+
+
 class VLLMRolloutEngine(RolloutEngine):
-    """Rollout with ``vllm.LLM``; one engine per process, started in the constructor."""
+    """Rollout with ``vllm.LLM``; one engine per process (or per ``ranks`` processes), started in the
+    constructor. ``llm_kwargs`` are ``vllm.LLM``'s (the rollout section's options,
+    :func:`slurm_rl.rollout_config.resolve_engine_options`); without them: float32, eager, the model's
+    whole context. ``kv_cache_gib`` sizes the KV cache on cpu; None: ``gpu_memory_utilization`` of the
+    host's memory (vLLM's cpu backend reads the fraction so)."""
 
     def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
-                 work_dir: str | Path | None = None, kv_cache_gib: float = 1.0,
+                 work_dir: str | Path | None = None, kv_cache_gib: float | None = 1.0,
                  gpu_memory_utilization: float = 0.5, checkpoint: str | Path | None = None,
-                 pad_id: int = 0, **llm_kwargs: Any) -> None:
+                 pad_id: int = 0, ranks: int = 1, **llm_kwargs: Any) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
@@ -92,15 +118,19 @@ class VLLMRolloutEngine(RolloutEngine):
             tempfile.TemporaryDirectory(prefix="slurm_rl_vllm_")
         self.model_dir = Path(checkpoint) if checkpoint is not None else write_hf_checkpoint(
             model_cfg, Path(work_dir if work_dir is not None else self._tmp.name) / "model", seed)
+        tp = int(llm_kwargs.pop("tensor_parallel_size", ranks))
         kwargs: dict[str, Any] = dict(
             model=str(self.model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed,
-            distributed_executor_backend="uni", max_model_len=model_cfg.max_position_embeddings,
-            enforce_eager=True, generation_config="vllm", enable_prefix_caching=False)
+            distributed_executor_backend=executor_backend(tp, ranks), tensor_parallel_size=tp,
+            max_model_len=model_cfg.max_position_embeddings, enforce_eager=True, generation_config="vllm",
+            enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization)
         if self.device.type == "cuda":
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
-        else:
+            kwargs.update(enable_sleep_mode=True)
+        elif kv_cache_gib is not None:
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)))
         kwargs.update(llm_kwargs)
+        self.dtype: torch.dtype = getattr(torch, str(kwargs["dtype"]))
+        self.options = {k: v for k, v in kwargs.items() if k != "model"}
         self.llm = LLM(**kwargs)
         self.weight_version = 0
         self._released = False
@@ -132,17 +162,20 @@ class VLLMRolloutEngine(RolloutEngine):
             seeds = [None if sampling.seed is None else sampling.seed + i
                      for i in range(len(prompts))]
         greedy = sampling.temperature == 0
-        params = [VSP(max_tokens=sampling.max_new_tokens,
-                      temperature=0.0 if greedy else sampling.temperature,
-                      top_p=1.0 if greedy else sampling.top_p, top_k=sampling.top_k, seed=seed,
-                      stop_token_ids=list(sampling.stop_token_ids), logprobs=0,
-                      detokenize=False) for seed in seeds]
+
+        def params_of(seed: int | None) -> Any:  # flat logprobs: a few lists per request, no dict per token
+            return VSP(max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
+                       top_p=1.0 if greedy else sampling.top_p, top_k=sampling.top_k, seed=seed,
+                       stop_token_ids=list(sampling.stop_token_ids), logprobs=0, flat_logprobs=True,
+                       detokenize=False)
+
+        params = params_of(None) if all(s is None for s in seeds) else [params_of(s) for s in seeds]
         outs = self.llm.generate([self._prompt(p) for p in prompts], params, use_tqdm=False)
         result = []
         for prompt, out in zip(prompts, outs):
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs)]
+            lps = _sampled_logprobs(ids, c.logprobs)
             reason = "stop" if c.finish_reason == "stop" else "length"
             result.append(Generation(token_ids=ids, logprobs=lps, finish_reason=reason,
                                      weight_version=self.weight_version,
@@ -157,14 +190,14 @@ class VLLMRolloutEngine(RolloutEngine):
         the weights is kept instead and loaded by :meth:`resume`; the version is set now.
         """
         if self._released:
-            self._pending = [(n, t.detach().to(device="cpu", dtype=torch.float32, copy=True))
+            self._pending = [(n, t.detach().to(device="cpu", dtype=self.dtype, copy=True))
                              for n, t in named_tensors]
         else:
             self._load(named_tensors)
         self.weight_version = version
 
     def _load(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        weights = [(n, t.detach().to(device=self.device, dtype=torch.float32))
+        weights = [(n, t.detach().to(device=self.device, dtype=self.dtype))
                    for n, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.model_cfg.tie_word_embeddings:
