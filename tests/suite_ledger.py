@@ -124,6 +124,20 @@ def whole_suite(config: pytest.Config) -> bool:
     return all(str(Path(a).resolve()) in testpaths for a in config.args)
 
 
+def host_speed_s() -> float:
+    """Seconds of a fixed single-threaded CPU workload (integer and float arithmetic in the interpreter: ~0.2 s
+    on an idle core here), best of three: the host's speed beside the suite's time, since hosts (and their
+    load) differ up to 3x."""
+    def work() -> float:
+        t0 = time.perf_counter()
+        acc = 0.0
+        for i in range(400_000):
+            acc += (i * i % 7) * 0.5
+        return time.perf_counter() - t0
+
+    return round(min(work() for _ in range(3)), 3)
+
+
 class Ledger:
     """Collects the reports on the controller and writes the ledger at the session's end."""
 
@@ -135,6 +149,7 @@ class Ledger:
         self.time0 = time.time()
         self.cpu0, self.steal0 = machine_cpu_s()
         self.kernel0 = kernel_threads_cpu_s()
+        self.speed0 = host_speed_s()
         self.doc: dict[str, Any] | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -161,6 +176,7 @@ class Ledger:
         self.doc = {
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "pytest_s": round(wall, 1),
+            "host_speed_s": {"start": self.speed0, "end": host_speed_s()},
             "machine_cpu_s": round(cpu, 1),
             "cores_busy": round(cpu / wall, 2) if wall > 0 else 0.0,
             "steal_s": round(steal, 1),
@@ -201,7 +217,9 @@ class Ledger:
         tr.write_line(f"pytest {d['pytest_s']:.0f} s, machine CPU {d['machine_cpu_s']:.0f} s "
                       f"({d['cores_busy']:.2f} cores busy; kernel threads {d['kernel_threads_cpu_s']:.0f} s, "
                       f"steal {d['steal_s']:.0f} s), tests' own CPU {d['tests_cpu_s']:.0f} s, "
-                      f"the zygotes' and what they forked {d['zygote_cpu_s']:.0f} s")
+                      f"the zygotes' and what they forked {d['zygote_cpu_s']:.0f} s; host speed "
+                      f"{d['host_speed_s']['start']:.3f} s at the start, {d['host_speed_s']['end']:.3f} s at the end "
+                      "(a fixed CPU workload: lower is faster)")
         for t in d["costliest"]:
             tr.write_line(f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}")
 

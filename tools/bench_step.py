@@ -19,11 +19,12 @@ trains the same bins as packed rows too (``position_ids`` restarting per sample,
 attention inside each sample).
 
 Figures per line: ``ours_tokens_per_s`` / ``reference_tokens_per_s`` (real tokens, not padding, per second
-of a whole step, best of ``--reps`` after a warm-up step), ``ratio`` = ours / reference, ``breakdown_s`` of
+of a whole step, best of ``--reps`` after a warm-up step, ours and the reference's steps alternating so that
+both see the same load on a shared host), ``ratio`` = ours / reference, ``breakdown_s`` of
 our step measured piece by piece on the same model (``forward``, ``backward``: forward+backward less
 forward; ``optimizer``: clip + AdamW + refresh; ``host_syncs``: the step less the three), and on cuda
 ``mfu`` (6 x parameters x real tokens per second / the GPU's dense bf16 or fp32 peak, ``--peak-tflops``) and
-peak memory. ``peak_loss_bytes``: the memory the loss's log-probs and their backward take on ``--loss-tokens``
+peak memory; ``row_wall_s``: how long the row took to measure. ``peak_loss_bytes``: the memory the loss's log-probs and their backward take on ``--loss-tokens``
 tokens at the model's vocabulary (hidden states to gradients; on cpu the rise of the process's peak resident
 set, ``VmHWM`` reset through ``/proc/self/clear_refs``), ours from chunked logits against
 ``reference_peak_loss_bytes`` from the whole logits (what the reference and a plain user compute). The
@@ -112,20 +113,44 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def timed(fn, device: str) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
 def best_of(fn, reps: int, device: str) -> float:
     fn()  # warm-up
-    best = math.inf
+    return min(timed(fn, device) for _ in range(reps))
+
+
+def best_of_pair(a, b, reps: int, device: str) -> tuple[float, float]:
+    """Best times of ``a`` and ``b`` over ``reps`` alternating runs (after a warm-up of each): on a shared host
+    both see the same load, where timing one after the other would give each its own."""
+    a(), b()
+    best_a = best_b = math.inf
     for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        best_a = min(best_a, timed(a, device))
+        best_b = min(best_b, timed(b, device))
+    return best_a, best_b
+
+
+def peak_of(fn, device: str) -> int | None:
+    """Peak device memory of one call of ``fn`` (cuda; None elsewhere)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
 
 
 def ours(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precision: str, attention: str,
-         device: str, reps: int) -> dict[str, Any]:
+         device: str, reps: int, ref_step) -> dict[str, Any]:
+    """Our step timed against ``ref_step`` (runs alternating), with its breakdown."""
     from slurm_rl.engines.actor.groups import GroupCache
     from slurm_rl.engines.actor.logprobs import batch_logprobs
     from slurm_rl.engines.actor.model import init_local_process_group
@@ -135,7 +160,11 @@ def ours(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precis
     init_local_process_group()
     trainer = ActorTrainer(cfg, OptimConfig(lr=1e-6), batch_cfg, [0], GroupCache(), seed=0, device=device,
                            precision=precision, attention=attention)
-    step_s = best_of(lambda: trainer.train_step(samples, pg_loss), reps, device)
+    def step() -> None:
+        trainer.train_step(samples, pg_loss)
+
+    step_s, ref_s = best_of_pair(step, ref_step, reps, device)
+    peak, ref_peak = peak_of(step, device), peak_of(ref_step, device)
     batches = micro_batches(samples, batch_cfg)
     model = trainer.model
 
@@ -150,18 +179,19 @@ def ours(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precis
             lp, _ = batch_logprobs(model, b, device)
             (pg_loss(lp, b) * b["loss_mask"].to(device)).sum().backward()
 
-    fwd_s = best_of(forward, reps, device)
-    fb_s = best_of(forward_backward, reps, device)
-    opt_s = best_of(lambda: trainer.optimizer.step(1e-6), reps, device)
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    return {"step_s": step_s, "params": sum(p.numel() for p in model.parameters()), "peak_bytes": peak,
+    pieces = min(reps, 2)  # the breakdown is a guide: fewer runs than the step's figure
+    fwd_s = best_of(forward, pieces, device)
+    fb_s = best_of(forward_backward, pieces, device)
+    opt_s = best_of(lambda: trainer.optimizer.step(1e-6), pieces, device)
+    return {"step_s": step_s, "reference_step_s": ref_s, "reference_peak_bytes": ref_peak,
+            "params": sum(p.numel() for p in model.parameters()), "peak_bytes": peak,
             "micro_batches": len(batches), "padding_fraction": padding_fraction(batches),
             "breakdown_s": {"forward": fwd_s, "backward": max(0.0, fb_s - fwd_s), "optimizer": opt_s,
                             "host_syncs": max(0.0, step_s - fb_s - opt_s)}}
 
 
-def reference(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precision: str, device: str,
-              reps: int) -> dict[str, Any]:
+def reference(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precision: str, device: str):
+    """The plain-PyTorch step of the same model, samples and micro-batches (a callable)."""
     from transformers import AutoModelForCausalLM
 
     from slurm_rl.engines.convert import hf_config
@@ -190,10 +220,7 @@ def reference(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, p
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    step_s = best_of(step, reps, device)
-    return {"step_s": step_s, "peak_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
+    return step
 
 
 def _peak_rss() -> int:
@@ -284,11 +311,13 @@ def main(argv: list[str] | None = None) -> int:
                 peaks = {chunked: loss_peak_in_subprocess(name, args, precision, chunked) for chunked in (True, False)}
             for packing in (v.strip().lower() == "true" for v in args.packing.split(",")):
                 batch_cfg = batch_config(samples, args.micro_batch, packing, args.max_tokens)
-                ref = reference(cfg, samples, batch_cfg, precision, args.device, args.reps)
+                ref_step = reference(cfg, samples, batch_cfg, precision, args.device)
                 for attention in args.attention.split(","):
                     if packing and attention == "local":
                         continue  # megatron-core's local attention has no packed form (validate refuses it)
-                    got = ours(cfg, samples, batch_cfg, precision, attention, args.device, args.reps)
+                    t_row = time.perf_counter()
+                    got = ours(cfg, samples, batch_cfg, precision, attention, args.device, args.reps, ref_step)
+                    ref = {"step_s": got["reference_step_s"], "peak_bytes": got["reference_peak_bytes"]}
                     row = {"device": args.device, "model": name, "layers": cfg.num_layers, "params": got["params"],
                            "precision": precision, "attention": attention, "samples": len(samples),
                            "micro_batch_size": None if packing else args.micro_batch,
@@ -300,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                            "reference_tokens_per_s": round(real / ref["step_s"], 1),
                            "ratio": round(ref["step_s"] / got["step_s"], 3),
                            "breakdown_s": {k: round(v, 4) for k, v in got["breakdown_s"].items()},
-                           "threads": torch.get_num_threads()}
+                           "threads": torch.get_num_threads(), "row_wall_s": round(time.perf_counter() - t_row, 1)}
                     if peaks:
                         row.update(loss_tokens=args.loss_tokens, peak_loss_bytes=peaks[True],
                                    reference_peak_loss_bytes=peaks[False])

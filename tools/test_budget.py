@@ -41,14 +41,20 @@ def show(doc: dict, budget: float) -> str:
     lines = [f"pytest {doc['pytest_s']:.0f} s of a {budget:.0f} s budget "
              f"({'within' if doc['pytest_s'] <= budget else 'OVER'}), machine CPU {doc['machine_cpu_s']:.0f} s "
              f"({doc['cores_busy']:.2f} cores busy{_machine_share(doc)}), outcomes {doc['counts']}, "
-             f"finished {doc['finished_at']}"]
+             f"finished {doc['finished_at']}{_speed(doc)}"]
     lines += [f"{t['wall_s']:8.1f} s wall {t['cpu_s']:8.1f} s cpu  {t['test']}" for t in doc["costliest"]]
     return "\n".join(lines)
 
 
+def _speed(doc: dict) -> str:
+    """The host's speed beside the time (a fixed CPU workload's seconds; ledgers before it have none)."""
+    speed = doc.get("host_speed_s")
+    return f", host speed {speed['start']:.3f}/{speed['end']:.3f} s (start/end)" if speed else ""
+
+
 def compare(old: dict, new: dict) -> str:
     lines = [f"pytest {old['pytest_s']:.0f} s -> {new['pytest_s']:.0f} s, machine CPU {old['machine_cpu_s']:.0f} s -> "
-             f"{new['machine_cpu_s']:.0f} s"]
+             f"{new['machine_cpu_s']:.0f} s{_speed(old)} ->{_speed(new) or ' (none)'}"]
     before = {t["test"]: t for t in old["costliest"]}
     after = {t["test"]: t for t in new["costliest"]}
     for name in sorted(set(before) | set(after), key=lambda n: -max(before.get(n, {"wall_s": 0})["wall_s"],
