@@ -157,8 +157,20 @@ def model_forward(model: torch.nn.Module, batch: Mapping[str, Tensor], device: t
                      packed_seq_params=packed_seq_params(batch, device))
     rows, seq = ids.shape
     position_ids = torch.arange(seq, device=ids.device).unsqueeze(0).expand(rows, seq)
+    if causal_suffices(model):
+        # right padding: a real token's query sees only keys before it, all real, so the causal mask alone gives
+        # its exact attention (padded queries are masked out of the loss) -- SDPA's causal kernel, no [B, T, T] mask
+        return model(ids, position_ids, attention_mask=None)
     mask = attention_mask_4d(batch.get("attention_mask"), rows, seq, ids.device)
     return model(ids, position_ids, attention_mask=mask)
+
+
+def causal_suffices(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s core attention takes no mask for a causal one (SDPA: yes; megatron's local: needs one)."""
+    from .attention import SDPAttention
+
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    return bool(layers) and isinstance(layers[0].self_attention.core_attention, SDPAttention)
 
 
 def vocab_parallel(model: torch.nn.Module) -> bool:
