@@ -7,11 +7,16 @@ long tails), rlhf (training-heavy) and balanced jobs of 7B-70B models, SLOs ~ U(
 
 * ``solo``: every job its own H20 rollout pool and H800 training pool;
 * ``colocated``: every job rollout and training one after the other on its H800s;
-* ``mux``: co-execution groups, admission with the SLO checked on max-length *and* expected
-  phase times, candidates compared by added cost over the group's expected life;
+* ``mux``: co-execution groups as RollMux builds them: members pinned to rollout slots of their own
+  (members on disjoint slots roll out at once), a newcomer placed direct (no added GPUs: Delta = 0,
+  preferred whenever admissible), scaled (rollout slots added for it) or new; the SLO checked on
+  max-length *and* expected phase times;
+* ``mux_unpinned``: the same with one rollout at a time on a shared rollout pool (scaling adds
+  slots to it); ``mux_lifetime``: unpinned, candidates compared by added cost over the group's
+  expected life (``mux`` before pinning and Delta = 0);
 * ``mux_no_tail``: the same without long-tail migration (ablation);
-* ``mux_rollmux_check``: admission exactly as RollMux describes it (SLO on max-length phase times
-  only; a group joined as it is costs nothing);
+* ``mux_rollmux_check``: ``mux`` with the SLO checked as RollMux describes it (max-length phase
+  times only);
 * ``hybrid``: mux, but a job no group admits runs co-located when the cost model predicts that
   cheaper than a group of its own (or a new group is refused) — ``admission.place_hybrid``;
 * ``mux_wc`` / ``hybrid_wc``: the same with the work-conserving rotation (admission predicts with
@@ -27,7 +32,14 @@ Cost efficiency = useful job-hours (each job's solo duration) per unit of cost (
 relative price: H20 1.0, H800 2.85). When mux falls short of RollMux's figures (1.84x solo,
 1.38x colocated, 100 % SLO attainment), ``breakdown`` gives the simulator's own reasons.
 
-    python tools/bench_mux.py [--jobs 200] [--seeds 0] [--interarrival 900] [--slo 1,2] [--tail-fraction 0.8]
+``--trace weave``: the trace from the RollMux paper's statistics (``slurm_rl.mux.trace_weave``) under
+the paper's baselines (Solo-D, veRL co-located on H800, Gavel+ as read here) and ``mux``,
+``mux_unpinned``, ``mux_lifetime``, ``mux_rollmux_check``, ``hybrid``: ratios, SLO attainment,
+placement mix, $/h and the trace's statistics beside the paper's. ``--arrivals POLICY``: every
+arrival's admission decision and binding constraint as a table.
+
+    python tools/bench_mux.py [--trace default|weave] [--jobs 200] [--seeds 0] [--interarrival 900] [--slo 1,2]
+                              [--tail-fraction 0.8] [--arrivals mux]
 """
 
 from __future__ import annotations
@@ -61,11 +73,12 @@ from slurm_rl.mux.trace_weave import USD_PER_GPU_HOUR, WeaveSpec, generate_weave
 
 TARGET = {"mux/solo": 1.84, "mux/colocated": 1.38, "slo_attainment": 1.0}
 MUX_VARIANTS = {
-    "mux": dict(check="both", basis="delta", tail=True),
+    "mux": dict(check="both", basis="delta", tail=True, pin=True),
+    "mux_unpinned": dict(check="both", basis="delta", tail=True),
     "mux_lifetime": dict(check="both", basis="lifetime", tail=True),
-    "mux_no_tail": dict(check="both", basis="delta", tail=False),
-    "mux_rollmux_check": dict(check="conservative", basis="rate", tail=True),
-    "hybrid": dict(check="both", basis="delta", tail=True, hybrid=True),
+    "mux_no_tail": dict(check="both", basis="delta", tail=False, pin=True),
+    "mux_rollmux_check": dict(check="conservative", basis="delta", tail=True, pin=True),
+    "hybrid": dict(check="both", basis="delta", tail=True, hybrid=True, pin=True),
     "mux_wc": dict(check="both", basis="delta", tail=True, schedule="work_conserving"),
     "hybrid_wc": dict(check="both", basis="delta", tail=True, hybrid=True, schedule="work_conserving"),
     "mux_wc_rr_admitted": dict(check="both", basis="delta", tail=True, schedule="round_robin",
@@ -74,7 +87,7 @@ MUX_VARIANTS = {
 TARGET_HYBRID = {"hybrid/colocated": 1.0, "hybrid/solo": 1.3, "slo_attainment": 1.0}
 #: the weave trace: the paper's baselines, our mux (RollMux's order), the previous order, the paper's
 #: SLO check alone, and the hybrid placer
-WEAVE_VARIANTS = ("mux", "mux_lifetime", "mux_rollmux_check", "hybrid")
+WEAVE_VARIANTS = ("mux", "mux_unpinned", "mux_lifetime", "mux_rollmux_check", "hybrid")
 #: [P]'s placement mix on its trace (share of arrivals)
 PAPER_MIX = {"direct": 0.605, "scaled": 0.15, "new": 0.245}
 PAPER_USD_PER_H = {"mux": 510.0, "solo": 940.0, "colocated": 710.0}
@@ -252,7 +265,8 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
                                     "colocated": run_colocated(jobs, secs, model=colocated)}
     for name, v in MUX_VARIANTS.items():
         res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
-                                                    schedule=v.get("schedule", "round_robin")),
+                                                    schedule=v.get("schedule", "round_robin"),
+                                                    pin_rollout=v.get("pin", False)),
                             tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
                             hybrid=colocated if v.get("hybrid") else None, name=name,
                             run_schedule=v.get("run_schedule"))
@@ -260,6 +274,11 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "mux/solo": efficiency_ratio(res["mux"], res["solo"]),
         "mux/colocated": efficiency_ratio(res["mux"], res["colocated"]),
         "colocated/solo": efficiency_ratio(res["colocated"], res["solo"]),
+        "mux_unpinned/solo": efficiency_ratio(res["mux_unpinned"], res["solo"]),
+        "mux_unpinned/colocated": efficiency_ratio(res["mux_unpinned"], res["colocated"]),
+        "mux/mux_unpinned": efficiency_ratio(res["mux"], res["mux_unpinned"]),
+        "mux_lifetime/solo": efficiency_ratio(res["mux_lifetime"], res["solo"]),
+        "mux_lifetime/colocated": efficiency_ratio(res["mux_lifetime"], res["colocated"]),
         "mux_no_tail/solo": efficiency_ratio(res["mux_no_tail"], res["solo"]),
         "mux/mux_no_tail": efficiency_ratio(res["mux"], res["mux_no_tail"]),
         "mux_rollmux_check/solo": efficiency_ratio(res["mux_rollmux_check"], res["solo"]),
@@ -269,7 +288,7 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "hybrid/mux": efficiency_ratio(res["hybrid"], res["mux"]),
         "mux_wc/solo": efficiency_ratio(res["mux_wc"], res["solo"]),
         "mux_wc/colocated": efficiency_ratio(res["mux_wc"], res["colocated"]),
-        "mux_wc/mux": efficiency_ratio(res["mux_wc"], res["mux"]),
+        "mux_wc/mux_unpinned": efficiency_ratio(res["mux_wc"], res["mux_unpinned"]),
         "hybrid_wc/solo": efficiency_ratio(res["hybrid_wc"], res["solo"]),
         "hybrid_wc/colocated": efficiency_ratio(res["hybrid_wc"], res["colocated"]),
         "hybrid_wc/hybrid": efficiency_ratio(res["hybrid_wc"], res["hybrid"]),
@@ -317,7 +336,8 @@ def run_weave_seed(spec: WeaveSpec, tail_fraction: float, tail_slots: int, coloc
     for name in variants:
         v = MUX_VARIANTS[name]
         res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
-                                                    schedule=v.get("schedule", "round_robin")),
+                                                    schedule=v.get("schedule", "round_robin"),
+                                                    pin_rollout=v.get("pin", False)),
                             tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
                             hybrid=colocated if v.get("hybrid") else None, name=name)
     span_h = res["solo"].makespan_s / 3600
@@ -449,7 +469,8 @@ def _main_weave(args: argparse.Namespace, seeds: list[int], slo: tuple[float, fl
             secs = solo_seconds(solo_results(jobs))
             v = MUX_VARIANTS[args.arrivals]
             res = {args.arrivals: run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
-                                                                  schedule=v.get("schedule", "round_robin")),
+                                                                  schedule=v.get("schedule", "round_robin"),
+                                                                  pin_rollout=v.get("pin", False)),
                                           tail_fraction=args.tail_fraction if v["tail"] else 1.0,
                                           tail_slots=args.tail_slots,
                                           hybrid=colocated if v.get("hybrid") else None, name=args.arrivals)}

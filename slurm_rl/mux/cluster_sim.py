@@ -319,8 +319,10 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             active = [by_name[n] for n in g.sim.active]
             specs.append(GroupModel(pools=g.sim.pools, members=tuple(active), gid=g.gid,
                                    train_assign={n: g.sim.jobs[n].train_slots for n in g.sim.active},
+                                   rollout_assign={n: g.sim.jobs[n].rollout_slots for n in g.sim.active}
+                                   if cluster.pin_rollout else {},
                                    remaining={n: by_name[n].iterations - g.sim.jobs[n].it for n in g.sim.active},
-                                   schedule=cluster.schedule))
+                                   schedule=cluster.schedule, pin_rollout=cluster.pin_rollout))
         p = place_hybrid(job, specs, cluster, hybrid) if hybrid is not None else place(job, specs, cluster)
         for k, v in p.rejected.items():
             rejected[k] = rejected.get(k, 0) + v
@@ -336,7 +338,8 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             pools = Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
                           cluster.gpus_per_slot, cluster.host_bytes_per_slot)
             g = _Group(next_gid, GroupSim(pools, tail_fraction, tail_slots, record=record, start_s=t,
-                                          schedule=run_schedule or cluster.schedule), t)
+                                          schedule=run_schedule or cluster.schedule,
+                                          pin_rollout=cluster.pin_rollout), t)
             live[g.gid] = g
             next_gid += 1
             decisions[job.name] = p = replace(p, group=g.gid)
@@ -346,7 +349,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             if p.added_rollout_slots:
                 top = max(g.sim.pools.rollout)
                 g.sim.add_slots("rollout", tuple(range(top + 1, top + 1 + p.added_rollout_slots)), t)
-        g.sim.add_job(job, t, train=p.train_slots)
+        g.sim.add_job(job, t, rollout=p.rollout_slots or None, train=p.train_slots)
         g.members.append(job.name)
         g.peak = max(g.peak, len(g.sim.active))
     close_idle(None)
@@ -427,7 +430,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
 
 
 #: Binding constraints from the weakest (relaxing it would have admitted the job somewhere) to the strongest.
-BINDING_ORDER = ("cost", "slo_cycle/expected", "saturation/expected", "slo_cycle/conservative",
+BINDING_ORDER = ("cost", "rollout_pool", "slo_cycle/expected", "saturation/expected", "slo_cycle/conservative",
                  "saturation/conservative", "residency", "train_pool")
 
 
