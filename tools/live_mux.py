@@ -106,7 +106,7 @@ def weave_job_config(job: Any, run_dir: str, iterations: int = 3) -> dict[str, A
         doc = {"cluster": {"num_nodes": 1, "gpus_per_node": 8,
                            "component_placement": {"actor": "0-1", "inference": "2-3", "rollout": "4-7"}},
                "runtime": {"device": "emulated", "run_dir": run_dir, "heartbeat_timeout_s": 20.0,
-                           "wait_timeout_s": 120.0, "run_timeout_s": 600.0, "seed": 1},
+                           "wait_timeout_s": 120.0, "run_timeout_s": 600.0, "seed": 1, "keep_iterations": 10},
                "train": {"num_iterations": iterations, "rollout_batch_size": 16, "group_size": 4,
                          "global_batch_size": 32, "micro_batch_size": 4},
                "scheduler": {"policy": "static"}, "emulated": _weave_costs(job, roll, act)}
