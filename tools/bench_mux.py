@@ -7,16 +7,16 @@ long tails), rlhf (training-heavy) and balanced jobs of 7B-70B models, SLOs ~ U(
 
 * ``solo``: every job its own H20 rollout pool and H800 training pool;
 * ``colocated``: every job rollout and training one after the other on its H800s;
-* ``mux``: co-execution groups as RollMux builds them: members pinned to rollout slots of their own
+* ``mux``: co-execution groups, admission with the SLO checked on max-length *and* expected
+  phase times, candidates compared by added cost over the group's expected life;
+* ``mux_rollmux``: groups as RollMux builds them: members pinned to rollout slots of their own
   (members on disjoint slots roll out at once), a newcomer placed direct (no added GPUs: Delta = 0,
-  preferred whenever admissible), scaled (rollout slots added for it) or new; the SLO checked on
-  max-length *and* expected phase times;
-* ``mux_unpinned``: the same with one rollout at a time on a shared rollout pool (scaling adds
-  slots to it); ``mux_lifetime``: unpinned, candidates compared by added cost over the group's
-  expected life (``mux`` before pinning and Delta = 0);
+  preferred whenever admissible), scaled (rollout slots added for it) or new, the SLO checked as
+  in ``mux``; ``mux_delta``: Delta = 0 without pinning (one rollout at a time, scaling adds slots to
+  the shared pool);
 * ``mux_no_tail``: the same without long-tail migration (ablation);
-* ``mux_rollmux_check``: ``mux`` with the SLO checked as RollMux describes it (max-length phase
-  times only);
+* ``mux_rollmux_check``: ``mux_rollmux`` with the SLO checked as RollMux describes it (max-length
+  phase times only);
 * ``hybrid``: mux, but a job no group admits runs co-located when the cost model predicts that
   cheaper than a group of its own (or a new group is refused) — ``admission.place_hybrid``;
 * ``mux_wc`` / ``hybrid_wc``: the same with the work-conserving rotation (admission predicts with
@@ -34,7 +34,7 @@ relative price: H20 1.0, H800 2.85). When mux falls short of RollMux's figures (
 
 ``--trace weave``: the trace from the RollMux paper's statistics (``slurm_rl.mux.trace_weave``) under
 the paper's baselines (Solo-D, veRL co-located on H800, Gavel+ as read here) and ``mux``,
-``mux_unpinned``, ``mux_lifetime``, ``mux_rollmux_check``, ``hybrid``: ratios, SLO attainment,
+``mux_rollmux``, ``mux_delta``, ``mux_rollmux_check``, ``hybrid``: ratios, SLO attainment,
 placement mix, $/h and the trace's statistics beside the paper's. ``--arrivals POLICY``: every
 arrival's admission decision and binding constraint as a table.
 
@@ -73,21 +73,21 @@ from slurm_rl.mux.trace_weave import USD_PER_GPU_HOUR, WeaveSpec, generate_weave
 
 TARGET = {"mux/solo": 1.84, "mux/colocated": 1.38, "slo_attainment": 1.0}
 MUX_VARIANTS = {
-    "mux": dict(check="both", basis="delta", tail=True, pin=True),
-    "mux_unpinned": dict(check="both", basis="delta", tail=True),
-    "mux_lifetime": dict(check="both", basis="lifetime", tail=True),
-    "mux_no_tail": dict(check="both", basis="delta", tail=False, pin=True),
+    "mux": dict(check="both", basis="lifetime", tail=True),
+    "mux_rollmux": dict(check="both", basis="delta", tail=True, pin=True),
+    "mux_delta": dict(check="both", basis="delta", tail=True),
+    "mux_no_tail": dict(check="both", basis="lifetime", tail=False),
     "mux_rollmux_check": dict(check="conservative", basis="delta", tail=True, pin=True),
-    "hybrid": dict(check="both", basis="delta", tail=True, hybrid=True, pin=True),
-    "mux_wc": dict(check="both", basis="delta", tail=True, schedule="work_conserving"),
-    "hybrid_wc": dict(check="both", basis="delta", tail=True, hybrid=True, schedule="work_conserving"),
-    "mux_wc_rr_admitted": dict(check="both", basis="delta", tail=True, schedule="round_robin",
+    "hybrid": dict(check="both", basis="lifetime", tail=True, hybrid=True),
+    "mux_wc": dict(check="both", basis="lifetime", tail=True, schedule="work_conserving"),
+    "hybrid_wc": dict(check="both", basis="lifetime", tail=True, hybrid=True, schedule="work_conserving"),
+    "mux_wc_rr_admitted": dict(check="both", basis="lifetime", tail=True, schedule="round_robin",
                                run_schedule="work_conserving"),
 }
 TARGET_HYBRID = {"hybrid/colocated": 1.0, "hybrid/solo": 1.3, "slo_attainment": 1.0}
 #: the weave trace: the paper's baselines, our mux (RollMux's order), the previous order, the paper's
 #: SLO check alone, and the hybrid placer
-WEAVE_VARIANTS = ("mux", "mux_unpinned", "mux_lifetime", "mux_rollmux_check", "hybrid")
+WEAVE_VARIANTS = ("mux", "mux_rollmux", "mux_delta", "mux_rollmux_check", "hybrid")
 #: [P]'s placement mix on its trace (share of arrivals)
 PAPER_MIX = {"direct": 0.605, "scaled": 0.15, "new": 0.245}
 PAPER_USD_PER_H = {"mux": 510.0, "solo": 940.0, "colocated": 710.0}
@@ -274,11 +274,11 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "mux/solo": efficiency_ratio(res["mux"], res["solo"]),
         "mux/colocated": efficiency_ratio(res["mux"], res["colocated"]),
         "colocated/solo": efficiency_ratio(res["colocated"], res["solo"]),
-        "mux_unpinned/solo": efficiency_ratio(res["mux_unpinned"], res["solo"]),
-        "mux_unpinned/colocated": efficiency_ratio(res["mux_unpinned"], res["colocated"]),
-        "mux/mux_unpinned": efficiency_ratio(res["mux"], res["mux_unpinned"]),
-        "mux_lifetime/solo": efficiency_ratio(res["mux_lifetime"], res["solo"]),
-        "mux_lifetime/colocated": efficiency_ratio(res["mux_lifetime"], res["colocated"]),
+        "mux_rollmux/solo": efficiency_ratio(res["mux_rollmux"], res["solo"]),
+        "mux_rollmux/colocated": efficiency_ratio(res["mux_rollmux"], res["colocated"]),
+        "mux_rollmux/mux": efficiency_ratio(res["mux_rollmux"], res["mux"]),
+        "mux_delta/solo": efficiency_ratio(res["mux_delta"], res["solo"]),
+        "mux_delta/colocated": efficiency_ratio(res["mux_delta"], res["colocated"]),
         "mux_no_tail/solo": efficiency_ratio(res["mux_no_tail"], res["solo"]),
         "mux/mux_no_tail": efficiency_ratio(res["mux"], res["mux_no_tail"]),
         "mux_rollmux_check/solo": efficiency_ratio(res["mux_rollmux_check"], res["solo"]),
@@ -288,7 +288,7 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "hybrid/mux": efficiency_ratio(res["hybrid"], res["mux"]),
         "mux_wc/solo": efficiency_ratio(res["mux_wc"], res["solo"]),
         "mux_wc/colocated": efficiency_ratio(res["mux_wc"], res["colocated"]),
-        "mux_wc/mux_unpinned": efficiency_ratio(res["mux_wc"], res["mux_unpinned"]),
+        "mux_wc/mux": efficiency_ratio(res["mux_wc"], res["mux"]),
         "hybrid_wc/solo": efficiency_ratio(res["hybrid_wc"], res["solo"]),
         "hybrid_wc/colocated": efficiency_ratio(res["hybrid_wc"], res["colocated"]),
         "hybrid_wc/hybrid": efficiency_ratio(res["hybrid_wc"], res["hybrid"]),
