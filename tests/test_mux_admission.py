@@ -98,3 +98,40 @@ def test_lifetime_cost_prefers_a_new_group_over_keeping_a_big_group_alive() -> N
     g = GroupModel(Pools(tuple(range(4)), tuple(range(4))), (big,), remaining={"big": 1})
     assert place(small, [g], ClusterSpec(cost_basis="rate")).kind == "direct"
     assert place(small, [g], ClusterSpec(cost_basis="lifetime")).kind == "new"
+
+
+def test_verdicts_name_the_constraint_each_group_put_up() -> None:
+    """Each existing group's verdict: train pool too small, SLO broken by saturation or by the
+    cycle, or admissible; the arrival's binding constraint is the weakest one."""
+    from slurm_rl.mux.cluster_sim import binding_constraint
+
+    newcomer = job("N", 3.0, 1.0, slo=1.2)
+    groups = [group(job("A", 3.0, 1.0), gid=0),  # rollout-bound together: 6 s per lap > 4 * 1.2
+              group(job("B", 10.0, 10.0, slo=3.0), gid=1),  # B's 20 s cycle stretches N's 4 s
+              group(job("C", 1.0, 3.0), train=2, gid=2)]
+    big = job("big", 2.0, 2.0, train_slots=2)
+    p = place(newcomer, groups, ClusterSpec(max_added_rollout_slots=0))
+    verdict = {v["group"]: v["verdict"] for v in p.verdicts}
+    assert verdict[0] == "saturation/conservative" and verdict[1] == "slo_cycle/conservative"
+    assert verdict[2] == "direct" and p.kind == "direct" and binding_constraint(p) == "-"
+    q = place(newcomer, groups[:2], ClusterSpec(max_added_rollout_slots=0))
+    assert q.kind == "new" and binding_constraint(q) == "slo_cycle/conservative"
+    r = place(big, groups)
+    assert {v["verdict"] for v in r.verdicts if v["group"] != 2} == {"train_pool"}
+    assert binding_constraint(place(big, groups[:2])) == "train_pool"
+    assert binding_constraint(place(newcomer, [])) == "no group"
+
+
+def test_delta_basis_packs_directly_where_the_lifetime_basis_opens_a_group() -> None:
+    """RollMux's Delta = 0: a group joined as it is adds nothing per hour, so an admissible direct
+    placement wins; over the group's life the newcomer's slowing of a long member costs more than
+    a short-lived group of its own, so ``lifetime`` opens one."""
+    from dataclasses import replace
+
+    long = replace(job("L", 100.0, 100.0, slo=2.0), iterations=1000)
+    short = replace(job("S", 150.0, 20.0, slo=3.0), iterations=10)
+    g = [group(long)]
+    assert place(short, g, ClusterSpec(cost_basis="lifetime")).kind == "new"
+    d = place(short, g, ClusterSpec(cost_basis="delta"))
+    assert d.kind == "direct" and d.delta_cost_per_h == 0.0 and all(
+        s <= {"L": 2.0, "S": 3.0}[n] for n, s in d.slowdowns.items())

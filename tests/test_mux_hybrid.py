@@ -195,16 +195,16 @@ def test_meta_iteration_work_conserving_without_overlap_is_round_robin() -> None
 
 
 def test_admission_predicts_with_the_schedule_of_each_group(monkeypatch) -> None:
-    import slurm_rl.mux.admission as adm
+    import slurm_rl.mux.analysis as analysis
 
     seen: list[str] = []
-    real = adm.meta_iteration
+    real = analysis.meta_iteration
 
-    def spy(phases, rounds=None, schedule="round_robin"):
+    def spy(phases, rounds=None, schedule="round_robin", pinned=False):
         seen.append(schedule)
-        return real(phases, rounds, schedule)
+        return real(phases, rounds, schedule, pinned)
 
-    monkeypatch.setattr(adm, "meta_iteration", spy)
+    monkeypatch.setattr(analysis, "meta_iteration", spy)
     a, b = job("A", 3.0, 1.0), job("B", 1.0, 3.0)
     d = place(b, [group(a, gid=0, schedule="work_conserving")], ClusterSpec(schedule="round_robin"))
     assert d.kind == "direct" and "work_conserving" in seen and "round_robin" in seen  # group / new group

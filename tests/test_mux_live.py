@@ -426,3 +426,32 @@ def test_admission_refuses_a_group_that_breaks_an_slo_or_residency(tmp_path: Pat
     assert ok.returncode == 0, ok.stderr
     admission = json.loads((tmp_path / "ok" / "group.json").read_text())["admission"]
     assert admission["slo_checked"] and 2.0 < admission["predicted_slowdown"]["expected_lengths"]["sft-like"] <= 3.0
+
+
+@pytest.mark.slow
+def test_a_group_of_weave_jobs_runs_as_the_group_simulator_predicts(tmp_path: Path) -> None:
+    """Two emulated jobs shaped like weave-trace jobs (``tools/live_mux.weave_group_file``: budget,
+    length distribution and rollout/training ratio of a reasoning and an agentic job) run as one
+    group for real: its span is the group simulator's prediction within 10 %, and every sample of
+    every job is produced and trained once."""
+    import importlib.util
+
+    from slurm_rl.inspect.group_timeline import group_report_json
+    from slurm_rl.mux.group_file import load_group
+    from slurm_rl.mux.predict import predict_group
+
+    mod_spec = importlib.util.spec_from_file_location("live_mux", REPO / "tools" / "live_mux.py")
+    assert mod_spec is not None and mod_spec.loader is not None
+    live_mux = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(live_mux)
+    path = live_mux.weave_group_file(tmp_path, seed=0, iterations=3)
+    spec = load_group(path)
+    predicted = predict_group([j.cfg for j in spec.jobs], [j.name for j in spec.jobs], spec.pools["rollout"],
+                              spec.pools["train"], spec.tail_fraction, spec.tail_slots,
+                              {"rollout": 2 * spec.park_s, "train": 2 * spec.park_s})
+    proc = subprocess.run([*CLI, "mux", str(path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    span = float(group_report_json(spec.dir)["span"]["seconds"])
+    assert abs(span / predicted["makespan_s"] - 1.0) <= 0.10, (span, predicted["makespan_s"])
+    for job in spec.jobs:
+        check_every_sample_once(GroupPaths(spec.dir).job_dir(job.name), yaml.safe_load(job.config_path.read_text()))

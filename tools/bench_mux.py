@@ -9,9 +9,14 @@ long tails), rlhf (training-heavy) and balanced jobs of 7B-70B models, SLOs ~ U(
 * ``colocated``: every job rollout and training one after the other on its H800s;
 * ``mux``: co-execution groups, admission with the SLO checked on max-length *and* expected
   phase times, candidates compared by added cost over the group's expected life;
+* ``mux_rollmux``: groups as RollMux builds them: members pinned to rollout slots of their own
+  (members on disjoint slots roll out at once), a newcomer placed direct (no added GPUs: Delta = 0,
+  preferred whenever admissible), scaled (rollout slots added for it) or new, the SLO checked as
+  in ``mux``; ``mux_delta``: Delta = 0 without pinning (one rollout at a time, scaling adds slots to
+  the shared pool);
 * ``mux_no_tail``: the same without long-tail migration (ablation);
-* ``mux_rollmux_check``: admission exactly as RollMux describes it (SLO on max-length phase times
-  only; a group joined as it is costs nothing);
+* ``mux_rollmux_check``: ``mux_rollmux`` with the SLO checked as RollMux describes it (max-length
+  phase times only);
 * ``hybrid``: mux, but a job no group admits runs co-located when the cost model predicts that
   cheaper than a group of its own (or a new group is refused) — ``admission.place_hybrid``;
 * ``mux_wc`` / ``hybrid_wc``: the same with the work-conserving rotation (admission predicts with
@@ -27,7 +32,14 @@ Cost efficiency = useful job-hours (each job's solo duration) per unit of cost (
 relative price: H20 1.0, H800 2.85). When mux falls short of RollMux's figures (1.84x solo,
 1.38x colocated, 100 % SLO attainment), ``breakdown`` gives the simulator's own reasons.
 
-    python tools/bench_mux.py [--jobs 200] [--seeds 0] [--interarrival 900] [--slo 1,2] [--tail-fraction 0.8]
+``--trace weave``: the trace from the RollMux paper's statistics (``slurm_rl.mux.trace_weave``) under
+the paper's baselines (Solo-D, veRL co-located on H800, Gavel+ as read here) and ``mux``,
+``mux_rollmux``, ``mux_delta``, ``mux_rollmux_check``, ``hybrid``: ratios, SLO attainment,
+placement mix, $/h and the trace's statistics beside the paper's. ``--arrivals POLICY``: every
+arrival's admission decision and binding constraint as a table.
+
+    python tools/bench_mux.py [--trace default|weave] [--jobs 200] [--seeds 0] [--interarrival 900] [--slo 1,2]
+                              [--tail-fraction 0.8] [--arrivals mux]
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from slurm_rl.mux.cluster_sim import (
     PolicyResult,
     efficiency_ratio,
     run_colocated,
+    run_gavel_plus,
     run_mux,
     run_solo,
     solo_results,
@@ -56,12 +69,15 @@ from slurm_rl.mux.cluster_sim import (
 from slurm_rl.mux.group_sim import simulate_group
 from slurm_rl.mux.model import GPU_PRICE, JobProfile, Pools
 from slurm_rl.mux.trace import TraceSpec, generate
+from slurm_rl.mux.trace_weave import USD_PER_GPU_HOUR, WeaveSpec, generate_weave, statistics_table
 
 TARGET = {"mux/solo": 1.84, "mux/colocated": 1.38, "slo_attainment": 1.0}
 MUX_VARIANTS = {
     "mux": dict(check="both", basis="lifetime", tail=True),
+    "mux_rollmux": dict(check="both", basis="delta", tail=True, pin=True),
+    "mux_delta": dict(check="both", basis="delta", tail=True),
     "mux_no_tail": dict(check="both", basis="lifetime", tail=False),
-    "mux_rollmux_check": dict(check="conservative", basis="rate", tail=True),
+    "mux_rollmux_check": dict(check="conservative", basis="delta", tail=True, pin=True),
     "hybrid": dict(check="both", basis="lifetime", tail=True, hybrid=True),
     "mux_wc": dict(check="both", basis="lifetime", tail=True, schedule="work_conserving"),
     "hybrid_wc": dict(check="both", basis="lifetime", tail=True, hybrid=True, schedule="work_conserving"),
@@ -69,6 +85,12 @@ MUX_VARIANTS = {
                                run_schedule="work_conserving"),
 }
 TARGET_HYBRID = {"hybrid/colocated": 1.0, "hybrid/solo": 1.3, "slo_attainment": 1.0}
+#: the weave trace: the paper's baselines, our mux (RollMux's order), the previous order, the paper's
+#: SLO check alone, and the hybrid placer
+WEAVE_VARIANTS = ("mux", "mux_rollmux", "mux_delta", "mux_rollmux_check", "hybrid")
+#: [P]'s placement mix on its trace (share of arrivals)
+PAPER_MIX = {"direct": 0.605, "scaled": 0.15, "new": 0.245}
+PAPER_USD_PER_H = {"mux": 510.0, "solo": 940.0, "colocated": 710.0}
 
 
 def _class_rows(res: PolicyResult, coloc: PolicyResult, jobs: dict[str, JobProfile]) -> dict[str, Any]:
@@ -243,7 +265,8 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
                                     "colocated": run_colocated(jobs, secs, model=colocated)}
     for name, v in MUX_VARIANTS.items():
         res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
-                                                    schedule=v.get("schedule", "round_robin")),
+                                                    schedule=v.get("schedule", "round_robin"),
+                                                    pin_rollout=v.get("pin", False)),
                             tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
                             hybrid=colocated if v.get("hybrid") else None, name=name,
                             run_schedule=v.get("run_schedule"))
@@ -251,6 +274,11 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
         "mux/solo": efficiency_ratio(res["mux"], res["solo"]),
         "mux/colocated": efficiency_ratio(res["mux"], res["colocated"]),
         "colocated/solo": efficiency_ratio(res["colocated"], res["solo"]),
+        "mux_rollmux/solo": efficiency_ratio(res["mux_rollmux"], res["solo"]),
+        "mux_rollmux/colocated": efficiency_ratio(res["mux_rollmux"], res["colocated"]),
+        "mux_rollmux/mux": efficiency_ratio(res["mux_rollmux"], res["mux"]),
+        "mux_delta/solo": efficiency_ratio(res["mux_delta"], res["solo"]),
+        "mux_delta/colocated": efficiency_ratio(res["mux_delta"], res["colocated"]),
         "mux_no_tail/solo": efficiency_ratio(res["mux_no_tail"], res["solo"]),
         "mux/mux_no_tail": efficiency_ratio(res["mux"], res["mux_no_tail"]),
         "mux_rollmux_check/solo": efficiency_ratio(res["mux_rollmux_check"], res["solo"]),
@@ -289,6 +317,83 @@ def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: 
     return out
 
 
+def usd_per_h(res: PolicyResult, span_h: float) -> float:
+    """The policy's bill in [P]'s dollars (H20 $1.85 per GPU-hour) per hour of ``span_h``."""
+    return res.cost * USD_PER_GPU_HOUR["H20"] / GPU_PRICE["H20"] / span_h if span_h else 0.0
+
+
+def run_weave_seed(spec: WeaveSpec, tail_fraction: float, tail_slots: int, colocated: ColocatedModel,
+                   variants: tuple[str, ...] = WEAVE_VARIANTS) -> tuple[dict[str, Any], dict[str, PolicyResult]]:
+    """The weave trace of ``spec`` under the paper's baselines (Solo-D, veRL co-located on H800, Gavel+ as
+    read here), our mux and the hybrid placer: ratios, SLO attainment, placement mix, $/h, statistics."""
+    t0 = time.perf_counter()
+    jobs = generate_weave(spec)
+    solo = solo_results(jobs)
+    secs = solo_seconds(solo)
+    res: dict[str, PolicyResult] = {"solo": run_solo(jobs, solo),
+                                    "colocated": run_colocated(jobs, secs, model=colocated)}
+    res["gavel_plus"] = run_gavel_plus(jobs, res["solo"], res["colocated"], model=colocated)
+    for name in variants:
+        v = MUX_VARIANTS[name]
+        res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
+                                                    schedule=v.get("schedule", "round_robin"),
+                                                    pin_rollout=v.get("pin", False)),
+                            tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
+                            hybrid=colocated if v.get("hybrid") else None, name=name)
+    span_h = res["solo"].makespan_s / 3600
+    ratios = {f"{a}/{b}": round(efficiency_ratio(res[a], res[b]), 3)
+              for a in (*variants, "gavel_plus", "colocated") for b in ("solo", "colocated", "gavel_plus") if a != b}
+    mux = res["mux"]
+    n = len(jobs)
+    out: dict[str, Any] = {
+        "seed": spec.seed, "jobs": n,
+        "statistics": statistics_table(jobs, usd_per_h(res["solo"], span_h)),
+        "ratios": ratios,
+        "slo_attainment": {k: round(r.slo_attainment, 4) for k, r in res.items()},
+        "placement_mix": {k: dict(res[k].placement_mix) for k in variants},
+        "placement_share": {k: {m: round(c / n, 3) for m, c in res[k].placement_mix.items()} for k in variants},
+        "usd_per_h_over_solo_span": {k: round(usd_per_h(r, span_h), 1) for k, r in res.items()},
+        "binding": {k: _binding_counts(res[k]) for k in variants},
+        "gavel_plus_mix": res["gavel_plus"].extra["gavel_plus_mix"],
+        "policies": {k: v.summary() for k, v in res.items()},
+        "target_met": (ratios["mux/solo"] >= TARGET["mux/solo"] and ratios["mux/colocated"] >= TARGET["mux/colocated"]
+                       and mux.slo_attainment >= TARGET["slo_attainment"]),
+    }
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out, res
+
+
+def _binding_counts(res: PolicyResult) -> dict[str, dict[str, int]]:
+    """decision -> binding constraint -> arrivals."""
+    out: dict[str, dict[str, int]] = {}
+    for a in res.arrivals:
+        d = out.setdefault(a["decision"], {})
+        d[a["binding"]] = d.get(a["binding"], 0) + 1
+    return out
+
+
+def arrivals_table(res: PolicyResult) -> str:
+    """Every arrival of a mux run as a text table: the job, the decision, the groups it saw with each
+    verdict's count, and the binding constraint (``cluster_sim.binding_constraint``)."""
+    cols = ("job", "t_h", "kind", "model_b", "slots", "slo", "decision", "added", "groups", "binding", "verdicts")
+    rows = [[str(a[c]) if c != "verdicts" else " ".join(f"{k}:{v}" for k, v in sorted(a[c].items()))
+             for c in cols] for a in res.arrivals]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows]
+    lines.append("")
+    lines.append(f"{res.policy}: decision -> binding constraint (arrivals)")
+    for d, b in sorted(_binding_counts(res).items()):
+        lines.append(f"  {d:9s} " + ", ".join(f"{k} {v}" for k, v in sorted(b.items(), key=lambda kv: -kv[1])))
+    return "\n".join(lines)
+
+
+def statistics_text(rows: list[dict[str, Any]]) -> str:
+    w = max(len(r["quantity"]) for r in rows)
+    return "\n".join([f"{'quantity'.ljust(w)}  {'paper':>10}  ours"] +
+                     [f"{r['quantity'].ljust(w)}  {str(r['paper']):>10}  {r['ours']}" for r in rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=200)
@@ -303,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
                          "compare with the simulator (default: configs/examples/mux/group_2x8.yaml)")
     ap.add_argument("--h800-decode-speed", type=float, default=ColocatedModel.decode_speed,
                     help="colocated: per-request decode speed on an H800 relative to an H20")
+    ap.add_argument("--trace", choices=("default", "weave"), default="default",
+                    help="default: the generated RollMux-like trace; weave: the trace from the RollMux paper's "
+                         "statistics (slurm_rl.mux.trace_weave)")
+    ap.add_argument("--arrivals", metavar="POLICY", default=None,
+                    help="instead of JSON: every arrival of this mux policy (e.g. mux) as a table, per seed, with "
+                         "the admission decision and the constraint that bound")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.live is not None:
@@ -316,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     colocated = ColocatedModel(decode_speed=args.h800_decode_speed)
     seeds = [int(s) for s in args.seeds.split(",")]
     lo, hi = (float(x) for x in args.slo.split(","))
+    if args.trace == "weave" or args.arrivals:
+        return _main_weave(args, seeds, (lo, hi), colocated, t0)
     runs = [run_seed(TraceSpec(jobs=args.jobs, seed=s, mean_interarrival_s=args.interarrival, slo=(lo, hi)),
                      args.tail_fraction, args.tail_slots, colocated) for s in seeds]
     result: dict[str, Any] = {
@@ -333,6 +446,61 @@ def main(argv: list[str] | None = None) -> int:
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     json.dump(result, sys.stdout, indent=1)
     print()
+    return 0
+
+
+def _main_weave(args: argparse.Namespace, seeds: list[int], slo: tuple[float, float], colocated: ColocatedModel,
+                t0: float) -> int:
+    """``--trace weave`` (JSON) and ``--arrivals POLICY`` (text tables) on either trace."""
+    if args.arrivals is not None and args.arrivals not in MUX_VARIANTS:
+        print(f"--arrivals: got {args.arrivals!r}; allowed: {sorted(MUX_VARIANTS)}", file=sys.stderr)
+        return 2
+    runs, tables = [], []
+    for seed in seeds:
+        if args.trace == "weave":
+            wspec = WeaveSpec(jobs=args.jobs, seed=seed, slo=slo)
+            variants = WEAVE_VARIANTS if args.arrivals is None else (args.arrivals,)
+            if "mux" not in variants:
+                variants = ("mux", *variants)
+            run, res = run_weave_seed(wspec, args.tail_fraction, args.tail_slots, colocated, variants)
+            runs.append(run)
+        else:
+            jobs = generate(TraceSpec(jobs=args.jobs, seed=seed, mean_interarrival_s=args.interarrival, slo=slo))
+            secs = solo_seconds(solo_results(jobs))
+            v = MUX_VARIANTS[args.arrivals]
+            res = {args.arrivals: run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
+                                                                  schedule=v.get("schedule", "round_robin"),
+                                                                  pin_rollout=v.get("pin", False)),
+                                          tail_fraction=args.tail_fraction if v["tail"] else 1.0,
+                                          tail_slots=args.tail_slots,
+                                          hybrid=colocated if v.get("hybrid") else None, name=args.arrivals)}
+        if args.arrivals is not None:
+            tables.append(f"# trace {args.trace}, seed {seed}, policy {args.arrivals}\n" + arrivals_table(res[args.arrivals]))
+    if args.arrivals is not None:
+        print("\n\n".join(tables))
+        return 0
+    result: dict[str, Any] = {
+        "trace": "weave", "prices_usd_per_gpu_hour": USD_PER_GPU_HOUR, "target": TARGET,
+        "paper": {"placement_share": PAPER_MIX, "usd_per_h": PAPER_USD_PER_H,
+                  "ratios": {"mux/solo": 1.84, "mux/colocated": 1.38, "colocated/solo": 1.32}},
+        "mux_variants": {k: MUX_VARIANTS[k] for k in WEAVE_VARIANTS}, "runs": runs,
+    }
+    if len(runs) > 1:
+        keys = runs[0]["ratios"]
+        result["mean_ratios"] = {k: round(statistics.mean(r["ratios"][k] for r in runs), 3) for k in keys}
+        result["min_ratios"] = {k: round(min(r["ratios"][k] for r in runs), 3) for k in keys}
+        result["mean_slo_attainment"] = {k: round(statistics.mean(r["slo_attainment"][k] for r in runs), 4)
+                                         for k in runs[0]["slo_attainment"]}
+        result["mean_placement_share"] = {
+            k: {m: round(statistics.mean(r["placement_share"][k].get(m, 0) for r in runs), 3)
+                for m in runs[0]["placement_share"][k]} for k in runs[0]["placement_share"]}
+        result["mean_usd_per_h"] = {k: round(statistics.mean(r["usd_per_h_over_solo_span"][k] for r in runs), 1)
+                                    for k in runs[0]["usd_per_h_over_solo_span"]}
+    result["target_met_every_seed"] = all(r["target_met"] for r in runs)
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    print("\n" + statistics_text(runs[0]["statistics"]), file=sys.stderr)
     return 0
 
 

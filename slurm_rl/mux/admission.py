@@ -3,7 +3,8 @@
 A new job goes, in order of preference, into an existing group as it is (``direct``: no added
 GPUs), into an existing group with added rollout slots (``scaled``: the H20 slots' price), or into
 a new group of its own solo size (``new``) — the candidate with the least added cost (per hour by
-default; ``ClusterSpec.cost_basis="lifetime"``: over the group's expected remaining life) whose
+default; ``ClusterSpec.cost_basis="lifetime"``: over the group's expected remaining life;
+``"delta"``: per hour, then over the group's life — RollMux's direct packing at Delta = 0) whose
 members *all* keep their SLO and whose parked states fit in host memory. The SLO check simulates
 the round-robin meta-iteration (:func:`analysis.meta_iteration`) with conservative phase times
 (every response at its job's max length); ``ClusterSpec.slo_check="both"`` also requires it with
@@ -20,15 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from slurm_rl.mux.analysis import (SLO_EPS, meta_iteration, member_phases, parked_bytes,
-                                             residency_problems)
+from slurm_rl.mux.analysis import (SLO_EPS, group_meta, parked_bytes, residency_problems, saturated)
 from slurm_rl.mux.model import (GPU_PRICE, POOL_GPU, ColocatedModel, GroupModel, JobProfile, Pools,
                                           slots_cost_per_hour)
 from slurm_rl.mux.rotation import SCHEDULES
 
 KINDS = ("direct", "scaled", "new", "colocated", "refused")
 SLO_CHECKS = ("conservative", "both")
-COST_BASES = ("rate", "lifetime")
+COST_BASES = ("rate", "lifetime", "delta")
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,26 @@ class ClusterSpec:
     slo_check: str = "conservative"
     # ``rate``: least added price per hour (RollMux: joining a group as it is adds nothing);
     # ``lifetime``: least added cost until the group's last member is expected to finish (joining
-    # a group may keep its nodes longer; a small job in a large group's leftover is not free).
+    # a group may keep its nodes longer; a small job in a large group's leftover is not free);
+    # ``delta``: RollMux's order — least added price per hour (a group joined as it is adds
+    # nothing: Delta = 0, so any admissible direct placement beats scaling and a new group), ties
+    # broken by the added cost over the group's expected life (the group it prolongs least).
     cost_basis: str = "rate"
     # rotation schedule of the groups placement opens (``round_robin`` | ``work_conserving``);
     # an existing group is predicted under its own ``GroupModel.schedule``
     schedule: str = "round_robin"
+    # RollMux's pinning (round-robin groups): each member rolls out on rollout slots of its own
+    # choosing (``GroupModel.rollout_assign``) and members on disjoint slots roll out at once.
+    # A newcomer goes ``direct`` onto the least loaded existing rollout slots, ``scaled`` onto
+    # rollout slots added for it (its own solo count), or ``new``. False: every member on every
+    # rollout slot, one rollout at a time, ``scaled`` adds slots to that shared pool.
+    pin_rollout: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule: got {self.schedule!r}, allowed {SCHEDULES}")
+        if self.pin_rollout and self.schedule != "round_robin":
+            raise ValueError(f"pin_rollout: only with schedule round_robin, got {self.schedule!r}")
         if self.slo_check not in SLO_CHECKS:
             raise ValueError(f"slo_check: got {self.slo_check!r}, allowed {SLO_CHECKS}")
         if self.cost_basis not in COST_BASES:
@@ -72,6 +83,7 @@ class AdmissionDecision:
     ``options``: per kind considered (``direct``, ``scaled``, ``new``, ``colocated``), the
     cheapest admissible candidate's figures: ``cost_per_h`` (added price per hour), ``cost``
     (added cost over its expected life), ``slowdown`` (the job's, conservative), ``group``.
+    ``verdicts``: per existing group, what admission found (:data:`VERDICTS`) and why.
     """
 
     kind: str
@@ -84,6 +96,25 @@ class AdmissionDecision:
     reason: str = ""
     rejected: Mapping[str, int] = field(default_factory=dict)
     options: Mapping[str, Mapping[str, float | int | None]] = field(default_factory=dict)
+    verdicts: tuple[Mapping[str, object], ...] = ()
+    rollout_slots: tuple[int, ...] = ()  # pinned (``ClusterSpec.pin_rollout``): the rollout slots it sits on
+
+
+#: What admission found for one existing group: admissible as it is (``direct``) or with added
+#: rollout slots (``scaled``); else the constraint that bound: its training pool is smaller than
+#: the job's layout (``train_pool``), parked states beyond a node's host memory (``residency``), a
+#: member's slowdown beyond its SLO while the group with the job is saturated (``saturation``: the
+#: busiest pool's work per meta-iteration exceeds the longest member's solo iteration) or not
+#: (``slo_cycle``: the longest member's cycle stretches a shorter one). ``/conservative`` or
+#: ``/expected``: which phase times broke it. ``rollout_pool`` (pinned groups): fewer rollout slots
+#: than the job's own, though every SLO would hold.
+VERDICTS = ("direct", "scaled", "train_pool", "rollout_pool", "residency", "saturation", "slo_cycle")
+
+
+def _slo_verdict(cand: GroupModel, bad: Sequence[str]) -> str:
+    how = "expected" if bad and bad[0].endswith("(expected times)") else "conservative"
+    sat = saturated(cand, conservative=how == "conservative")
+    return f"{'saturation' if sat else 'slo_cycle'}/{how}"
 
 
 def _fits_train(group: GroupModel, job: JobProfile) -> tuple[int, ...]:
@@ -96,7 +127,7 @@ def _fits_train(group: GroupModel, job: JobProfile) -> tuple[int, ...]:
 def _slowdowns(group: GroupModel, newcomer: JobProfile, conservative: bool) -> dict[str, float]:
     """Every member's slowdown over one meta-iteration; the newcomer's also pays one meta-iteration
     of waiting for its first turn (it joins last in the order), spread over its iterations."""
-    m = meta_iteration(member_phases(group, conservative), schedule=group.schedule)
+    m = group_meta(group, conservative)
     out = dict(m.slowdown)
     if len(group.members) > 1:
         out[newcomer.name] *= (newcomer.iterations + 1) / newcomer.iterations
@@ -118,10 +149,21 @@ def check_slo(group: GroupModel, newcomer: JobProfile, how: str) -> tuple[dict[s
 
 def _packing(group: GroupModel) -> float:
     """Cost-weighted busy share of the group's pools over one conservative meta-iteration."""
-    m = meta_iteration(member_phases(group, conservative=True), schedule=group.schedule)
+    m = group_meta(group, conservative=True)
     pr = len(group.pools.rollout) * GPU_PRICE[POOL_GPU["rollout"]]
     pt = len(group.pools.train) * GPU_PRICE[POOL_GPU["train"]]
     return (m.rollout_busy * pr + m.train_busy * pt) / (pr + pt) if pr + pt else 0.0
+
+
+def _pinned_rollout(group: GroupModel, job: JobProfile) -> tuple[int, ...]:
+    """The ``job.rollout_slots`` least loaded rollout slots of ``group`` (conservative rollout seconds
+    of the members sitting on each per meta-iteration), then lowest ids."""
+    load = {s: 0.0 for s in group.pools.rollout}
+    for m in group.members:
+        slots = group.rollout_of(m)
+        for s in slots:
+            load[s] += m.conservative_rollout_s(len(slots))
+    return tuple(sorted(sorted(load, key=lambda s: (load[s], s))[:job.rollout_slots]))
 
 
 def _with_rollout_slots(group: GroupModel, k: int) -> GroupModel:
@@ -139,7 +181,7 @@ def _life_cost(group: GroupModel, extra_s: float = 0.0) -> float:
     (expected phase times; ``extra_s`` added, e.g. a newcomer's state loading)."""
     if not group.members:
         return 0.0
-    m = meta_iteration(member_phases(group, conservative=False), schedule=group.schedule)
+    m = group_meta(group, conservative=False)
     life = max(group.remaining.get(j.name, j.iterations) * m.period_of(j.name) for j in group.members)
     return _rate(group) * (life + extra_s) / 3600
 
@@ -149,48 +191,69 @@ def place(job: JobProfile, groups: Sequence[GroupModel], cluster: ClusterSpec = 
     current members (each member's rollout sits on every rollout slot)."""
     rejected: dict[str, int] = {}
     notes: list[str] = []
-    candidates: list[tuple[float, int, float, int, AdmissionDecision]] = []
+    candidates: list[tuple[tuple[float, ...], int, float, int, AdmissionDecision]] = []
     options: dict[str, dict] = {}
+    verdicts: list[dict[str, object]] = []
 
     def add(kind: str, order: int, g: GroupModel, cand: GroupModel, k: int, slow: Mapping[str, float]) -> None:
         rate = _rate(cand) - (_rate(g) if g.members or kind != "new" else 0.0)
         life = _life_cost(cand, job.switch.cold_s) - (_life_cost(g) if kind != "new" else 0.0)
-        key = life if cluster.cost_basis == "lifetime" else rate
+        key = {"lifetime": (life,), "rate": (rate,), "delta": (rate, life)}[cluster.cost_basis]
         gid = g.gid if kind != "new" else None
         candidates.append((key, order, -_packing(cand), g.gid,
-                           AdmissionDecision(kind, gid, k, cand.train_of(job), rate, life, slow)))
+                           AdmissionDecision(kind, gid, k, cand.train_of(job), rate, life, slow,
+                                             rollout_slots=cand.rollout_of(job) if cluster.pin_rollout else ())))
         best = options.get(kind)
         if best is None or key < best["_key"]:
             options[kind] = {"_key": key, "cost_per_h": round(rate, 3), "cost": round(life, 3),
                              "slowdown": round(slow[job.name], 4), "group": gid}
 
     for g in groups:
+        row: dict[str, object] = {"group": g.gid, "members": len(g.members)}
+        verdicts.append(row)
         if len(g.pools.train) < job.train_slots:
             rejected["train_pool"] = rejected.get("train_pool", 0) + 1
+            row.update(verdict="train_pool", why=f"{len(g.pools.train)} train slots < {job.train_slots}")
             continue
-        cand = g.with_member(job, train=_fits_train(g, job))
+        pin = cluster.pin_rollout and len(g.pools.rollout) >= job.rollout_slots
+        if cluster.pin_rollout:
+            g = replace(g, pin_rollout=True)
+        cand = g.with_member(job, train=_fits_train(g, job), rollout=_pinned_rollout(g, job) if pin else None)
         problems = residency_problems(cand)
         if problems:
             rejected["residency"] = rejected.get("residency", 0) + 1
             notes.append(f"group {g.gid}: residency: {problems[0]}")
+            row.update(verdict="residency", why=problems[0])
             continue
         slow, bad = check_slo(cand, job, cluster.slo_check)
-        if not bad:
+        if not bad and (pin or not cluster.pin_rollout):
             add("direct", 0, g, cand, 0, slow)
+            row.update(verdict="direct", slowdown=round(slow[job.name], 3))
             continue
-        for k in range(1, cluster.max_added_rollout_slots + 1):
+        row.update(verdict=_slo_verdict(cand, bad) if bad else "rollout_pool",
+                   why=bad[0] if bad else f"{len(g.pools.rollout)} rollout slots < {job.rollout_slots}")
+        ks = range(1, cluster.max_added_rollout_slots + 1)
+        if cluster.pin_rollout:  # its own rollout slots, added to the group
+            ks = range(job.rollout_slots, job.rollout_slots + 1) if job.rollout_slots <= cluster.max_added_rollout_slots \
+                else range(0)
+        for k in ks:
             scaled = _with_rollout_slots(cand, k)
+            if cluster.pin_rollout:
+                top = max(g.pools.rollout, default=-1)
+                scaled = _with_rollout_slots(g, k).with_member(
+                    job, train=cand.train_of(job), rollout=tuple(range(top + 1, top + 1 + k)))
             slow_k, bad_k = check_slo(scaled, job, cluster.slo_check)
             if not bad_k:
                 add("scaled", 1, g, scaled, k, slow_k)
+                row.update(verdict="scaled", added=k, direct=row["verdict"])
                 break
         else:
             rejected["slo"] = rejected.get("slo", 0) + 1
             notes.append(f"group {g.gid}: SLO: {bad[0]}")
     empty = GroupModel(pools=Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
                                   cluster.gpus_per_slot, cluster.host_bytes_per_slot), gid=-1,
-                      schedule=cluster.schedule)
-    own = empty.with_member(job)
+                      schedule=cluster.schedule, pin_rollout=cluster.pin_rollout)
+    own = empty.with_member(job, rollout=tuple(range(job.rollout_slots)) if cluster.pin_rollout else None)
     problems = residency_problems(own)
     slow, bad = check_slo(own, job, cluster.slo_check)
     if problems:
@@ -202,11 +265,12 @@ def place(job: JobProfile, groups: Sequence[GroupModel], cluster: ClusterSpec = 
         reason = ""
     opts = {k: {f: v for f, v in o.items() if f != "_key"} for k, o in options.items()}
     if not candidates:
-        return AdmissionDecision("refused", reason=reason or "; ".join(notes), rejected=rejected, options=opts)
+        return AdmissionDecision("refused", reason=reason or "; ".join(notes), rejected=rejected, options=opts,
+                                 verdicts=tuple(verdicts))
     best = min(candidates, key=lambda c: c[:4])[4]
     why = (f"least added cost ({best.delta_cost_per_h:.1f}/h, {best.delta_cost:.1f} over the group's "
            f"expected life) of {len(candidates)} candidates")
-    return replace(best, reason=why, rejected=rejected, options=opts)
+    return replace(best, reason=why, rejected=rejected, options=opts, verdicts=tuple(verdicts))
 
 
 @dataclass(frozen=True)
@@ -286,6 +350,6 @@ def place_hybrid(job: JobProfile, groups: Sequence[GroupModel], cluster: Cluster
                f"{c.seconds / 3600:.2f} h)" + (f" < a new group's {d.delta_cost:.1f}" if d.kind == "new" else
                                                f"; no group admits it ({d.reason})"))
         return AdmissionDecision("colocated", None, 0, tuple(range(job.train_slots)), c.cost_per_h, c.cost,
-                                 {job.name: c.slowdown}, why, d.rejected, opts)
+                                 {job.name: c.slowdown}, why, d.rejected, opts, d.verdicts)
     why = f"{d.reason}; a new group ({d.delta_cost:.1f}) is cheaper than co-located ({c.cost:.1f})"
     return replace(d, options=opts, reason=why)

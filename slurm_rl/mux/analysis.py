@@ -37,6 +37,7 @@ class PhaseTimes:
     slo: float
     rollout_switch_s: float = 0.0
     train_switch_s: float = 0.0
+    rollout_slots: tuple[int, ...] = ()  # the rollout slots it sits on (used by ``pinned``)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def member_phases(group: GroupModel, conservative: bool = True) -> list[PhaseTim
         else:
             r, t = job.expected_rollout_s(slots), job.expected_train_s()
         out.append(PhaseTimes(job.name, r, t, job.solo_iteration_s(conservative), job.slo,
-                              job.switch.rollout_warm_s, job.switch.train_warm_s))
+                              job.switch.rollout_warm_s, job.switch.train_warm_s, group.rollout_of(job)))
     return out
 
 
@@ -85,16 +86,37 @@ def load(phases: list[PhaseTimes]) -> float:
 
 
 def saturated(group: GroupModel | list[PhaseTimes], conservative: bool = True) -> bool:
-    """``load >= cycle``: a pool is the bottleneck (switch seconds not counted)."""
+    """``load >= cycle``: a pool is the bottleneck (switch seconds not counted). A group with
+    pinned rollout slots: the rollout load is the busiest slot's."""
     phases = member_phases(group, conservative) if isinstance(group, GroupModel) else group
-    return bool(phases) and load(phases) >= cycle(phases)
+    if not phases:
+        return False
+    work = load(phases)
+    if isinstance(group, GroupModel) and group.pin_rollout:
+        per_slot: dict[int, float] = defaultdict(float)
+        for p in phases:
+            for s in p.rollout_slots:
+                per_slot[s] += p.rollout_s
+        work = max(max(per_slot.values(), default=0.0), sum(p.train_s for p in phases))
+    return work >= cycle(phases)
+
+
+def group_meta(group: GroupModel, conservative: bool = True) -> MetaIteration:
+    """:func:`meta_iteration` of ``group``'s members under its schedule and pinning."""
+    return meta_iteration(member_phases(group, conservative), schedule=group.schedule, pinned=group.pin_rollout)
 
 
 def meta_iteration(phases: list[PhaseTimes], rounds: int | None = None,
-                   schedule: str = "round_robin") -> MetaIteration:
+                   schedule: str = "round_robin", pinned: bool = False) -> MetaIteration:
     """``round_robin``: strict round-robin on both pools, phase by phase, from a cold start for
     ``rounds`` meta-iterations (default: members + 3); the period is the larger of the last two.
-    ``work_conserving``: see :func:`meta_iteration_work_conserving`."""
+    ``pinned`` (round-robin only): a member's rollout occupies only its ``rollout_slots``, and the
+    rollout turn passes once it started, so members on disjoint slots roll out at once (RollMux's
+    pinning, ``GroupView.pin_rollout``). ``work_conserving``: see :func:`meta_iteration_work_conserving`."""
+    if pinned and schedule != "round_robin":
+        raise ValueError(f"pinned rollout slots: only with schedule round_robin, got {schedule!r}")
+    if pinned:
+        return _meta_iteration_pinned(phases, rounds)
     if schedule == "work_conserving":
         return meta_iteration_work_conserving(phases, rounds)
     if schedule != "round_robin":
@@ -125,6 +147,45 @@ def meta_iteration(phases: list[PhaseTimes], rounds: int | None = None,
         slowdown[p.name] = per / p.solo_s if p.solo_s > 0 else float("inf")
     return MetaIteration(period, slowdown,
                          min(1.0, sum(p.rollout_s for p in phases) / period) if period else 0.0,
+                         min(1.0, sum(p.train_s for p in phases) / period) if period else 0.0)
+
+
+def _meta_iteration_pinned(phases: list[PhaseTimes], rounds: int | None = None) -> MetaIteration:
+    """Strict round-robin with rollout slots pinned per member (see :func:`meta_iteration`). Members
+    on disjoint slots drift against each other by the difference of their cycles until the slower
+    one holds the others back, so this runs ``rounds`` laps (default 8 x members + 16) and takes the
+    lap as the slowest member's mean interval over the second half: every member's period in the
+    long run (strict round-robin runs each once per lap)."""
+    if not phases:
+        return MetaIteration(0.0, {}, 0.0, 0.0)
+    n = len(phases)
+    rounds = rounds or 8 * n + 16
+    multi = n > 1
+    slot_free: dict[int, float] = defaultdict(float)
+    turn_t = t_free = 0.0
+    train_end = [0.0] * n
+    starts: dict[str, list[float]] = defaultdict(list)
+    for _ in range(rounds):
+        for j, p in enumerate(phases):
+            slots = p.rollout_slots or (-1,)
+            start = max(turn_t, train_end[j], max(slot_free[s] for s in slots))
+            starts[p.name].append(start)
+            r_end = start + p.rollout_s + (p.rollout_switch_s if multi else 0.0)
+            for s in slots:
+                slot_free[s] = r_end
+            turn_t = start
+            t_start = max(t_free, r_end)
+            train_end[j] = t_start + p.train_s + (p.train_switch_s if multi else 0.0)
+            t_free = train_end[j]
+    period = 0.0
+    for p in phases:
+        s = starts[p.name]
+        h = len(s) // 2
+        period = max(period, (s[-1] - s[h]) / (len(s) - 1 - h) if len(s) - 1 > h else t_solo(p))
+    slowdown = {p.name: period / p.solo_s if p.solo_s > 0 else float("inf") for p in phases}
+    width = len({s for p in phases for s in (p.rollout_slots or (-1,))})
+    r_work = sum(p.rollout_s * len(p.rollout_slots or (-1,)) for p in phases)
+    return MetaIteration(period, slowdown, min(1.0, r_work / (period * width)) if period else 0.0,
                          min(1.0, sum(p.train_s for p in phases) / period) if period else 0.0)
 
 
@@ -186,8 +247,10 @@ def meta_iteration_work_conserving(phases: list[PhaseTimes], rounds: int | None 
 
 def slowdowns(group: GroupModel, conservative: bool = True, schedule: str | None = None) -> MetaIteration:
     """The one-meta-iteration slowdown estimate of every member of ``group`` (under ``schedule``,
-    default: the group's own)."""
-    return meta_iteration(member_phases(group, conservative), schedule=schedule or group.schedule)
+    default: the group's own, with its pinning)."""
+    if schedule is None or schedule == group.schedule:
+        return group_meta(group, conservative)
+    return meta_iteration(member_phases(group, conservative), schedule=schedule)
 
 
 def parked_bytes(group: GroupModel) -> dict[tuple[str, int], float]:

@@ -42,6 +42,7 @@ from slurm_rl.mux.model import (
     GroupModel,
     JobProfile,
     Pools,
+    slots_cost_per_hour,
     solo_pools,
 )
 
@@ -87,6 +88,7 @@ class PolicyResult:
     refusals: tuple[str, ...] = ()
     groups: tuple[Mapping[str, Any], ...] = ()  # mux: one row per co-execution group
     extra: Mapping[str, Any] = field(default_factory=dict)
+    arrivals: tuple[Mapping[str, Any], ...] = ()  # mux: one row per arrival (:func:`arrival_row`)
 
     @property
     def served(self) -> list[JobOutcome]:
@@ -238,6 +240,39 @@ def run_colocated(jobs: Sequence[JobProfile], solo_s: Mapping[str, float],
                                                    "lane_factor": model.lane_factor}})
 
 
+def run_gavel_plus(jobs: Sequence[JobProfile], solo: PolicyResult, colocated: PolicyResult,
+                   cluster: ClusterSpec = ClusterSpec(), model: ColocatedModel = ColocatedModel()) -> PolicyResult:
+    """Gavel+ as read here: heterogeneity-aware placement without phase-level sharing. Each job
+    gets GPUs of its own, of the type mix predicted cheapest over its life among those that keep its
+    SLO: disaggregated (H20 rollout + H800 training, as ``solo``) or co-located on H800
+    (:func:`~.admission.predict_colocated`, expected times); its outcome is that policy's run."""
+    from slurm_rl.mux.admission import predict_colocated
+
+    hours: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    outcomes: dict[str, JobOutcome] = {}
+    mix = {"disaggregated": 0, "colocated": 0}
+    for job in jobs:
+        c = predict_colocated(job, cluster, model)
+        solo_cost = slots_cost_per_hour(job.rollout_slots, job.train_slots, cluster.gpus_per_slot) * (
+            job.switch.cold_s + job.iterations * job.solo_iteration_s()) / 3600
+        kind = "colocated" if not c.problems and c.cost < solo_cost else "disaggregated"
+        mix[kind] += 1
+        src = colocated if kind == "colocated" else solo
+        o = src.jobs[job.name]
+        outcomes[job.name] = replace(o, placement=kind)
+        # this job's share of the source policy's hours: its own pools for its run time
+        secs = (o.finish_s or o.arrival_s) - o.arrival_s
+        if kind == "colocated":
+            _add(hours, {POOL_GPU["train"]: secs * job.train_slots * cluster.gpus_per_slot / 3600})
+        else:
+            _add(hours, {POOL_GPU["rollout"]: secs * job.rollout_slots * cluster.gpus_per_slot / 3600,
+                         POOL_GPU["train"]: secs * job.train_slots * cluster.gpus_per_slot / 3600})
+    end = max((o.finish_s or 0.0) for o in outcomes.values())
+    return PolicyResult("gavel_plus", outcomes, _cost(hours), hours, busy, end - min(j.arrival_s for j in jobs),
+                        extra={"gavel_plus_mix": mix})
+
+
 @dataclass
 class _Group:
     gid: int
@@ -265,6 +300,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
     decisions: dict[str, Any] = {}
     rejected: dict[str, int] = {}
     refusals: list[str] = []
+    arrivals: list[dict[str, Any]] = []
     next_gid = 0
 
     def close_idle(t: float | None) -> None:
@@ -283,12 +319,15 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             active = [by_name[n] for n in g.sim.active]
             specs.append(GroupModel(pools=g.sim.pools, members=tuple(active), gid=g.gid,
                                    train_assign={n: g.sim.jobs[n].train_slots for n in g.sim.active},
+                                   rollout_assign={n: g.sim.jobs[n].rollout_slots for n in g.sim.active}
+                                   if cluster.pin_rollout else {},
                                    remaining={n: by_name[n].iterations - g.sim.jobs[n].it for n in g.sim.active},
-                                   schedule=cluster.schedule))
+                                   schedule=cluster.schedule, pin_rollout=cluster.pin_rollout))
         p = place_hybrid(job, specs, cluster, hybrid) if hybrid is not None else place(job, specs, cluster)
         for k, v in p.rejected.items():
             rejected[k] = rejected.get(k, 0) + v
         decisions[job.name] = p
+        arrivals.append(arrival_row(job, t, p, len(specs)))
         if p.kind == "refused":
             refusals.append(f"{job.name}: {p.reason}")
             continue
@@ -299,7 +338,8 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             pools = Pools(tuple(range(job.rollout_slots)), tuple(range(job.train_slots)),
                           cluster.gpus_per_slot, cluster.host_bytes_per_slot)
             g = _Group(next_gid, GroupSim(pools, tail_fraction, tail_slots, record=record, start_s=t,
-                                          schedule=run_schedule or cluster.schedule), t)
+                                          schedule=run_schedule or cluster.schedule,
+                                          pin_rollout=cluster.pin_rollout), t)
             live[g.gid] = g
             next_gid += 1
             decisions[job.name] = p = replace(p, group=g.gid)
@@ -309,7 +349,7 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
             if p.added_rollout_slots:
                 top = max(g.sim.pools.rollout)
                 g.sim.add_slots("rollout", tuple(range(top + 1, top + 1 + p.added_rollout_slots)), t)
-        g.sim.add_job(job, t, train=p.train_slots)
+        g.sim.add_job(job, t, rollout=p.rollout_slots or None, train=p.train_slots)
         g.members.append(job.name)
         g.peak = max(g.peak, len(g.sim.active))
     close_idle(None)
@@ -385,7 +425,40 @@ def run_mux(jobs: Sequence[JobProfile], solo_s: Mapping[str, float], cluster: Cl
                                                                  for k, v in sorted(share.items())},
                                "tail_fraction": tail_fraction, "tail_slots": tail_slots,
                                "slo_check": cluster.slo_check, "cost_basis": cluster.cost_basis,
-                               "schedule": cluster.schedule, **hybrid_extra})
+                               "schedule": cluster.schedule, **hybrid_extra},
+                        arrivals=tuple(arrivals))
+
+
+#: Binding constraints from the weakest (relaxing it would have admitted the job somewhere) to the strongest.
+BINDING_ORDER = ("cost", "rollout_pool", "slo_cycle/expected", "saturation/expected", "slo_cycle/conservative",
+                 "saturation/conservative", "residency", "train_pool")
+
+
+def binding_constraint(p: Any) -> str:
+    """What kept an arrival out of the existing groups (``-``: it joined one as it is): for a
+    ``scaled`` decision the chosen group's verdict as it was; for ``new`` / ``colocated`` /
+    ``refused`` ``cost`` when some group admitted it but another option cost less, ``no group``
+    when none was running, else the weakest verdict among the groups (:data:`BINDING_ORDER`): the
+    constraint that, relaxed, would have let it into an existing group."""
+    if p.kind == "direct":
+        return "-"
+    if p.kind == "scaled":
+        row = next((v for v in p.verdicts if v.get("group") == p.group), {})
+        return str(row.get("direct", "?"))
+    if not p.verdicts:
+        return "no group"
+    found = {"cost" if v["verdict"] in ("direct", "scaled") else str(v["verdict"]) for v in p.verdicts}
+    return next(b for b in BINDING_ORDER if b in found)
+
+
+def arrival_row(job: JobProfile, t: float, p: Any, groups: int) -> dict[str, Any]:
+    """One arrival: the job, the decision, the groups it saw and each verdict's count, the binding constraint."""
+    counts: dict[str, int] = {}
+    for v in p.verdicts:
+        counts[str(v["verdict"])] = counts.get(str(v["verdict"]), 0) + 1
+    return {"job": job.name, "t_h": round(t / 3600, 2), "kind": job.kind, "model_b": job.model_b,
+            "slots": f"{job.rollout_slots}+{job.train_slots}", "slo": job.slo, "decision": p.kind,
+            "added": p.added_rollout_slots, "groups": groups, "verdicts": counts, "binding": binding_constraint(p)}
 
 
 def _cost_by_members(g: _Group, res: GroupResult, outcomes: Mapping[str, JobOutcome], cost: float) -> dict[int, float]:

@@ -199,13 +199,16 @@ class GroupSim:
 
     ``schedule``: how the rotation hands out a free pool (``round_robin`` or ``work_conserving``,
     see :mod:`slurm_rl.mux.rotation`); the live group scheduler gets it from the group's
-    ``schedule``."""
+    ``schedule``. ``pin_rollout``: members pinned to disjoint rollout slots roll out at once
+    (``GroupView.pin_rollout``; the live group scheduler does not offer it yet)."""
 
     def __init__(self, pools: Pools, tail_fraction: float = 0.8, tail_slots: int = 1,
-                 record: bool = True, start_s: float = 0.0, schedule: str = "round_robin") -> None:
+                 record: bool = True, start_s: float = 0.0, schedule: str = "round_robin",
+                 pin_rollout: bool = False) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule: got {schedule!r}, allowed {SCHEDULES}")
         self.pools = pools
+        self.pin_rollout = pin_rollout
         self.schedule = schedule
         self.tail_fraction = tail_fraction
         self.tail_slots = tail_slots
@@ -371,7 +374,7 @@ class GroupSim:
                 self._view_cache[name] = jv
             jobs[name] = jv
         return GroupView(members=tuple(self.members), jobs=jobs, tail_fraction=self.tail_fraction,
-                         tail_slots=self.tail_slots, schedule=self.schedule)
+                         tail_slots=self.tail_slots, schedule=self.schedule, pin_rollout=self.pin_rollout)
 
     def _settle(self) -> None:
         """After the events of one instant: dispatch responses to every slot that became usable

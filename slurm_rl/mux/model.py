@@ -263,6 +263,7 @@ class GroupModel:
     gid: int = 0
     remaining: Mapping[str, int] = field(default_factory=dict)  # iterations left (default: all)
     schedule: str = "round_robin"  # the group's rotation schedule (or "work_conserving")
+    pin_rollout: bool = False  # members roll out on their own ``rollout_assign`` slots at once (RollMux's pinning)
 
     def rollout_of(self, job: JobProfile) -> tuple[int, ...]:
         return tuple(self.rollout_assign.get(job.name, self.pools.rollout))

@@ -100,6 +100,10 @@ class GroupView:
     tail_fraction: float = 1.0  # 1.0 (or more): no long-tail migration
     tail_slots: int = 1
     schedule: str = "round_robin"  # or "work_conserving" (see the module docstring)
+    # RollMux's pinning: the rollout turn passes as soon as its job holds every rollout slot it sits
+    # on, when those are not the whole pool, so members pinned to disjoint rollout slots roll out at
+    # once (round-robin order kept); False: one rollout phase owns the pool at a time (until its tail)
+    pin_rollout: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -184,6 +188,12 @@ def decide(grant: GroupGrant, view: GroupView) -> tuple[GroupGrant, list[str]] |
                     slots[s] = replace(slots[s], revoked=True)  # type: ignore[arg-type]
                 events.append(f"{pool}: {turn.job} iteration {turn.iteration} reached its tail "
                               f"({jv.rollout_fraction:.0%} finished): keeps slots {keep}, revoked {revoke}")
+                turn = None
+            elif (pool == "rollout" and view.pin_rollout and set(jv.slots[pool]) < set(slots)
+                  and all(slots.get(s) == turn for s in jv.slots[pool])
+                  and any(j != turn.job and not view.jobs[j].out for j in view.members)):
+                events.append(f"{pool}: {turn.job} iteration {turn.iteration} holds its pinned slots "
+                              f"{sorted(jv.slots[pool])}: the turn passes")
                 turn = None
         # 3. a free pool goes to the job whose turn is next, once it is eligible (round_robin: strict
         # order); work_conserving: to the first eligible job in the cyclic order from the cursor
