@@ -27,7 +27,8 @@ forward; ``optimizer``: clip + AdamW + refresh; ``host_syncs``: the step less th
 peak memory; ``row_wall_s``: how long the row took to measure. ``peak_loss_bytes``: the memory the loss's log-probs and their backward take on ``--loss-tokens``
 tokens at the model's vocabulary (hidden states to gradients; on cpu the rise of the process's peak resident
 set, ``VmHWM`` reset through ``/proc/self/clear_refs``), ours from chunked logits against
-``reference_peak_loss_bytes`` from the whole logits (what the reference and a plain user compute). The
+``reference_peak_loss_bytes`` from the whole logits (what the reference and a plain user compute); on cpu in
+fp32 rows only (bf16 matmuls at that size take many minutes without bf16 units). The
 ``qwen2.5-0.5b`` shapes keep Qwen2.5-0.5B's widths (896 hidden, 14 heads, 2 KV groups,
 4864 FFN, 151936 vocabulary) with ``--cpu-layers`` layers on cpu (24 on cuda): a 24-layer cpu step takes
 minutes.
@@ -307,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         real = sum(sum(s["loss_mask"]) for s in samples)
         for precision in args.precision.split(","):
             peaks = {}
-            if args.loss_tokens:
+            # bf16 matmuls of 4K tokens x 152K vocabulary take many minutes on a cpu without bf16 units: there the
+            # memory figure is fp32's only (bf16's logits are half its size; the chunk bound is the same)
+            if args.loss_tokens and (args.device == "cuda" or precision == "fp32"):
                 peaks = {chunked: loss_peak_in_subprocess(name, args, precision, chunked) for chunked in (True, False)}
             for packing in (v.strip().lower() == "true" for v in args.packing.split(",")):
                 batch_cfg = batch_config(samples, args.micro_batch, packing, args.max_tokens)

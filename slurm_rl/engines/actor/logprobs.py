@@ -22,9 +22,9 @@ from torch import Tensor
 
 from .microbatch import is_packed
 
-CHUNK_BYTES = 512 << 20
-"""fp32 logits held at once by :func:`chunked_logprobs` (a chunk of tokens x the vocabulary): 512 MiB, so that
-a micro-batch of up to ~880 tokens at Qwen2.5's vocabulary is one chunk (no recompute)."""
+CHUNK_BYTES = 1 << 30
+"""fp32 logits held at once by :func:`chunked_logprobs` (a chunk of tokens x the vocabulary): 1 GiB, so that a
+micro-batch of up to ~1,760 tokens at Qwen2.5's vocabulary is one chunk (kept for the backward: no recompute)."""
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
@@ -66,29 +66,40 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_logprobs: Tensor | None, g_ent: Tensor | None) -> tuple[Any, ...]:
+        if getattr(ctx, "consumed", False):
+            raise RuntimeError("chunked_logprobs: its backward runs once (the kept logits are overwritten)")
+        ctx.consumed = True
         hidden, weight, targets, lse, ent, kept = ctx.saved_tensors
         n, acc = hidden.shape[0], _accumulation(hidden.dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         use_ent = ctx.entropy and g_ent is not None
         for a, b in _chunks(n, weight.shape[0], ctx.chunk_bytes):
+            # every step in place on one chunk-sized buffer (a second one only for the entropy's gradient)
             z = kept if kept.numel() else (hidden[a:b] @ weight.t()).to(acc)
-            logp = z.sub_(lse[a:b, None]) if not kept.numel() else z - lse[a:b, None]  # log p (in place on a recompute)
-            g = logp.exp()  # p, then (in place) the gradient of the logits
+            logp = z.sub_(lse[a:b, None])
             if use_ent:
+                g = logp.exp()
                 # dH / dz_j = -p_j (log p_j + H)
                 logp.add_(ent[a:b, None]).mul_(g).mul_(-g_ent[a:b, None])
+            else:
+                g = logp.exp_()
             # d log p_t / dz_j = 1[j = t] - p_j
             g.mul_(-g_logprobs[a:b, None] if g_logprobs is not None else 0.0)
             if g_logprobs is not None:
                 g.scatter_add_(-1, targets[a:b, None], g_logprobs[a:b, None])
             if use_ent:
                 g.add_(logp)
+                del logp
             g = g.to(hidden.dtype)
             if grad_h is not None:
                 grad_h[a:b] = g @ weight
             if grad_w is not None:
-                grad_w += (g.t() @ hidden[a:b]).to(acc)
+                if acc == hidden.dtype:
+                    grad_w.addmm_(g.t(), hidden[a:b])
+                else:
+                    grad_w += (g.t() @ hidden[a:b]).to(acc)
+            del z, g
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
@@ -157,11 +168,12 @@ def model_forward(model: torch.nn.Module, batch: Mapping[str, Tensor], device: t
                      packed_seq_params=packed_seq_params(batch, device))
     rows, seq = ids.shape
     position_ids = torch.arange(seq, device=ids.device).unsqueeze(0).expand(rows, seq)
-    if causal_suffices(model):
+    keep = batch.get("attention_mask")
+    if causal_suffices(model) and (keep is None or bool((keep[:, 1:] <= keep[:, :-1]).all())):
         # right padding: a real token's query sees only keys before it, all real, so the causal mask alone gives
         # its exact attention (padded queries are masked out of the loss) -- SDPA's causal kernel, no [B, T, T] mask
         return model(ids, position_ids, attention_mask=None)
-    mask = attention_mask_4d(batch.get("attention_mask"), rows, seq, ids.device)
+    mask = attention_mask_4d(keep, rows, seq, ids.device)
     return model(ids, position_ids, attention_mask=mask)
 
 

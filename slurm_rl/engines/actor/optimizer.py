@@ -296,17 +296,24 @@ class DPAdamW:
         cfg = self.cfg
         g = self.flat.grad[lo:hi]
         p = self.master
-        self.exp_avg.lerp_(g, 1.0 - cfg.beta1)
-        self.exp_avg_sq.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
-        if cfg.weight_decay:
+        if cfg.weight_decay:  # decoupled, on the decayed parameters only, before the update (as AdamW)
             for a, b in self.flat.decay_segments:
                 a, b = max(a, lo), min(b, hi)
                 if a < b:
                     p[a - lo:b - lo].mul_(1.0 - lr * cfg.weight_decay)
-        bc1 = 1.0 - cfg.beta1 ** self.step_count
-        bc2 = 1.0 - cfg.beta2 ** self.step_count
-        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bc2)).add_(cfg.eps)
-        p.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
+        if hasattr(torch, "_fused_adamw_"):
+            # torch's fused AdamW kernel (what AdamW(fused=True) runs) over the one flat range: one pass over
+            # the parameters, gradients and both moments instead of seven
+            step = torch.tensor(float(self.step_count), device=p.device)
+            torch._fused_adamw_([p], [g], [self.exp_avg], [self.exp_avg_sq], [], [step], lr=lr, beta1=cfg.beta1,
+                                beta2=cfg.beta2, weight_decay=0.0, eps=cfg.eps, amsgrad=False, maximize=False)
+        else:
+            self.exp_avg.lerp_(g, 1.0 - cfg.beta1)
+            self.exp_avg_sq.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
+            bc1 = 1.0 - cfg.beta1 ** self.step_count
+            bc2 = 1.0 - cfg.beta2 ** self.step_count
+            denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bc2)).add_(cfg.eps)
+            p.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
         if not self.flat.full_master:
             self.flat.compute[lo:hi].copy_(p)
         if cfg.zero1 and self.dp_size > 1:
