@@ -27,6 +27,10 @@ CHUNK_BYTES = 1 << 30
 micro-batch of up to ~1,760 tokens at Qwen2.5's vocabulary is one chunk (kept for the backward: no recompute)."""
 
 
+SUB = 8
+"""Row-wise reductions over a chunk's logits run over this many parts (their temporaries: a part's size)."""
+
+
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the logits' softmax: fp32, or the inputs' where wider (fp64 in the tests)."""
     return torch.promote_types(dtype, torch.float32)
@@ -39,8 +43,9 @@ def _chunks(n: int, vocab: int, chunk_bytes: int) -> list[tuple[int, int]]:
 
 class _ChunkedLogprobs(torch.autograd.Function):
     """``(hidden [N, h], weight [V, h], targets [N])`` -> fp32 log-probs ``[N]`` and entropies ``[N]``
-    (zeros unless asked), the logits ``hidden @ weight.T`` computed a chunk of tokens at a time. With one
-    chunk its logits are kept for the backward (they fit the bound); with several each is recomputed there."""
+    (zeros unless asked), the logits ``hidden @ weight.T`` computed a chunk of tokens at a time and turned into
+    log-probabilities in place. With one chunk they are kept for the backward (they fit the bound); with several
+    each chunk is recomputed there."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, entropy: bool,
@@ -53,10 +58,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
         z = None
         for a, b in chunks:
             z = (hidden[a:b] @ weight.t()).to(acc)
-            lse[a:b] = torch.logsumexp(z, dim=-1)
+            # the row-wise reductions an eighth of the chunk at a time: their temporaries stay small
+            for i, j in _chunks(b - a, weight.shape[0], max(1, chunk_bytes // SUB)):
+                lse[a + i:a + j] = torch.logsumexp(z[i:j], dim=-1)
+                if entropy:
+                    ent[a + i:a + j] = lse[a + i:a + j] - (torch.softmax(z[i:j], dim=-1) * z[i:j]).sum(-1)
             logprobs[a:b] = z.gather(-1, targets[a:b, None]).squeeze(-1) - lse[a:b]
-            if entropy:
-                ent[a:b] = lse[a:b] - (torch.softmax(z, dim=-1) * z).sum(-1)
+            z.sub_(lse[a:b, None])  # log p, in place
         kept = z if len(chunks) == 1 and z is not None else hidden.new_empty(0, dtype=acc)
         ctx.save_for_backward(hidden, weight, targets, lse, ent, kept)
         ctx.entropy, ctx.chunk_bytes = entropy, chunk_bytes
@@ -76,8 +84,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         use_ent = ctx.entropy and g_ent is not None
         for a, b in _chunks(n, weight.shape[0], ctx.chunk_bytes):
             # every step in place on one chunk-sized buffer (a second one only for the entropy's gradient)
-            z = kept if kept.numel() else (hidden[a:b] @ weight.t()).to(acc)
-            logp = z.sub_(lse[a:b, None])
+            logp = kept if kept.numel() else (hidden[a:b] @ weight.t()).to(acc).sub_(lse[a:b, None])
             if use_ent:
                 g = logp.exp()
                 # dH / dz_j = -p_j (log p_j + H)
@@ -90,7 +97,6 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 g.scatter_add_(-1, targets[a:b, None], g_logprobs[a:b, None])
             if use_ent:
                 g.add_(logp)
-                del logp
             g = g.to(hidden.dtype)
             if grad_h is not None:
                 grad_h[a:b] = g @ weight
@@ -99,7 +105,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                     grad_w.addmm_(g.t(), hidden[a:b])
                 else:
                     grad_w += (g.t() @ hidden[a:b]).to(acc)
-            del z, g
+            del logp, g
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
