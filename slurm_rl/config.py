@@ -195,8 +195,10 @@ class TrainConfig:
     # verl's actor_rollout_ref.model.use_remove_padding: a micro-batch's samples are concatenated into one row
     # without padding (positions restart per sample, attention stays inside each sample)
     use_remove_padding: bool = False
-    # verl's trainer.balance_batch: a step's samples are dealt to its DP ranks so that their token loads match
-    balance_batch: bool = True
+    # verl's trainer.balance_batch: a step's samples are dealt to its DP ranks so that their token loads match.
+    # Off by default here (verl: on): the contiguous split keeps a run's micro-batches the same at every DP size,
+    # so runs that change DP size (auto, plan, a resume elsewhere) stay within the tightest float noise
+    balance_batch: bool = False
     # Which samples form mini-batch i: "arrival" streams whole groups as they complete (fastest);
     # "index" takes the groups of prompts [i*n, (i+1)*n) whatever the timing, so a run is
     # reproducible and identical under any placement schedule (invariant 5, tested).
