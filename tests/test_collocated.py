@@ -71,7 +71,7 @@ def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backen
     assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert_same_outcome(run_dir, reference(backend), params_rtol=1e-5 if packed else 1e-6)
+    assert_same_outcome(run_dir, reference(backend), params_rtol=3e-5 if packed else 1e-6)  # packed: see test_resume
     for epoch in EpochStore(RunPaths(run_dir)).all():
         assert epoch.ranks_of("actor") == epoch.ranks_of("rollout") == epoch.ranks_of("inference") == [0, 1]
     for k in range(4):
