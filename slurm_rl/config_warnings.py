@@ -53,6 +53,9 @@ def config_warnings(cfg: Config, env: Mapping[str, str] | None = None,
     if cfg.runtime.device == "emulated" and cfg.train.use_remove_padding:
         out.append("train.use_remove_padding: true has no effect under runtime.device emulated (the cost model "
                    "counts tokens, it packs nothing)")
+    if cfg.runtime.device == "emulated" and cfg.train.balance_batch:
+        out.append("train.balance_batch: true has no effect under runtime.device emulated (the cost model "
+                   "splits no mini-batch over DP ranks)")
     return out
 
 

