@@ -4,9 +4,10 @@ The actor's loss needs, per position, the log-probability of the next token and 
 the next-token distribution. Computed naively from the model's logits, a micro-batch holds ``tokens x vocab``
 logits in the model's dtype plus their fp32 copy and the softmax's gradient (at Qwen2.5's 151,936-token
 vocabulary and 4K tokens: 2.5 GB each in fp32). :func:`chunked_logprobs` instead takes the hidden states
-before the output layer and the output weight and computes the logits a chunk of tokens at a time; its
-backward recomputes each chunk's logits (one extra matmul of the output layer) rather than keeping them, so
-the peak holds one chunk (``chunk_bytes``) whatever the micro-batch's size.
+before the output layer and the output weight and computes the logits a chunk of tokens at a time, turning
+each into log-probabilities in place. A micro-batch that fits one chunk keeps it for the backward (no extra
+work); with several chunks the backward recomputes each (one extra matmul of the output layer) rather than
+keeping them, so the peak holds about one chunk (``chunk_bytes``) whatever the micro-batch's size.
 
 At TP > 1 the output layer is split over the vocabulary (megatron's ``ColumnParallelLinear``) and the model
 gathers the logits (``parallel_output=False``); there the log-probs come from the gathered logits as before.
