@@ -256,20 +256,32 @@ def breakdown(res: dict[str, PolicyResult], ratios: dict[str, float], profile: d
     return lines
 
 
-def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: ColocatedModel) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    jobs = generate(spec)
+def run_policies(jobs: list, variants: tuple[str, ...], tail_fraction: float, tail_slots: int,
+                 colocated: ColocatedModel, gavel_plus: bool = False
+                 ) -> tuple[dict[str, PolicyResult], dict[str, float]]:
+    """``jobs`` alone (Solo-D), co-located, optionally under Gavel+, and under each of ``MUX_VARIANTS``' named
+    ``variants``; and each job's solo seconds."""
     solo = solo_results(jobs)
     secs = solo_seconds(solo)
     res: dict[str, PolicyResult] = {"solo": run_solo(jobs, solo),
                                     "colocated": run_colocated(jobs, secs, model=colocated)}
-    for name, v in MUX_VARIANTS.items():
+    if gavel_plus:
+        res["gavel_plus"] = run_gavel_plus(jobs, res["solo"], res["colocated"], model=colocated)
+    for name in variants:
+        v = MUX_VARIANTS[name]
         res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
                                                     schedule=v.get("schedule", "round_robin"),
                                                     pin_rollout=v.get("pin", False)),
                             tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
                             hybrid=colocated if v.get("hybrid") else None, name=name,
                             run_schedule=v.get("run_schedule"))
+    return res, secs
+
+
+def run_seed(spec: TraceSpec, tail_fraction: float, tail_slots: int, colocated: ColocatedModel) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    jobs = generate(spec)
+    res, secs = run_policies(jobs, tuple(MUX_VARIANTS), tail_fraction, tail_slots, colocated)
     ratios = {
         "mux/solo": efficiency_ratio(res["mux"], res["solo"]),
         "mux/colocated": efficiency_ratio(res["mux"], res["colocated"]),
@@ -328,18 +340,7 @@ def run_weave_seed(spec: WeaveSpec, tail_fraction: float, tail_slots: int, coloc
     read here), our mux and the hybrid placer: ratios, SLO attainment, placement mix, $/h, statistics."""
     t0 = time.perf_counter()
     jobs = generate_weave(spec)
-    solo = solo_results(jobs)
-    secs = solo_seconds(solo)
-    res: dict[str, PolicyResult] = {"solo": run_solo(jobs, solo),
-                                    "colocated": run_colocated(jobs, secs, model=colocated)}
-    res["gavel_plus"] = run_gavel_plus(jobs, res["solo"], res["colocated"], model=colocated)
-    for name in variants:
-        v = MUX_VARIANTS[name]
-        res[name] = run_mux(jobs, secs, ClusterSpec(slo_check=v["check"], cost_basis=v["basis"],
-                                                    schedule=v.get("schedule", "round_robin"),
-                                                    pin_rollout=v.get("pin", False)),
-                            tail_fraction=tail_fraction if v["tail"] else 1.0, tail_slots=tail_slots,
-                            hybrid=colocated if v.get("hybrid") else None, name=name)
+    res, _ = run_policies(jobs, variants, tail_fraction, tail_slots, colocated, gavel_plus=True)
     span_h = res["solo"].makespan_s / 3600
     ratios = {f"{a}/{b}": round(efficiency_ratio(res[a], res[b]), 3)
               for a in (*variants, "gavel_plus", "colocated") for b in ("solo", "colocated", "gavel_plus") if a != b}
