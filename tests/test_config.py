@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurm_rl.config import (
     _merge_into,
     _merge_layer,
-    _schema_template,
+    _schema,
     COMPONENTS,
     AlgorithmSection,
     Config,
@@ -945,23 +945,44 @@ def test_a_valid_layer_merged_at_once_equals_the_merge_key_by_key(tmp_path: Path
     from emulated_configs import emulated_config
     from resume_helpers import run_config
 
-    def schema() -> DictConfig:
-        root = copy.deepcopy(_schema_template())
-        OmegaConf.set_readonly(root, None)
-        return root
-
     docs = [OmegaConf.to_container(OmegaConf.load(p)) for p in CONFIG_FILES]
     docs += [emulated_config(tmp_path / "e"), run_config("cpu", tmp_path / "c"), run_config("emulated", tmp_path / "d")]
     for doc in docs:
         fast_issues: list = []
         slow_issues: list = []
-        slow = schema()
+        slow = _schema()
         _merge_into(slow, doc, "", slow_issues)
-        fast = _merge_layer(schema(), doc, fast_issues)
+        fast = _merge_layer(_schema(), doc, fast_issues)
         assert fast_issues == slow_issues == []
         assert OmegaConf.to_container(fast) == OmegaConf.to_container(slow)
     bad = dict(docs[-1], train={"num_iterations": "many", "no_such_key": 1}, nope={"x": 1})
     slow_issues, fast_issues = [], []
-    _merge_into(schema(), bad, "", slow_issues)
-    _merge_layer(schema(), bad, fast_issues)
+    _merge_into(_schema(), bad, "", slow_issues)
+    _merge_layer(_schema(), bad, fast_issues)
     assert fast_issues == slow_issues and {i.key for i in fast_issues} == {"train.num_iterations", "train.no_such_key", "nope"}
+
+
+def test_missing_keys_are_named_as_omegaconf_names_them() -> None:
+    """The missing values found in the resolved container are the ones ``OmegaConf.missing_keys`` finds, keys
+    inside lists of items included."""
+    from slurm_rl.config import _missing_keys, _register_resolvers
+
+    _register_resolvers()
+    root = _schema()
+    root.merge_with({"scheduler": {"script": [{"placement": {"actor": "0"}}, {"placement": {"rollout": "1"}}]}})
+    resolved = OmegaConf.to_container(root, resolve=True)
+    assert sorted(_missing_keys(resolved)) == sorted(OmegaConf.missing_keys(root))
+    assert any(k.startswith("scheduler.script[1].") for k in _missing_keys(resolved))
+    assert _missing_keys({"a": {"b": "???", "c": [1, {"d": "???"}]}, "e": "x"}) == ["a.b", "a.c[1].d"]
+
+
+def test_an_invalid_layer_after_a_valid_one_is_merged_key_by_key_onto_it(tmp_path: Path) -> None:
+    """A valid layer then an invalid one: the invalid one's issues are named and nothing of the valid layer is lost
+    (the failed one-step merge is not left half done)."""
+    from slurm_rl.config import _merge_layers
+
+    issues: list = []
+    root = _merge_layers([("a", {"train": {"num_iterations": 7}}),
+                          ("b", {"train": {"group_size": 3, "micro_batch_size": "x", "nope": 1}})], issues)
+    assert {i.key for i in issues} == {"train.micro_batch_size", "train.nope"}
+    assert root.train.num_iterations == 7 and root.train.group_size == 3
