@@ -23,7 +23,8 @@ import torch.multiprocessing as mp
 from slurm_rl.errors import EngineError, WaitTimeout
 
 
-PRELOAD = ["torch", "torch.distributed", "slurm_rl.engines.actor.trainer", "slurm_rl.engines.actor.checkpoint"]
+PRELOAD = ["torch", "torch.distributed", "slurm_rl.engines.actor.trainer", "slurm_rl.engines.actor.checkpoint",
+           "slurm_rl.engines.actor.cpu_preload"]
 """Imported once by the fork server the ranks are forked from (a module that fails to import is
 skipped there and imported by the rank that needs it)."""
 
