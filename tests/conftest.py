@@ -2,9 +2,9 @@
 uninterrupted reference run of the checkpoint/resume tests, and the hypothesis profiles.
 
 Tests run in parallel under pytest-xdist (``-n``, see ``addopts`` in pyproject.toml). A test marked
-``serial`` (timing-sensitive: ratios against a simulator, calibration, many ranks) runs alone: every
-test holds a shared lock on the machine while it runs, a serial test an exclusive one (a waiting
-serial test keeps new tests from starting). The Slurm tests share one cluster (started once, under
+``serial`` (timing-sensitive: ratios against a simulator, calibration, many ranks) runs apart from the
+others, beside at most one other serial test (tests/machine_lock.py; a waiting serial test keeps new
+tests from starting). The Slurm tests share one cluster (started once, under
 a file lock) and queue for its nodes like any Slurm job. Tests of a module with a module-scoped
 fixture run on one worker (xdist group ``module:NAME``), so the fixture is built once.
 """
@@ -26,11 +26,11 @@ import tempfile  # noqa: E402
 from collections.abc import Iterator
 from pathlib import Path
 
-import filelock
 import pytest
 from hypothesis import settings
 
 import hypothesis_profiles
+from machine_lock import ORDINARY, SERIAL, MachineLock
 from slurm_fixture import slurm_cluster  # noqa: F401
 from resume_helpers import reference  # noqa: F401
 from shared_runs import run_64, scripted_run  # noqa: F401
@@ -92,24 +92,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     return (yield)
 
 
-def _machine_lock(config: pytest.Config) -> filelock.ReadWriteLock | None:
+def _machine_lock(config: pytest.Config) -> MachineLock | None:
     """The session's machine lock under xdist (shared by its workers); None without xdist."""
     run = getattr(config, "workerinput", {}).get("testrunuid")
     if run is None:
         return None
-    path = Path(tempfile.gettempdir()) / f"slurm-rl-tests-{run}.machine.db"
-    return filelock.ReadWriteLock(str(path), timeout=MACHINE_LOCK_TIMEOUT_S)
+    return MachineLock(Path(tempfile.gettempdir()) / f"slurm-rl-tests-{run}.machine.json", MACHINE_LOCK_TIMEOUT_S)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Setup, call and teardown of a test under the machine lock: exclusive for ``serial`` tests."""
+    """Setup, call and teardown of a test under the machine lock: ``serial`` tests apart from the others
+    (tests/machine_lock.py)."""
     lock = _machine_lock(item.config)
     if lock is None:
         yield
         return
-    hold = lock.write_lock() if item.get_closest_marker("serial") is not None else lock.read_lock()
-    with hold:
+    with lock.hold(SERIAL if item.get_closest_marker("serial") is not None else ORDINARY):
         yield
 
 

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "add_4.jsonl"
 
 pytestmark = [pytest.mark.slurm]
+MARGIN_S = 200.0  # checkpoint_margin_s of the 4-minute job: its run stops about 40 s into the job
 
 
 def _real_config(tmp_path: Path, device: str) -> Path:
@@ -87,11 +88,11 @@ def test_validate_in_a_job_prints_the_jobs_time_limit(slurm_cluster, tmp_path: P
 
 @pytest.mark.slow
 def test_run_in_a_4_minute_job_stops_with_a_checkpoint_before_its_end(slurm_cluster, tmp_path: Path) -> None:
-    """runtime.run_timeout_s unset: the run's deadline is the job's end less checkpoint_margin_s (150 s, so
-    that it comes before train.sh's own USR1 at 120 s): the coordinator stops the run at its next gate with
-    a checkpoint; Slurm has not ended the job by then."""
+    """runtime.run_timeout_s unset: the run's deadline is the job's end less checkpoint_margin_s (200 s, so
+    that it comes before train.sh's own USR1 at 120 s, about 40 s into the job): the coordinator stops the run
+    at its next gate with a checkpoint; Slurm has not ended the job by then."""
     run_dir = tmp_path / "run"
-    doc = emulated_config(run_dir, gpus_per_node=4, iterations=10_000, checkpoint_margin_s=150.0)
+    doc = emulated_config(run_dir, gpus_per_node=4, iterations=10_000, checkpoint_margin_s=MARGIN_S)
     del doc["runtime"]["run_timeout_s"]
     del doc["cluster"]["gpus_per_node"]
     doc["scheduler"] = {"policy": "static"}
@@ -115,6 +116,6 @@ def test_run_in_a_4_minute_job_stops_with_a_checkpoint_before_its_end(slurm_clus
     assert status.state == "stopped" and status.checkpoint, (status, log.read_text()[-3000:])
     stop = read_stop(run_dir)
     assert stop is not None and stop["reason"].startswith("run time limit reached"), stop
-    assert "squeue %e" in stop["reason"] and "checkpoint_margin_s 150s" in stop["reason"]
-    assert stop["requested_at"] >= end - 150 - 2  # the deadline, not earlier (clock of one host, whole seconds)
+    assert "squeue %e" in stop["reason"] and f"checkpoint_margin_s {MARGIN_S:.0f}s" in stop["reason"]
+    assert stop["requested_at"] >= end - MARGIN_S - 2  # the deadline, not earlier (clock of one host, whole seconds)
     assert stopped_at < end - 60, f"stopped {end - stopped_at:.0f}s before the job's end"  # Slurm's kill is far off
