@@ -64,7 +64,7 @@ RewardName = Literal["gsm8k", "gsm8k_strict", "math", "exact", "auto"]  # built-
 Precision = Literal["auto", "fp32", "bf16"]  # the actor's compute precision (auto: bf16 on cuda, else fp32)
 Recompute = Literal["none", "selective", "full"]  # the actor's activation recomputation (megatron-core)
 OldLogprobs = Literal["actor", "rollout"]  # where the policy's pre-update log-probs come from
-RolloutIs = Literal["none", "truncated"]  # the rollout/actor mismatch correction
+RolloutIs = Literal["none", "token", "sequence", "truncated"]  # the rollout/actor mismatch correction (truncated: token)
 FilterMetric = Literal["acc", "score", "seq_reward"]  # what DAPO's dynamic sampling compares within a group
 Logger = Literal["console", "tensorboard", "wandb", "mlflow", "file"]  # verl's trainer.logger (slurm_rl.trackers)
 
@@ -474,8 +474,15 @@ class AlgorithmSection:
     # the policy's log-probs before the update: actor (the iteration's actor weights, scored on the
     # inference ranks) | rollout (the engine's sampled ones); null: actor where an inference component is placed
     old_logprobs: Optional[str] = None
-    rollout_is: str = "none"  # none | truncated: weight each token by min(pi_actor / pi_rollout, rollout_is_cap)
+    # none | token: weight each token's policy loss by min(pi_actor / pi_rollout, rollout_is_cap) | sequence: by
+    # min(the product of the response's token ratios, rollout_is_cap) (verl's rollout_correction.rollout_is; truncated = token)
+    rollout_is: str = "none"
     rollout_is_cap: float = 2.0  # the truncation of rollout_is (verl's rollout_is_threshold)
+    # AReaL's decoupled PPO loss: the ratio clipped against the actor's pre-update (proximal) log-probs, each token's loss
+    # weighted by pi_proximal / pi_rollout (the behaviour policy's importance weight); tokens whose weight is above
+    # behav_imp_weight_cap (null: none) are left out
+    use_decoupled_loss: bool = False
+    behav_imp_weight_cap: Optional[float] = None  # > 1 (AReaL's actor.behav_imp_weight_cap)
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     lam: float = 1.0  # gae's lambda (bias/variance trade-off of the advantage; 1: Monte Carlo returns less the value)
 
@@ -1135,6 +1142,14 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
     _choice(issues, "algorithm.rollout_is", al.rollout_is, ROLLOUT_IS)
     if not al.rollout_is_cap > 0.0:
         issues.append(ConfigIssue("algorithm.rollout_is_cap", al.rollout_is_cap, "a number > 0"))
+    cap = al.behav_imp_weight_cap
+    if cap is not None and not (cap > 1.0 and al.use_decoupled_loss):
+        issues.append(ConfigIssue("algorithm.behav_imp_weight_cap", cap, (
+            "null, or a number > 1 with algorithm.use_decoupled_loss: true" if al.use_decoupled_loss
+            else "null while algorithm.use_decoupled_loss is false (the cap filters the decoupled loss's weights)")))
+    if al.use_decoupled_loss and al.rollout_is != "none":
+        issues.append(ConfigIssue("algorithm.rollout_is", al.rollout_is, (
+            "none with algorithm.use_decoupled_loss: true (both weigh each token by pi_actor / pi_rollout)")))
 
 
 def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]:
@@ -1187,6 +1202,10 @@ def _old_logprobs_problems(al: AlgorithmSection, placement: Placement) -> list[C
         issues.append(ConfigIssue("algorithm.rollout_is", al.rollout_is, (
             "none while algorithm.old_logprobs is rollout (the correction weighs the actor's log-probs "
             "against the rollout's)")))
+    if al.use_decoupled_loss and al.old_logprobs == "rollout":
+        issues.append(ConfigIssue("algorithm.use_decoupled_loss", True, (
+            "false while algorithm.old_logprobs is rollout (the proximal policy is the actor's, scored on the "
+            "inference ranks: with the rollout's log-probs it equals the behaviour policy)")))
     return issues
 
 

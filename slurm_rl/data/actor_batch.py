@@ -40,15 +40,41 @@ def old_logprobs(inference: pa.Table) -> pa.ChunkedArray:
     return pa.chunked_array([pc.if_else(pc.is_null(actor), sampled, actor)])
 
 
-def rollout_is_weights(old: list[list[float]], sampled: list[list[float]], cap: float) -> list[list[float]]:
-    """Per token, the truncated importance weight min(pi_actor / pi_rollout, cap) (verl's token-level
-    ``rollout_is`` with ``rollout_is_threshold`` = cap): corrects for the rollout engine sampling from
-    a policy numerically different from the one the actor trains."""
+def importance_weights(proximal: list[list[float]], behaviour: list[list[float]], level: str = "token",
+                       cap: float | None = None, mode: str = "truncate") -> list[np.ndarray]:
+    """Per token (fp64), the importance weight of the proximal policy (the actor's pre-update log-probs) against the
+    behaviour policy (the rollout's sampled log-probs), the log ratio clamped to [-20, 20] as verl clamps it:
+
+    - ``level`` ``token``: ``w_t = exp(prox_t - behav_t)``; ``sequence``: ``w = exp(sum_t (prox_t - behav_t))`` on
+      every token of the response (verl's ``rollout_correction.rollout_is``);
+    - ``mode`` ``truncate`` (verl's truncated IS): ``min(w, cap)``; ``mask`` (AReaL's decoupled loss with
+      ``behav_imp_weight_cap``): ``w`` where ``w <= cap``, else 0 (the token is left out). ``cap`` None: ``w``."""
+    if level not in ("token", "sequence") or mode not in ("truncate", "mask"):
+        raise ValueError(f"importance_weights: level {level!r} (token | sequence), mode {mode!r} (truncate | mask)")
     out = []
-    for a, r in zip(old, sampled):
-        d = np.clip(np.asarray(a, np.float64) - np.asarray(r, np.float64), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        out.append(np.minimum(np.exp(d), cap).astype(np.float32).tolist())
+    for p, b in zip(proximal, behaviour):
+        d = np.asarray(p, np.float64) - np.asarray(b, np.float64)
+        if level == "sequence":
+            d = np.full_like(d, d.sum())
+        w = np.exp(np.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        if cap is not None:
+            w = np.minimum(w, cap) if mode == "truncate" else np.where(w <= cap, w, 0.0)
+        out.append(w)
     return out
+
+
+def rollout_is_weights(old: list[list[float]], sampled: list[list[float]], cap: float,
+                       level: str = "token") -> list[list[float]]:
+    """Per token, the truncated importance weight min(pi_actor / pi_rollout, cap) (verl's ``rollout_is`` with
+    ``rollout_is_threshold`` = cap, token or sequence ``level``): corrects for the rollout engine sampling from a
+    policy numerically different from (or older than) the one the actor trains."""
+    return [w.astype(np.float32).tolist() for w in importance_weights(old, sampled, level, cap, "truncate")]
+
+
+def behaviour_weights(proximal: list[list[float]], behaviour: list[list[float]], cap: float | None) -> list[list[float]]:
+    """Per token, AReaL's behaviour importance weight of the decoupled loss: pi_proximal / pi_behaviour, 0 (the
+    token left out) where it is above ``cap`` (``behav_imp_weight_cap``; None: never)."""
+    return [w.astype(np.float32).tolist() for w in importance_weights(proximal, behaviour, "token", cap, "mask")]
 
 
 def mismatch(old: list[list[float]], sampled: list[list[float]]) -> tuple[list[float], float]:
@@ -131,9 +157,14 @@ def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float 
                                  lengths, algorithm).astype(np.float32)
     old = old_logprobs(inference)
     weights = pa.nulls(inference.num_rows, pa.list_(pa.float32()))
-    if getattr(algorithm, "rollout_is", "none") == "truncated":
+    rollout_is = getattr(algorithm, "rollout_is", "none")
+    if rollout_is != "none":  # the policy term of each token weighted (worker.real_compute): verl's rollout_is
+        level = "token" if rollout_is == "truncated" else rollout_is
         weights = pa.array(rollout_is_weights(old.to_pylist(), inference.column("sampled_logprobs").to_pylist(),
-                                              float(algorithm.rollout_is_cap)), pa.list_(pa.float32()))
+                                              float(algorithm.rollout_is_cap), level), pa.list_(pa.float32()))
+    elif getattr(algorithm, "use_decoupled_loss", False):  # AReaL's decoupled loss: the same place, masked weights
+        weights = pa.array(behaviour_weights(old.to_pylist(), inference.column("sampled_logprobs").to_pylist(),
+                                             algorithm.behav_imp_weight_cap), pa.list_(pa.float32()))
     return pa.table(
         {
             "sample_id": inference.column("sample_id"),

@@ -221,6 +221,14 @@ TABLE: tuple[Key, ...] = (
     Key("algorithm.filter_groups.metric", "what the groups are filtered by", "algorithm.filter_groups.metric"),
     Key("algorithm.filter_groups.max_num_gen_batches", "generation batches before failing",
         "algorithm.filter_groups.max_num_gen_batches", int),
+    Key("algorithm.rollout_correction.rollout_is", "importance weights of the rollout/actor mismatch (token | sequence)",
+        "algorithm.rollout_is", lambda v: "none" if v in (None, "null") else v,
+        refuse=lambda v: None if v in (None, "null", "token", "sequence") else "null, token or sequence"),
+    Key("algorithm.rollout_correction.rollout_is_threshold", "the truncation of the weights", "algorithm.rollout_is_cap",
+        float),
+    Key("algorithm.rollout_correction.*", "verl's rejection sampling and its other corrections",
+        ignored="not done here: algorithm.rollout_is truncates the weights (verl's rollout_is), "
+        "algorithm.use_decoupled_loss masks them (AReaL's decoupled loss)", benign=lambda v: v in (None, False)),
     # reward
     Key("reward_model.enable", "a reward model", refuse=lambda v: None if not v else "false (reward models are "
         "not served here: reward.name or reward.fn)", ignored="false: rule-based rewards, as here"),
