@@ -483,6 +483,9 @@ class AlgorithmSection:
     # behav_imp_weight_cap (null: none) are left out
     use_decoupled_loss: bool = False
     behav_imp_weight_cap: Optional[float] = None  # > 1 (AReaL's actor.behav_imp_weight_cap)
+    # policy versions (iterations) a rollout may run ahead of the actor (AReaL's rollout.max_head_offpolicyness);
+    # 0: on-policy. The live runtime runs 0; slurm-rl simulate --compare-modes simulates 1 and 2
+    max_staleness: int = 0
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     lam: float = 1.0  # gae's lambda (bias/variance trade-off of the advantage; 1: Monte Carlo returns less the value)
 
@@ -1142,6 +1145,10 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
     _choice(issues, "algorithm.rollout_is", al.rollout_is, ROLLOUT_IS)
     if not al.rollout_is_cap > 0.0:
         issues.append(ConfigIssue("algorithm.rollout_is_cap", al.rollout_is_cap, "a number > 0"))
+    if al.max_staleness != 0:
+        issues.append(ConfigIssue("algorithm.max_staleness", al.max_staleness, (
+            "0: the live runtime trains on-policy so far (slurm-rl simulate --compare-modes simulates staleness "
+            "1 and 2)")))
     cap = al.behav_imp_weight_cap
     if cap is not None and not (cap > 1.0 and al.use_decoupled_loss):
         issues.append(ConfigIssue("algorithm.behav_imp_weight_cap", cap, (

@@ -17,6 +17,11 @@ carried out, those made in the first and the second half of the iteration apart)
 scale: ``plan`` against the best of ``auto`` / ``auto+pre_process`` in points of reduction, ``plan``
 against the best static mode (disaggregated or co-located), and the targets.
 
+Asynchronous rows (at 64 and more GPUs, unless ``--no-async``): staleness 1 and 2
+(``slurm_rl.scheduler.async_pipeline``: the rollout runs ahead of the actor, on the best disaggregated split)
+against the best synchronous mode (static, co-located, co-located with offload, ``plan``); target 1.4x on
+math-RL with staleness 1.
+
 Live half (``--live``): the same profile as emulated live runs at 8 and 32 ranks (one local
 process per rank, real epochs, acks, Arrow hand-off, mid-iteration decisions), with every cost
 scaled by ``--live-time-scale`` so an iteration takes seconds and token counts divided by
@@ -43,7 +48,8 @@ from typing import Any
 from slurm_rl.config import config_from_mapping
 from slurm_rl.placement import COMPONENTS
 from slurm_rl.scheduler.profiles import PROFILES, math_rl, scaled_for_live
-from slurm_rl.scheduler.simulate import simulate
+from slurm_rl.scheduler.async_pipeline import simulate_async
+from slurm_rl.scheduler.simulate import ASYNC_STALENESS, simulate
 
 #: plan with ``scheduler.time_slicing: false``: its disaggregated schedule alone (``plan`` may run iterations collocated)
 PLAN_DISAGGREGATED = "plan+disaggregated"
@@ -204,6 +210,43 @@ def targets(sim: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+TARGET_ASYNC = 1.4  # staleness 1 over the best synchronous mode, math-RL at 64 and 256 GPUs
+SYNC_MODES = (*STATIC_MODES, "plan")  # the synchronous modes an asynchronous run is measured against
+
+
+def _async_one(task: tuple[str, int, int, int]) -> tuple[tuple[str, int], dict[int, Any]]:
+    profile, gpus, iterations, seed = task
+    reports = simulate_async(PROFILES[profile](gpus, num_iterations=iterations), ASYNC_STALENESS, seed=seed)
+    return (profile, gpus), {k: r.as_dict() for k, r in reports.items()}
+
+
+def asynchronous(sim: dict[str, Any], profiles: list[str], gpus: list[int], iterations: int, seeds: list[int],
+                 jobs: int) -> dict[str, Any]:
+    """Staleness 1 and 2 (``slurm_rl.scheduler.async_pipeline``: the rollout decodes while the actor trains,
+    on the best disaggregated split) against the best synchronous mode of the simulated half, per profile and
+    scale, with the target."""
+    tasks = [(p, g, iterations, s) for p in profiles for g in gpus for s in seeds]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        done = list(pool.map(_async_one, tasks)) if jobs > 1 else [_async_one(t) for t in tasks]
+    out: dict[str, Any] = {}
+    for p in profiles:
+        for g in gpus:
+            row = sim[p][str(g)]
+            best = min(SYNC_MODES, key=lambda m: row[m]["mean_iteration_s"])
+            entry: dict[str, Any] = {"best_sync_mode": best, "best_sync_s": row[best]["mean_iteration_s"]}
+            for k in ASYNC_STALENESS:
+                runs = [r[k] for key, r in done if key == (p, g)]
+                mean = _mean([r["mean_iteration_s"] for r in runs])
+                entry[f"k{k}"] = {"mean_iteration_s": mean, "vs_best_sync": round(entry["best_sync_s"] / mean, 3),
+                                  "max_staleness_seen": max(max(r["staleness"]) for r in runs),
+                                  "placement_gpus": [{c: len(v) for c, v in r["placement"].items()} for r in runs]}
+            if p == "math_rl" and g in (64, 256):
+                entry["target_k1"] = {"target": TARGET_ASYNC, "met": entry["k1"]["vs_best_sync"] >= TARGET_ASYNC}
+            entry["never_below_best_sync"] = all(entry[f"k{k}"]["vs_best_sync"] >= 1.0 for k in ASYNC_STALENESS)
+            out.setdefault(p, {})[str(g)] = entry
+    return out
+
+
 def live_config(gpus: int, iterations: int, time_scale: float, token_scale: float, run_dir: Path,
                 policy: str) -> dict[str, Any]:
     """The math-RL profile as an emulated live run: every cost times ``time_scale`` (an iteration
@@ -299,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir(),
                     help="where the live run dirs go (tmpfs keeps fsync out of the figures)")
     ap.add_argument("--no-sim", action="store_true", help="skip the simulated half")
+    ap.add_argument("--no-async", action="store_true", help="skip the asynchronous rows (64 and more GPUs)")
     args = ap.parse_args(argv)
     profiles = args.profiles.split(",")
     unknown = sorted(set(profiles) - set(PROFILES))
@@ -311,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         result["simulated"] = simulated(profiles, [int(g) for g in args.gpus.split(",")], args.iterations,
                                         result["seeds"], args.jobs)
         result["targets"] = targets(result["simulated"])
+        if not args.no_async:
+            result["asynchronous"] = asynchronous(result["simulated"], profiles,
+                                                  [g for g in (int(x) for x in args.gpus.split(",")) if g >= 64],
+                                                  args.iterations, result["seeds"], args.jobs)
     if args.live:
         root = Path(args.live_dir) / "slurm_rl_bench"
         root.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -52,3 +52,8 @@ def print_modes(result: dict[str, Any]) -> None:
     skipped = result["not_compared"]
     if skipped["policies"]:
         print(f"not compared: {', '.join(skipped['policies'])} ({skipped['why']})")
+    asynchronous = result.get("asynchronous", {})
+    for row in asynchronous.get("rows", []):
+        split = ", ".join(f"{c} {n}" for c, n in row["gpus"].items())
+        print(f"asynchronous, staleness {row['max_staleness']}: {row['mean_iteration_s']:.1f} s/iteration, "
+              f"{row['vs_fastest_mode']:.2f}x the fastest mode, on {split} GPUs ({asynchronous['why']})")

@@ -245,4 +245,26 @@ def compare_modes(cfg: Config, gpus: int | None = None, seed: int | None = None)
     best = min(rows, key=lambda r: r["mean_iteration_s"])
     why = "the configured placement shares ranks: give a disaggregated one to compare them" if skipped else None
     return {"gpus": own.gpus, "iterations": len(own.iterations), "modes": rows, "fastest": best,
-            "not_compared": {"policies": skipped, "why": why}}
+            "not_compared": {"policies": skipped, "why": why},
+            "asynchronous": _async_rows(cfg, gpus, seed, best["mean_iteration_s"])}
+
+
+#: the staleness bounds ``compare_modes`` simulates (``algorithm.max_staleness``)
+ASYNC_STALENESS = (1, 2)
+
+
+def _async_rows(cfg: Config, gpus: int | None, seed: int | None, fastest_s: float) -> dict[str, object]:
+    """The config run asynchronously (:mod:`~slurm_rl.scheduler.async_pipeline`) with each of :data:`ASYNC_STALENESS`
+    on the best disaggregated split: simulated only (the live runtime trains on-policy)."""
+    from omegaconf import OmegaConf
+
+    from slurm_rl.scheduler.async_pipeline import simulate_async
+
+    if cfg.placement.mode != "disaggregated" or (gpus is not None and gpus != cfg.num_slots):
+        return {"rows": [], "why": "needs the config's own GPUs on a disaggregated placement"}
+    reports = simulate_async(OmegaConf.to_container(cfg.raw, resolve=True), ASYNC_STALENESS, seed=seed)
+    rows = [{"max_staleness": k, "mean_iteration_s": round(r.mean_iteration_s, 3),
+             "vs_fastest_mode": round(fastest_s / r.mean_iteration_s, 3) if r.mean_iteration_s else None,
+             "gpus": {c: len(ranks) for c, ranks in r.placement.items()},
+             "staleness": [it.staleness for it in r.iterations]} for k, r in sorted(reports.items())]
+    return {"rows": rows, "why": "simulated only: the live runtime trains on-policy (algorithm.max_staleness 0)"}

@@ -1,0 +1,154 @@
+"""Asynchronous RL with bounded staleness, simulated: the rollout runs up to ``k`` policy versions ahead.
+
+A synchronous iteration generates its samples with the weights of the iteration before it, then finishes
+scoring and training them: the rollout's GPUs wait for the actor and the actor's wait for the samples (the
+data dependency). With staleness ``k`` (``algorithm.max_staleness``; AReaL's ``max_head_offpolicyness``) the
+rollout of iteration ``j`` may start from the weights trained up to iteration ``j - k - 1``, so it decodes
+while the actor trains the iterations before it. A policy version here is an iteration's update (the weights
+the gate hands the rollout); a sample's staleness is its iteration less the version it was generated from.
+
+:func:`pipeline` replays a synchronous simulation (:func:`~slurm_rl.scheduler.simulate.simulate`, static
+placement) with that freedom, per iteration ``j`` (its rollout decodes for ``G_j``, the rollout's end in the
+synchronous run; the scoring and training after the last sample take ``tail_j``; the actor's and the
+inference's busy time is ``A_j``, the larger of the two per GPU of each):
+
+- the rollout of ``j`` starts when the rollout ranks are free and the weights of version ``j - k`` exist:
+  ``start_j = max(end_gen_{j-1}, end_train_{j-k-1})``, ``end_gen_j = start_j + G_j``;
+- its training ends after its last sample's tail, and after the actor trained the iteration before:
+  ``end_train_j = max(end_gen_j + tail_j, end_train_{j-1} + A_j)``.
+
+With ``k = 0`` this is the synchronous run, iteration by iteration. Where the rollout shares ranks with the
+actor (co-located, or a hybrid placement with shared rollout ranks) it cannot decode while they train: no
+overlap, the synchronous time. A weight sync landing mid-generation (partial rollout) is not modelled: each
+iteration's rollout keeps the weights it started with, which bounds the gain from below.
+
+:func:`simulate_async` chooses the disaggregated split for ``k`` (the config's own and splits of the GPUs
+between actor, rollout and inference), as ``plan`` may choose a placement for an async run; it never raises
+``k``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+from slurm_rl.placement import ConfigError, ConfigIssue
+
+from slurm_rl.scheduler.report import SimReport
+
+#: the shares of the GPUs (actor, inference) tried by :func:`simulate_async`; the rollout takes the rest
+SPLITS = ((0.125, 0.125), (0.25, 0.125), (0.125, 0.25), (0.25, 0.25), (0.375, 0.125), (0.375, 0.25))
+
+
+@dataclass(frozen=True)
+class AsyncIteration:
+    """One iteration of an asynchronous run (seconds from the run's start)."""
+
+    iteration: int
+    generate_start_s: float
+    generate_end_s: float
+    train_end_s: float
+    policy_version: int  # the iterations trained into the weights its rollout started from
+    staleness: int  # iteration - policy_version (never above max_staleness)
+
+
+@dataclass
+class AsyncReport:
+    """A simulated asynchronous run: its total time, each iteration, the placement it ran on."""
+
+    max_staleness: int
+    total_time_s: float
+    sync_time_s: float  # the synchronous run on the same placement
+    overlap: bool  # whether the rollout can decode while the actor trains (ranks of its own)
+    placement: dict[str, list[int]] = field(default_factory=dict)
+    iterations: list[AsyncIteration] = field(default_factory=list)
+
+    @property
+    def mean_iteration_s(self) -> float:
+        return self.total_time_s / max(1, len(self.iterations))
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["mean_iteration_s"] = round(self.mean_iteration_s, 3)
+        out["staleness"] = [it.staleness for it in self.iterations]
+        return out
+
+
+def _actor_side_s(it: Any, gpus: Mapping[str, int]) -> float:
+    """The scoring and training one iteration needs once its samples exist: the busier of the actor's and the
+    inference's GPUs (seconds)."""
+    return max(it.busy_gpu_s.get(c, 0.0) / n for c, n in gpus.items() if c in ("actor", "inference") and n)
+
+
+def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], overlap: bool = True) -> AsyncReport:
+    """``report`` (a synchronous run) replayed with the rollout up to ``max_staleness`` versions ahead (module
+    docstring); ``gpus``: the GPUs of each component; ``overlap`` False: the rollout shares the actor's ranks."""
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness {max_staleness}: expected >= 0")
+    k = max_staleness if overlap else 0
+    gen_end, train_end, out = 0.0, [], []
+    for j, it in enumerate(report.iterations):
+        g = it.phases.get("rollout_end_s", it.time_s)
+        tail = it.time_s - g
+        ready = train_end[j - k - 1] if j - k - 1 >= 0 else 0.0
+        start = max(gen_end, ready) if j else 0.0
+        gen_end = start + g
+        before = train_end[-1] if train_end else 0.0
+        train_end.append(max(gen_end + tail, before + _actor_side_s(it, gpus)) if j else gen_end + tail)
+        version = sum(1 for t in train_end[:j] if t <= start)
+        out.append(AsyncIteration(j, start, gen_end, train_end[-1], version, j - version))
+    total = train_end[-1] if train_end else 0.0
+    return AsyncReport(max_staleness, total, report.total_time_s, bool(overlap and k), {}, out)
+
+
+def _split(n: int, actor_share: float, inference_share: float, unit: int) -> dict[str, str] | None:
+    """A disaggregated placement of ``n`` GPUs in rank order actor, rollout, inference (the actor's GPUs a
+    multiple of ``unit``, its instance size), or None when a component would get none."""
+    a = int(n * actor_share) // unit * unit
+    i = int(n * inference_share)
+    r = n - a - i
+    if min(a, i, r) < 1:
+        return None
+    return {"actor": f"0-{a - 1}", "rollout": f"{a}-{a + r - 1}", "inference": f"{a + r}-{n - 1}"}
+
+
+def simulate_async(doc: Mapping[str, Any], max_staleness: Sequence[int], seed: int | None = None,
+                   search: bool = True) -> dict[int, AsyncReport]:
+    """The config document ``doc`` (disaggregated, static) run asynchronously with each staleness of
+    ``max_staleness``, each on the fastest of its own placement and the :data:`SPLITS` (``search``; one synchronous
+    simulation per placement serves every staleness); candidates the config or the simulator refuse (an actor DP
+    the mini-batch cannot split) are skipped."""
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.scheduler.simulate import simulate
+    from slurm_rl.scheduler.simulator import SimulationSetupError
+
+    base = copy.deepcopy(dict(doc))
+    base.setdefault("scheduler", {})["policy"] = "static"
+    base.setdefault("cluster", {})["auto_scheduler"] = False
+    candidates = [dict(base["cluster"]["component_placement"])]
+    cfg0 = config_from_mapping(base)
+    n, unit = cfg0.num_slots, cfg0.scheduler.actor_ranks_per_instance
+    if search:
+        candidates += [p for s in SPLITS if (p := _split(n, *s, unit)) is not None and p not in candidates]
+    best: dict[int, AsyncReport] = {}
+    for placement in candidates:
+        trial = copy.deepcopy(base)
+        trial["cluster"]["component_placement"] = placement
+        try:
+            cfg = config_from_mapping(trial)
+            sync = simulate(cfg, seed=seed)
+        except (ConfigError, SimulationSetupError):  # a DP size the mini-batch cannot split
+            continue
+        comps = cfg.placement.components
+        gpus = {c: len(p.slots) for c, p in comps.items()}
+        overlap = not (comps["rollout"].shared_with if "rollout" in comps else ())  # its own ranks: it decodes on
+        for k in max_staleness:
+            report = pipeline(sync, k, gpus, overlap=overlap)
+            report.placement = {c: list(p.ranks) for c, p in comps.items()}
+            if k not in best or report.total_time_s < best[k].total_time_s:
+                best[k] = report
+    if not best:
+        raise ConfigError([ConfigIssue("cluster.component_placement", dict(doc["cluster"]["component_placement"]),
+                                       "a placement the simulator can run")])
+    return best

@@ -1,0 +1,110 @@
+"""The simulated asynchronous run (``slurm_rl.scheduler.async_pipeline``): with staleness 0 it is the
+synchronous run, a rollout never starts from weights more than ``k`` versions old, it gains only where the
+rollout has ranks of its own, and a hand-computed schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_rl.scheduler.async_pipeline import pipeline, simulate_async
+from slurm_rl.scheduler.profiles import math_rl
+from slurm_rl.scheduler.report import IterationReport, SimReport
+
+GPUS = {"actor": 2, "rollout": 4, "inference": 2}
+
+
+def _report(rows: list[tuple[float, float, float]]) -> SimReport:
+    """Iterations of (rollout end, iteration time, actor busy GPU-seconds)."""
+    out = SimReport(policy="static", gpus=8, use_pre_process_policy=False, use_wait_before_last_iter_policy=False,
+                    seed=0)
+    for j, (g, t, actor) in enumerate(rows):
+        out.iterations.append(IterationReport(iteration=j, time_s=t, busy_gpu_s={"actor": actor, "inference": 0.0},
+                                              phases={"rollout_end_s": g}))
+    return out
+
+
+def test_staleness_zero_is_the_synchronous_run() -> None:
+    report = _report([(10.0, 14.0, 6.0), (9.0, 13.0, 6.0), (11.0, 15.0, 6.0)])
+    sync = pipeline(report, 0, GPUS)
+    assert sync.total_time_s == pytest.approx(14.0 + 13.0 + 15.0)
+    assert [it.staleness for it in sync.iterations] == [0, 0, 0] and not sync.overlap
+
+
+def test_a_hand_computed_schedule_with_staleness_one() -> None:
+    """Rollout 10 s, the tail after it 4 s, the actor 3 s per iteration (6 GPU-s on 2 GPUs):
+    it0 decodes 0-10, trains to 14; it1 starts at 10 (weights version 0 allowed) and decodes to 20, trains to
+    max(20 + 4, 14 + 3) = 24; it2 needs version 1 (it0 trained, at 14): starts at 20, ends 30, trains to 34."""
+    report = _report([(10.0, 14.0, 6.0)] * 3)
+    a = pipeline(report, 1, GPUS)
+    assert [(it.generate_start_s, it.generate_end_s, it.train_end_s) for it in a.iterations] == [
+        (0.0, 10.0, 14.0), (10.0, 20.0, 24.0), (20.0, 30.0, 34.0)]
+    assert [(it.policy_version, it.staleness) for it in a.iterations] == [(0, 0), (0, 1), (1, 1)]
+    assert a.total_time_s == 34.0 and a.sync_time_s == 42.0 and a.overlap
+
+
+def test_staleness_never_exceeds_k_and_more_staleness_is_never_slower() -> None:
+    report = _report([(10.0, 30.0, 40.0), (12.0, 31.0, 40.0), (8.0, 29.0, 40.0), (10.0, 30.0, 40.0),
+                      (11.0, 30.0, 40.0)])
+    times = []
+    for k in range(4):
+        run = pipeline(report, k, GPUS)
+        assert all(0 <= it.staleness <= k for it in run.iterations)
+        times.append(run.total_time_s)
+    assert times == sorted(times, reverse=True) and times[1] < times[0]
+    # the actor (20 s per iteration) bounds the overlap: never faster than its own work
+    assert times[-1] >= 5 * 20.0
+
+
+def test_a_rollout_sharing_the_actors_ranks_gains_nothing() -> None:
+    report = _report([(10.0, 14.0, 6.0)] * 3)
+    shared = pipeline(report, 2, GPUS, overlap=False)
+    assert shared.total_time_s == pipeline(report, 0, GPUS).total_time_s and not shared.overlap
+
+
+@pytest.mark.slow
+def test_math_rl_async_on_its_best_split_beats_the_synchronous_static_run() -> None:
+    """The math-RL profile at 8 GPUs, 4 iterations: staleness 1 on the best split it finds is faster than the
+    synchronous run on the configured placement, and its samples are at most 1 version old."""
+    doc = math_rl(8, num_iterations=4)
+    sync = simulate_async(doc, [0], seed=0, search=False)[0]
+    one = simulate_async(doc, [1], seed=0)[1]
+    assert one.total_time_s < sync.total_time_s
+    assert max(it.staleness for it in one.iterations) <= 1
+    assert sorted(r for ranks in one.placement.values() for r in ranks) == list(range(8))
+
+
+def test_a_run_with_staleness_is_refused_naming_the_simulator() -> None:
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.placement import ConfigError
+
+    doc = math_rl(8, num_iterations=1)
+    doc["algorithm"] = {"max_staleness": 1}
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping(doc)
+    assert any(i.key == "algorithm.max_staleness" and "simulate --compare-modes" in i.allowed for i in err.value.issues)
+
+
+def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
+    """``slurm-rl simulate --compare-modes`` on an 8-GPU math-RL config: staleness 1 and 2 beside the modes, each on
+    the split it chose, with the staleness of each iteration at most its bound."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = tmp_path / "math8.yaml"
+    path.write_text(yaml.safe_dump(math_rl(8, num_iterations=3)))
+    proc = subprocess.run([sys.executable, "-m", "slurm_rl.cli", "simulate", str(path), "--compare-modes", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["asynchronous"]["rows"]
+    assert [r["max_staleness"] for r in rows] == [1, 2]
+    for r in rows:
+        assert max(r["staleness"]) <= r["max_staleness"] and sum(r["gpus"].values()) == 8
+        assert r["mean_iteration_s"] > 0
+    from slurm_rl.scheduler.cli_bridge import print_modes
+
+    print_modes(json.loads(proc.stdout))
+    text = capsys.readouterr().out
+    assert "asynchronous, staleness 1:" in text and "simulated only" in text
