@@ -33,7 +33,9 @@ class StageFollower:
             self._add(r)
 
     def _add(self, rank: int) -> None:
-        self._producers.setdefault(rank, {"key": None, "shards": [], "next": 0, "complete": False})
+        if rank not in self._producers:  # its manifest's path built once: a poll stats it, often
+            self._producers[rank] = {"key": None, "shards": [], "next": 0, "complete": False,
+                                     "path": manifest_path(self.run_dir, self.iteration, self.stage, rank)}
 
     def poll(self) -> list[tuple[int, int, pa.Table]]:
         """Shards published since the last poll as (producer, seq, table)."""
@@ -49,7 +51,7 @@ class StageFollower:
         for rank, st in sorted(self._producers.items()):
             if st["complete"] and st["next"] >= len(st["shards"]):
                 continue
-            path = manifest_path(self.run_dir, self.iteration, self.stage, rank)
+            path = st["path"]
             key = stat_key(path, self.fs)
             if key is not None and key != st["key"]:
                 m = ProducerManifest.load(path, iteration=self.iteration, stage=self.stage, producer_rank=rank,
