@@ -13,7 +13,11 @@ synchronous run; the scoring and training after the last sample take ``tail_j``;
 inference's busy time is ``A_j``, the larger of the two per GPU of each):
 
 - the rollout of ``j`` starts when the rollout ranks are free and the weights of version ``j - k`` exist:
-  ``start_j = max(end_gen_{j-1}, end_train_{j-k-1})``, ``end_gen_j = start_j + G_j``;
+  ``start_j = max(free_{j-1}, end_train_{j-k-1})``, ``end_gen_j = start_j + G_j``; the rollout's GPUs take the
+  next iteration's requests as the long tail frees them (continuous batching across iterations), so they are free
+  once the iteration's decoding work is done: ``free_j = start_j + B_j``, ``B_j`` the GPU-seconds its instances
+  had requests running, per rollout GPU (at most ``G_j``; an instance with one request left counts as busy, so
+  ``B_j`` errs long);
 - its training ends after its last sample's tail, and after the actor trained the iteration before:
   ``end_train_j = max(end_gen_j + tail_j, end_train_{j-1} + A_j)``.
 
@@ -87,13 +91,16 @@ def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], ove
     if max_staleness < 0:
         raise ValueError(f"max_staleness {max_staleness}: expected >= 0")
     k = max_staleness if overlap else 0
-    gen_end, train_end, out = 0.0, [], []
+    free, train_end, out = 0.0, [], []
     for j, it in enumerate(report.iterations):
         g = it.phases.get("rollout_end_s", it.time_s)
         tail = it.time_s - g
         ready = train_end[j - k - 1] if j - k - 1 >= 0 else 0.0
-        start = max(gen_end, ready) if j else 0.0
+        start = max(free, ready) if j else 0.0
         gen_end = start + g
+        # the rollout's GPUs take the next iteration's requests as this one's tail frees them: they are free once
+        # its decoding work is done (the GPU-seconds its instances had requests running, per GPU)
+        free = start + min(g, it.busy_gpu_s.get("rollout", g * gpus.get("rollout", 1)) / max(1, gpus.get("rollout", 1)))
         before = train_end[-1] if train_end else 0.0
         train_end.append(max(gen_end + tail, before + _actor_side_s(it, gpus)) if j else gen_end + tail)
         version = sum(1 for t in train_end[:j] if t <= start)
