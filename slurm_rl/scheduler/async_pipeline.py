@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from slurm_rl.placement import ConfigError, ConfigIssue
-
 from slurm_rl.scheduler.report import SimReport
 
 #: the shares of the GPUs (actor, inference) tried by :func:`simulate_async`; the rollout takes the rest
@@ -100,7 +99,8 @@ def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], ove
         gen_end = start + g
         # the rollout's GPUs take the next iteration's requests as this one's tail frees them: they are free once
         # its decoding work is done (the GPU-seconds its instances had requests running, per GPU)
-        free = start + min(g, it.busy_gpu_s.get("rollout", g * gpus.get("rollout", 1)) / max(1, gpus.get("rollout", 1)))
+        rollout_gpus = max(1, gpus.get("rollout", 1))
+        free = start + min(g, it.busy_gpu_s.get("rollout", g * rollout_gpus) / rollout_gpus)
         before = train_end[-1] if train_end else 0.0
         train_end.append(max(gen_end + tail, before + _actor_side_s(it, gpus)) if j else gen_end + tail)
         version = sum(1 for t in train_end[:j] if t <= start)
