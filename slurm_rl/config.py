@@ -1485,7 +1485,8 @@ def _resolve(root: DictConfig, issues: list[ConfigIssue], max_failures: int = 32
 @functools.lru_cache(maxsize=1)
 def _schema_pickle() -> bytes:
     """The schema with its defaults, pickled once per process: unpickling a copy costs a quarter of
-    deep-copying one (each load builds on a fresh copy)."""
+    deep-copying one (each load builds on a fresh copy). The bytes never leave the process: nothing read from
+    storage is unpickled (DESIGN.md, invariant 7)."""
     return pickle.dumps(OmegaConf.structured(RootSchema))
 
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import filelock
+import psutil
 
 ORDINARY, SERIAL = "ordinary", "serial"
 POLL_S = 0.05
@@ -90,10 +91,4 @@ class MachineLock:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return psutil.pid_exists(pid)
