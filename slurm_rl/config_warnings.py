@@ -56,6 +56,12 @@ def config_warnings(cfg: Config, env: Mapping[str, str] | None = None,
     if cfg.runtime.device == "emulated" and cfg.train.balance_batch:
         out.append("train.balance_batch: true has no effect under runtime.device emulated (the cost model "
                    "splits no mini-batch over DP ranks)")
+    al = cfg.algorithm
+    for key, on in (("algorithm.rollout_is", al.rollout_is != "none"),
+                    ("algorithm.use_decoupled_loss", al.use_decoupled_loss)):
+        if cfg.runtime.device == "emulated" and on:
+            out.append(f"{key}: {getattr(al, key.split('.')[1])} has no effect under runtime.device emulated (the cost "
+                       "model computes no loss to weigh)")
     return out
 
 

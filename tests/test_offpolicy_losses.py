@@ -154,3 +154,14 @@ def test_the_actor_batch_carries_the_weights_the_loss_multiplies() -> None:
         assert weights(rollout_is=level, rollout_is_cap=1.2) == rollout_is_weights(proximal, sampled, 1.2, level)
     assert weights(rollout_is="truncated") == rollout_is_weights(proximal, sampled, 2.0, "token")
     assert weights(use_decoupled_loss=True, behav_imp_weight_cap=1.05) == behaviour_weights(proximal, sampled, 1.05)
+
+
+def test_the_corrections_under_the_emulated_device_are_a_warning() -> None:
+    from slurm_rl.config_warnings import config_warnings
+
+    said = config_warnings(config_from_mapping(_config(use_decoupled_loss=True)))
+    assert any(w.startswith("algorithm.use_decoupled_loss: True has no effect under runtime.device emulated")
+               for w in said), said
+    said = config_warnings(config_from_mapping(_config(rollout_is="sequence")))
+    assert any(w.startswith("algorithm.rollout_is: sequence has no effect") for w in said), said
+    assert not [w for w in config_warnings(config_from_mapping(_config())) if w.startswith("algorithm.")]
