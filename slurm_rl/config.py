@@ -1646,9 +1646,35 @@ def _dedupe(issues: Sequence[ConfigIssue], first_stage: int | None = None) -> li
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _yaml_loader() -> Any:
+    """OmegaConf's own YAML loader (its float forms, duplicate-key and alias checks), built once."""
+    try:
+        from omegaconf._yaml import get_yaml_loader
+    except ImportError:  # older omegaconf
+        from omegaconf._utils import get_yaml_loader
+    return get_yaml_loader()
+
+
+def _json_like(value: Any) -> bool:
+    """A mapping with string keys, lists and JSON scalars all the way down."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_like(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_json_like(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
 def _read_yaml(text: str, source: str) -> Any:
     try:
-        return OmegaConf.to_container(OmegaConf.create(text), resolve=False) if text.strip() else None
+        if not text.strip():
+            return None
+        # A plain mapping reads as OmegaConf would give it back (tested): ten times cheaper than
+        # building a DictConfig to turn it into a dict again; anything else takes OmegaConf's path.
+        doc = yaml.load(text, Loader=_yaml_loader())
+        if isinstance(doc, dict) and _json_like(doc):
+            return doc
+        return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
@@ -1672,6 +1698,62 @@ def config_from_mapping(
     return _build([("<mapping>", data)], overrides, env)
 
 
+class _ReadEnv(Mapping[str, str]):
+    """An environment that records the variables read from it (and their values, None where unset)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env, self.read = env, {}
+
+    def __getitem__(self, key: str) -> str:
+        self.read[key] = self._env.get(key)
+        return self._env[key]
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read[key] = self._env.get(key)
+        return key in self._env
+
+    def __iter__(self) -> Any:  # a load that lists the environment depends on all of it
+        self.read.update(self._env)
+        return iter(self._env)
+
+    def __len__(self) -> int:
+        return len(self._env)
+
+
+@dataclass(frozen=True)
+class ReusableConfig:
+    """A config file loaded once by a process that forks the processes that load it again (a fork server
+    and its ranks): the text it was read from and the environment variables the load read."""
+
+    path: Path
+    text: str
+    env: Mapping[str, str | None]
+    config: Config
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReusableConfig":
+        """Load ``path`` (as :func:`load_config` with the process's environment), recording what it read."""
+        p = Path(path)
+        text = _read_config_file(p)
+        env = _ReadEnv(os.environ)
+        config = _build([(str(p), _read_yaml(text, str(p)))], (), env)
+        return cls(p, text, dict(env.read), config)
+
+    def get(self, path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+        """The config of ``path`` in environment ``env`` (default ``os.environ``): this one where the file
+        reads the same and every variable the load read has its value (a ``${...}`` other than in strings
+        OmegaConf leaves alone may read more: such a file always loads again); else :func:`load_config`."""
+        env = os.environ if env is None else env
+        try:
+            same = (Path(path) == self.path and "${" not in self.text
+                    and Path(path).read_text(encoding="utf-8") == self.text
+                    and all(env.get(k) == v for k, v in self.env.items()))
+        except OSError:
+            same = False
+        return self.config if same else load_config(path, env=env)
+
+
 def load_config(
     path: str | Path | None, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> Config:
@@ -1681,10 +1763,12 @@ def load_config(
     """
     layers: list[tuple[str, Any]] = []
     if path is not None:
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError([ConfigIssue("config file", str(p), f"a readable YAML file ({exc.strerror})")]) from None
-        layers.append((str(p), _read_yaml(text, str(p))))
+        layers.append((str(path), _read_yaml(_read_config_file(Path(path)), str(path))))
     return _build(layers, overrides, env)
+
+
+def _read_config_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([ConfigIssue("config file", str(path), f"a readable YAML file ({exc.strerror})")]) from None

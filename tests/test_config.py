@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import re
 from datetime import datetime
@@ -986,3 +987,56 @@ def test_an_invalid_layer_after_a_valid_one_is_merged_key_by_key_onto_it(tmp_pat
                           ("b", {"train": {"group_size": 3, "micro_batch_size": "x", "nope": 1}})], issues)
     assert {i.key for i in issues} == {"train.micro_batch_size", "train.nope"}
     assert root.train.num_iterations == 7 and root.train.group_size == 3
+
+
+@pytest.mark.parametrize("text", [
+    *(p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))),
+    "train: {lr: 1e-4, n: 3, on: yes, tag: '1e-4', none: null, list: [1, 2.5, ~, x]}\n",
+    "runtime:\n  run_dir: runs/${now:%Y%m%d}\n  device: emulated\nmodel:\n  path: ???\n",
+    "a:\n  - {b: .inf, c: -.5, d: 0x10, e: 1_000}\n",
+])
+def test_plain_yaml_reads_as_omegaconf_reads_it(text: str) -> None:
+    """A plain mapping takes the fast read; it gives what OmegaConf's round trip gave."""
+    from slurm_rl.config import _read_yaml
+
+    assert _read_yaml(text, "x") == OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+
+
+@pytest.mark.parametrize("text, error", [
+    ("a: 1\na: 2\n", "duplicate key"),
+    ("a: [1\n", "x:2:1"),
+    ("1: x\ntrue: y\n", None),
+    ("- 1\n- 2\n", None),
+])
+def test_yaml_that_is_not_a_plain_mapping_reads_as_before(text: str, error: str | None) -> None:
+    from slurm_rl.config import _read_yaml
+
+    if error is None:
+        assert _read_yaml(text, "x") == OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    else:
+        with pytest.raises(ConfigError, match=error):
+            _read_yaml(text, "x")
+
+
+def test_a_reusable_config_is_taken_only_where_its_file_and_read_environment_are_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork server loads the run's config once; a rank takes that object where the file reads the
+    same and every variable the load read has its value, else it loads the file itself."""
+    from slurm_rl.config import ReusableConfig
+
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE_YAML.replace("gpus_per_node: 8", "gpus_per_node: null"))
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "8")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    loaded = ReusableConfig.load(path)
+    assert loaded.env["SLURM_GPUS_ON_NODE"] == "8" and "SLURM_PROCID" not in loaded.env
+    assert loaded.get(path) is loaded.config  # the same file and environment
+    assert loaded.get(path, env={**os.environ, "SLURM_PROCID": "3"}) is loaded.config  # a variable it never read
+    regrown = loaded.get(path, env={**os.environ, "SLURM_GPUS_ON_NODE": "16"})
+    assert regrown is not loaded.config and regrown.cluster.gpus_per_node == 16
+    path.write_text(path.read_text().replace("num_nodes: 1", "num_nodes: 1\n  # edited"))
+    edited = loaded.get(path)
+    assert edited is not loaded.config and edited.cluster == loaded.config.cluster
+    path.write_text(path.read_text() + "runtime:\n  run_dir: ${oc.env:HOME}/run\n")
+    with pytest.raises(ConfigError):  # a duplicate top-level key: loaded again, refused as before
+        loaded.get(path)

@@ -190,3 +190,33 @@ if __name__ == "__main__":
         endless_producer(args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4]))
     else:
         raise SystemExit(f"unknown role {role!r}")
+
+
+def test_a_reparsed_manifest_takes_known_entries_and_validates_changed_ones(tmp_path: Path) -> None:
+    """A follower re-reading an append-only manifest passes what it parsed before: equal entries are
+    taken as they are, a changed or new entry is validated as any other."""
+    from slurm_rl.data import InvalidManifestError
+    from slurm_rl.data.manifest import ProducerManifest, ShardInfo
+
+    def entry(seq: int, rows: int = 2) -> ShardInfo:
+        return ShardInfo(name=f"shard-0003-{seq:06d}.arrow", rows=rows, bytes=10, tokens=4, xxh3_64="0" * 16,
+                         sample_id_min=seq, sample_id_max=seq + 1, sample_count=rows, created_at=1.0)
+
+    def raw(shards: list[ShardInfo]) -> bytes:
+        doc = ProducerManifest(5, "rollouts", 3, 1, shards=shards).to_json()
+        return json.dumps(doc).encode()
+
+    where = tmp_path / "manifest-0003.json"
+    first = ProducerManifest.parse(raw([entry(0)]), where, iteration=5, stage="rollouts", producer_rank=3)
+    assert first.shards == [entry(0)] and first.shards[0].to_json() == json.loads(raw([entry(0)]))["shards"][0]
+    again = ProducerManifest.parse(raw([entry(0), entry(1)]), where, iteration=5, stage="rollouts",
+                                   producer_rank=3, known=first.shards)
+    assert again.shards[0] is first.shards[0] and again.shards[1] == entry(1)
+    changed = ProducerManifest.parse(raw([entry(0, rows=3)]), where, iteration=5, stage="rollouts",
+                                     producer_rank=3, known=first.shards)
+    assert changed.shards == [entry(0, rows=3)]
+    bad = json.loads(raw([entry(0)]))
+    bad["shards"][0]["rows"] = -1
+    with pytest.raises(InvalidManifestError, match=r"shards\[0\].rows"):
+        ProducerManifest.parse(json.dumps(bad).encode(), where, iteration=5, stage="rollouts", producer_rank=3,
+                               known=first.shards)

@@ -55,7 +55,7 @@ class StageFollower:
             key = stat_key(path, self.fs)
             if key is not None and key != st["key"]:
                 m = ProducerManifest.load(path, iteration=self.iteration, stage=self.stage, producer_rank=rank,
-                                          fs=self.fs)
+                                          fs=self.fs, known=st["shards"])
                 st["shards"], st["complete"], st["key"] = m.shards, m.complete, key
             while st["next"] < len(st["shards"]):
                 info = st["shards"][st["next"]]

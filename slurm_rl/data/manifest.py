@@ -9,7 +9,7 @@ manifest is complete.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,8 +35,8 @@ class ShardInfo:
     created_at: float
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict (its fields are scalars: no deep copy as ``dataclasses.asdict`` makes)."""
+        return {name: getattr(self, name) for name in _SHARD_FIELDS}
 
     @classmethod
     def from_json(cls, obj: Any, producer_rank: int, where: Path, field: str = "shards[?]") -> "ShardInfo":
@@ -79,6 +79,9 @@ class ShardInfo:
             raise InvalidManifestError(f"{where}: field '{field}' lacks key {e}") from None
 
 
+_SHARD_FIELDS = tuple(f.name for f in fields(ShardInfo))
+
+
 @dataclass
 class ProducerManifest:
     """Everything one producer rank published for one stage of one iteration."""
@@ -107,8 +110,13 @@ class ProducerManifest:
         }
 
     @classmethod
-    def parse(cls, raw: bytes, where: Path, *, iteration: int, stage: str, producer_rank: int) -> "ProducerManifest":
-        """Parse and validate manifest bytes; the identity fields must match what the caller expects."""
+    def parse(cls, raw: bytes, where: Path, *, iteration: int, stage: str, producer_rank: int,
+              known: Sequence[ShardInfo] = ()) -> "ProducerManifest":
+        """Parse and validate manifest bytes; the identity fields must match what the caller expects.
+
+        ``known``: the shards of this manifest as parsed before (a follower re-reading an append-only
+        manifest): an entry equal to the known one at its position is taken as is, not re-validated.
+        """
         try:
             obj = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -131,7 +139,8 @@ class ProducerManifest:
         updated = obj.get("updated_at", 0.0)
         if isinstance(updated, bool) or not isinstance(updated, (int, float)):
             raise InvalidManifestError(f"{where}: field 'updated_at' must be a number, got {updated!r}")
-        shards = [ShardInfo.from_json(s, producer_rank, where, f"shards[{i}]") for i, s in enumerate(shards_raw)]
+        shards = [known[i] if i < len(known) and s == known[i].to_json()
+                  else ShardInfo.from_json(s, producer_rank, where, f"shards[{i}]") for i, s in enumerate(shards_raw)]
         names = [s.name for s in shards]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -148,10 +157,10 @@ class ProducerManifest:
 
     @classmethod
     def load(cls, path: Path, *, iteration: int, stage: str, producer_rank: int,
-             fs: FileSystem | None = None) -> "ProducerManifest":
-        """Read and validate a manifest file."""
+             fs: FileSystem | None = None, known: Sequence[ShardInfo] = ()) -> "ProducerManifest":
+        """Read and validate a manifest file (``known``: as in :meth:`parse`)."""
         return cls.parse(read_bytes_once(path, fs=fs), path, iteration=iteration, stage=stage,
-                         producer_rank=producer_rank)
+                         producer_rank=producer_rank, known=known)
 
 
 def produced_rows(run_dir: str | Path, iteration: int, stage: str, producer_ranks: Sequence[int],

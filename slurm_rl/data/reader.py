@@ -149,7 +149,8 @@ class StageReader:
             raw = read_bytes_once(st.path, fs=self.fs)
         except FileNotFoundError:
             return
-        m = ProducerManifest.parse(raw, st.path, iteration=self.iteration, stage=self.stage, producer_rank=st.rank)
+        m = ProducerManifest.parse(raw, st.path, iteration=self.iteration, stage=self.stage, producer_rank=st.rank,
+                                   known=st.listed)
         # Append-only: what we already saw must be a prefix of the new list.
         for old, new in zip(st.listed, m.shards):
             if old != new:

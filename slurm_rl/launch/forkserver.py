@@ -71,10 +71,13 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from slurm_rl.errors import LaunchError
 from slurm_rl.launch import zygote
+
+if TYPE_CHECKING:
+    from slurm_rl.config import ReusableConfig
 
 ENV_SWITCH = "SLURM_RL_FORKSERVER"
 LOG_NAME = "forkserver.log"
@@ -354,14 +357,21 @@ def preload(device: str) -> None:
 
 def run_device(run_dir: str | Path) -> str:
     """``runtime.device`` of the run (``emulated``, said in the log, when its config cannot be read)."""
-    try:
-        from slurm_rl.config import load_config
+    loaded = run_config(run_dir)
+    return "emulated" if loaded is None else loaded.config.runtime.device
 
-        return load_config(Path(run_dir) / "config.yaml").runtime.device
+
+def run_config(run_dir: str | Path) -> ReusableConfig | None:
+    """The run's config, loaded to be handed to the ranks forked from here (None, said in the log, when it
+    cannot be read: the ranks load it themselves and report why)."""
+    try:
+        from slurm_rl.config import ReusableConfig
+
+        return ReusableConfig.load(Path(run_dir) / "config.yaml")
     except Exception as exc:
         _log(f"cannot read runtime.device from {run_dir}/config.yaml ({type(exc).__name__}: {exc}); "
              f"preloading the worker modules only")
-        return "emulated"
+        return None
 
 
 def _threads() -> list[str]:
@@ -426,9 +436,10 @@ def become_fresh(env: dict[str, str], ignored: frozenset[int] = frozenset()) -> 
         sys.modules["numpy"].random.seed()
 
 
-def serve(run_dir: str, req: int, rep: int, parent: int) -> int:
+def serve(run_dir: str, req: int, rep: int, parent: int, loaded: ReusableConfig | None = None) -> int:
     """Fork a rank per request until ``req`` closes, report each exit on ``rep``; leave once the
-    launcher ``parent`` is gone."""
+    launcher ``parent`` is gone. ``loaded``: the run's config as this server read it (a rank takes it
+    where its file and environment read the same)."""
     wake_r, wake_w = wake_on_sigchld()
     own_fds = (req, rep, wake_r, wake_w)
     by_parent = os.getppid() == parent  # else a zygote forked us: watch the launcher's pid
@@ -469,13 +480,14 @@ def serve(run_dir: str, req: int, rep: int, parent: int) -> int:
                         threads = _threads()
                         _log(f"threads at the first fork: {len(threads)} {threads}")
                         first = False
-                    _write(rep, _fork_rank(run_dir, request, own_fds, children))
+                    _write(rep, _fork_rank(run_dir, request, own_fds, children, loaded))
     except BrokenPipeError:
         _log("the launcher closed its end of the reply pipe; leaving the ranks to themselves")
     return 0
 
 
-def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], children: set[int]) -> dict[str, Any]:
+def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], children: set[int],
+               loaded: ReusableConfig | None = None) -> dict[str, Any]:
     rank = int(request["rank"])
     try:
         log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
@@ -493,7 +505,7 @@ def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], 
         return {"rank": rank, "error": f"fork failed: {exc}"}
     if pid == 0:
         os.close(sync_r)
-        _run_rank(run_dir, request["env"], frozenset(request.get("ignored", ())), log_fd, sync_w, own_fds)
+        _run_rank(run_dir, request["env"], frozenset(request.get("ignored", ())), log_fd, sync_w, own_fds, loaded)
     os.close(log_fd)
     os.close(sync_w)
     os.read(sync_r, 1)  # EOF once the child has its own session (a kill of its group reaches it)
@@ -503,7 +515,7 @@ def _fork_rank(run_dir: str, request: dict[str, Any], own_fds: tuple[int, ...], 
 
 
 def _run_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int], log_fd: int, sync_w: int,
-              own_fds: tuple[int, ...]) -> NoReturn:
+              own_fds: tuple[int, ...], loaded: ReusableConfig | None = None) -> NoReturn:
     """The forked child: become ``python -m slurm_rl.worker RUN_DIR`` and run the rank."""
 
     def run() -> int:
@@ -516,20 +528,20 @@ def _run_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int], log_fd
         os.dup2(log_fd, 2)
         os.close(log_fd)
         become_fresh(env, ignored)
-        return run_as_worker(run_dir)
+        return run_as_worker(run_dir, loaded)
 
     exit_like_an_interpreter(run)
 
 
-def run_as_worker(run_dir: str) -> int:
+def run_as_worker(run_dir: str, loaded: ReusableConfig | None = None) -> int:
     """In a forked child: run the rank as ``python -m slurm_rl.worker RUN_DIR`` would (its
-    ``__main__`` and ``sys.argv``); returns its exit code."""
+    ``__main__`` and ``sys.argv``; ``loaded``: the run's config as the parent read it); returns its exit code."""
     main = sys.modules.get("slurm_rl.worker.__main__") or importlib.import_module("slurm_rl.worker.__main__")
     sys.modules["__main__"] = main
     sys.argv = [str(main.__file__), run_dir]
     from slurm_rl.worker.main import run_worker
 
-    return run_worker(Path(run_dir))
+    return run_worker(Path(run_dir), loaded)
 
 
 def exit_like_an_interpreter(run: Callable[[], int | None]) -> NoReturn:
@@ -589,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    device = run_device(run_dir)
+    loaded = run_config(run_dir)
+    device = "emulated" if loaded is None else loaded.config.runtime.device
     preload(device)
     gc.collect()
     gc.freeze()  # the imported objects stay shared with every rank (no GC pass writes to them)
@@ -602,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         _log("an import loaded the CUDA driver: a rank forked from here could not use CUDA; the launcher "
              "starts each rank as a fresh process instead")
         return UNUSABLE_EXIT
-    return serve(run_dir, req, rep, parent)
+    return serve(run_dir, req, rep, parent, loaded)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,14 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_rl.fsio import remove_temp_files_of
 from slurm_rl.launch import forkserver
 from slurm_rl.launch.proctable import process_stats
+
+if TYPE_CHECKING:
+    from slurm_rl.config import ReusableConfig
 
 USAGE = "usage: python -m slurm_rl.launch.node RUN_DIR   (one srun task per node that holds ranks)"
 
@@ -72,7 +76,7 @@ def _log(msg: str) -> None:
           flush=True)
 
 
-def _fork_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int]) -> int:
+def _fork_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int], loaded: ReusableConfig | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -81,7 +85,7 @@ def _fork_rank(run_dir: str, env: dict[str, str], ignored: frozenset[int]) -> in
 
     def run() -> int:
         forkserver.become_fresh(env, ignored)
-        return forkserver.run_as_worker(run_dir)
+        return forkserver.run_as_worker(run_dir, loaded)
 
     forkserver.exit_like_an_interpreter(run)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -158,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     run_dir = args[0]
-    from slurm_rl.config import load_config
+    from slurm_rl.config import ReusableConfig
 
-    cfg = load_config(Path(run_dir) / "config.yaml")
+    loaded = ReusableConfig.load(Path(run_dir) / "config.yaml")
+    cfg = loaded.config
     placement, device = cfg.placement, cfg.runtime.device
     node_of_rank = [placement.node_of_rank(r) for r in range(placement.world_size)]
     try:
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                      preexec_fn=as_inherited) for r in ranks}
         procs = {p.pid: r for r, p in fresh.items()}
     else:
-        procs = {_fork_rank(run_dir, envs[r], ignored): r for r in ranks}
+        procs = {_fork_rank(run_dir, envs[r], ignored, loaded): r for r in ranks}
     rank_pids = set(procs)
     code = wait_for_ranks(procs)
     left = kill_descendants()

@@ -10,7 +10,7 @@ import time
 import traceback
 from pathlib import Path
 
-from slurm_rl.config import Config, load_config
+from slurm_rl.config import Config, ReusableConfig, load_config
 from slurm_rl.control.activity import announce_phase
 from slurm_rl.control.heartbeats import HeartbeatWriter
 from slurm_rl.control.paths import RunPaths
@@ -86,10 +86,12 @@ class CoordinatorSupervisor:
         self.proc = start_coordinator(self.run_dir, self.log_dir)
 
 
-def run_worker(run_dir: Path) -> int:
-    """Run one rank to the end; returns its exit code (0 on success)."""
+def run_worker(run_dir: Path, loaded: ReusableConfig | None = None) -> int:
+    """Run one rank to the end; returns its exit code (0 on success). ``loaded``: the run's config as
+    the process that forked this rank read it (taken where the file and environment read the same)."""
     info = discover_rank()
-    cfg = load_config(run_dir / "config.yaml")
+    config_path = run_dir / "config.yaml"
+    cfg = load_config(config_path) if loaded is None else loaded.get(config_path)
     paths = RunPaths(run_dir)
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

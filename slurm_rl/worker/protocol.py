@@ -922,7 +922,8 @@ class _ActorFollower:
         key = stat_key(self.manifest)
         if key is None or key == self.key:
             return
-        m = ProducerManifest.load(self.manifest, iteration=self.it.k, stage=ACTOR_STAGE, producer_rank=self.leader)
+        m = ProducerManifest.load(self.manifest, iteration=self.it.k, stage=ACTOR_STAGE, producer_rank=self.leader,
+                                  known=self.shards)
         self.shards, self.key = m.shards, key
         if len(self.plan) < len(self.shards):
             self.plan = read_json(self.plan_path)["minibatches"]
