@@ -34,9 +34,16 @@ class ShardInfo:
     sample_count: int
     created_at: float
 
+    def __post_init__(self) -> None:  # built once: a manifest is rewritten, and re-read, after every shard
+        object.__setattr__(self, "_json", {name: getattr(self, name) for name in _SHARD_FIELDS})
+
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict (its fields are scalars: no deep copy as ``dataclasses.asdict`` makes)."""
-        return {name: getattr(self, name) for name in _SHARD_FIELDS}
+        """JSON-ready dict."""
+        return dict(self._json)  # type: ignore[attr-defined]
+
+    def lists_as(self, entry: Any) -> bool:
+        """Whether a manifest's ``entry`` lists exactly this shard."""
+        return entry == self._json  # type: ignore[attr-defined]
 
     @classmethod
     def from_json(cls, obj: Any, producer_rank: int, where: Path, field: str = "shards[?]") -> "ShardInfo":
@@ -139,7 +146,7 @@ class ProducerManifest:
         updated = obj.get("updated_at", 0.0)
         if isinstance(updated, bool) or not isinstance(updated, (int, float)):
             raise InvalidManifestError(f"{where}: field 'updated_at' must be a number, got {updated!r}")
-        shards = [known[i] if i < len(known) and s == known[i].to_json()
+        shards = [known[i] if i < len(known) and known[i].lists_as(s)
                   else ShardInfo.from_json(s, producer_rank, where, f"shards[{i}]") for i, s in enumerate(shards_raw)]
         names = [s.name for s in shards]
         if len(set(names)) != len(names):
