@@ -85,8 +85,10 @@ def wait_until(what: str, done, timeout: float = 300.0) -> None:
 
 def outcome(run_dir: Path) -> list[dict[str, Any]]:
     """What must not change when a run is interrupted: per iteration its prompts (data order), samples,
-    mini-batches, rewards, consumed samples and per-step losses (None on the emulated compute)."""
-    keys = ("iteration", "prompts_digest", "samples", "minibatches", "reward_mean", "consumed_samples")
+    mini-batches, rewards, consumed samples, the policy versions trained on and per-step losses (None on the
+    emulated compute)."""
+    keys = ("iteration", "prompts_digest", "samples", "minibatches", "reward_mean", "consumed_samples",
+            "staleness/counts")
     return [{**{k: m.get(k) for k in keys}, "losses": m.get("losses"), "kl_coef": m.get("kl_ctrl/kl_coef"),
              "critic_losses": m.get("critic/vf_losses")} for m in read_metrics(run_dir)]
 

@@ -228,3 +228,22 @@ def test_requeue_decision(tmp_path: Path, status: dict, policy: str, srun_exit: 
     write_coordinator_status(RunPaths(run_dir), {"generation": 1, **status})
     decision = decide(run_dir, srun_exit)
     assert (decision.requeue, decision.exclude) == (requeue, exclude), decision
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_synchronous_run_trains_every_sample_on_the_policy_that_generated_it(backend: str, reference) -> None:
+    """The actor batches carry the policy version each sample's rollout started from (the rows'
+    ``weight_version``); a synchronous run (``algorithm.max_staleness: 0``) trains every one at staleness 0,
+    and ``inspect`` shows the distribution."""
+    run_dir = reference(backend)
+    rows = read_metrics(run_dir)
+    assert rows
+    for row in rows:
+        assert row["staleness/counts"] == {"0": row["samples"]} and row["samples"] > 0, row
+        assert row["staleness/max"] == 0 and row["staleness/mean"] == 0.0
+    report = json.loads(cli("inspect", str(run_dir), "--json").stdout)
+    total = sum(r["samples"] for r in rows)
+    assert report["staleness"]["total"] == {"0": total} and report["staleness"]["max"] == 0
+    assert report["staleness"]["per_iteration"] == {str(r["iteration"]): {"0": r["samples"]} for r in rows}
+    text = cli("inspect", str(run_dir)).stdout
+    assert f"samples over {len(rows)} iterations: 0: {total} (100%); max 0" in text

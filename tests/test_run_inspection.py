@@ -292,3 +292,19 @@ def test_job_log_follower_prints_the_iterations_and_ends(scripted_run: tuple[Pat
     assert proc.returncode == 0, proc.stderr
     assert "iteration 1/3 · reward" in proc.stdout and "iteration 3/3 · reward" in proc.stdout
     assert "run finished: 3/3 iterations" in proc.stdout
+
+
+def test_staleness_summary_counts_samples_per_policy_version_gap() -> None:
+    """Rows of an asynchronous run (as the simulator's pipeline models them): the samples per staleness,
+    per iteration and over the run, and the text line naming each share."""
+    from slurm_rl.inspect.summary import _staleness_lines, staleness_summary
+
+    rows = [{"iteration": 0, "staleness/counts": {"0": 8}}, {"iteration": 1, "staleness/counts": {"0": 2, "1": 6}},
+            {"iteration": 2, "staleness/counts": {"1": 4, "2": 4}}, {"iteration": 3}]
+    st = staleness_summary(rows)
+    assert st == {"per_iteration": {"0": {"0": 8}, "1": {"0": 2, "1": 6}, "2": {"1": 4, "2": 4}},
+                  "total": {"0": 10, "1": 10, "2": 4}, "max": 2}
+    assert _staleness_lines(st) == [
+        "  staleness (iteration - policy version of the samples' rollout), samples over 3 iterations: "
+        "0: 10 (42%), 1: 10 (42%), 2: 4 (17%); max 2 (per iteration: --json)"]
+    assert staleness_summary([{"iteration": 0, "reward_mean": 1.0}]) is None and _staleness_lines(None) == []

@@ -21,8 +21,9 @@ from slurm_rl.placement import COMPONENTS
 SPARK = "▁▂▃▄▅▆▇█"
 METRIC_KEYS = ("reward_mean", "kl", "loss", "lr", "seconds", "tokens_per_s", "actor_dp", "sync_s", "train_s",
                "val/reward_mean", "val/pass@1", "val/mean@n", "mismatch/kl", "mismatch/max_abs", "actor/pg_clipfrac",
-               "critic/vf_loss", "critic/vf_clipfrac")
-LOWER_IS_BETTER = {"kl", "loss", "seconds", "sync_s", "train_s", "mismatch/kl", "mismatch/max_abs", "critic/vf_loss"}
+               "critic/vf_loss", "critic/vf_clipfrac", "staleness/max")
+LOWER_IS_BETTER = {"kl", "loss", "seconds", "sync_s", "train_s", "mismatch/kl", "mismatch/max_abs", "critic/vf_loss",
+                   "staleness/max"}
 HIGHER_IS_BETTER = {"reward_mean", "tokens_per_s", "val/reward_mean", "val/pass@1", "val/mean@n"}
 WINDOW_HELP = "A:B (iterations A to B-1, like a Python slice; A: and :B too, negative counts from the end)"
 
@@ -103,6 +104,21 @@ def metric_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def staleness_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The samples trained per staleness (iteration - the policy version their rollout started from), per
+    iteration and over the rows; None where no row has them (a run from before they were recorded)."""
+    per = {int(r["iteration"]): {int(s): int(n) for s, n in r["staleness/counts"].items()}
+           for r in rows if isinstance(r.get("staleness/counts"), dict) and isinstance(r.get("iteration"), int)}
+    if not per:
+        return None
+    total: dict[int, int] = {}
+    for counts in per.values():
+        for s, n in counts.items():
+            total[s] = total.get(s, 0) + n
+    return {"per_iteration": {str(k): {str(s): n for s, n in sorted(c.items())} for k, c in sorted(per.items())},
+            "total": {str(s): n for s, n in sorted(total.items())}, "max": max(total, default=None)}
+
+
 def _signature(records: list[EpochRecord]) -> tuple[Any, ...]:
     return tuple((r.boundary, tuple((c, tuple(r.placement.get(c, []))) for c in COMPONENTS)) for r in records)
 
@@ -154,6 +170,7 @@ def run_report_json(run_dir: str | Path, now: float | None = None, iterations: s
         "kept": kept,
         "metrics": rows,
         "metrics_summary": metric_summary(rows),
+        "staleness": staleness_summary(rows),
         "components": component_seconds(tl),
         "switch": {"latency_s": percentiles(latencies), "reshard_s": percentiles(reshards),
                    "bytes_moved": sum(r.bytes_moved for r in records),
@@ -230,6 +247,7 @@ def format_summary(run_dir: str | Path, all_epochs: bool = False, columns: int =
     out.extend(_epoch_lines(r, all_epochs))
     out.append("")
     out.extend(_metric_lines(r["metrics_summary"]))
+    out.extend(_staleness_lines(r.get("staleness")))
     out.append("")
     out.extend(_component_lines(r))
     out.extend(_memory_lines(r.get("memory") or {}))
@@ -309,6 +327,15 @@ def _metric_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"  {key:<{wide}} {m['first']:>10.4g} {_f(m['best'], '{:.4g}'):>10} {m['last']:>10.4g}  "
                      f"{m['spark']}")
     return lines
+
+
+def _staleness_lines(st: dict[str, Any] | None) -> list[str]:
+    if st is None:
+        return []
+    total = sum(st["total"].values())
+    spread = ", ".join(f"{s}: {n} ({n / total:.0%})" for s, n in st["total"].items()) if total else "no samples"
+    return [f"  staleness (iteration - policy version of the samples' rollout), samples over "
+            f"{len(st['per_iteration'])} iterations: {spread}; max {st['max']} (per iteration: --json)"]
 
 
 def _component_lines(r: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ engines a call blocks and the loop's next pass is the next safe point.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -626,6 +627,9 @@ class _Cutter:
         self.plan: list[dict[str, Any]] = []
         self.rewards: list[float] = []
         self.response_lengths: list[int] = []  # tokens of each response (verl's response_length/mean)
+        # per staleness s, the samples trained at iteration k whose rollout started from the weights of
+        # iteration k - s (their rows' weight_version): 0 for every sample of a synchronous run
+        self.staleness: collections.Counter[int] = collections.Counter()
         self.prompts: dict[int, list[int]] = {}  # group id -> prompt ids: which prompts the iteration trained on
         self.kl: list[float] = []
         self.mismatch_kl: list[float] = []  # per response: KL(rollout || actor) (algorithm.old_logprobs: actor)
@@ -880,6 +884,7 @@ class _Cutter:
             self.current_kl.extend(float(x) / n for x, n in zip(sums, lengths) if n > 0)
         self.rewards.extend(batch.column("reward").to_pylist())
         self.response_lengths.extend(pc.list_value_length(batch.column("response_ids")).to_pylist())
+        self.staleness.update(self.it.k - v for v in batch.column("weight_version").to_pylist())
         self.prompts.update(zip(batch.column("group_id").to_pylist(), batch.column("prompt_ids").to_pylist()))
         kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
         if kl is not None:
@@ -1239,6 +1244,11 @@ class _Iteration:
             # prompt and response tokens of the iteration's samples (each counted once, whatever actor.ppo_epochs)
             "tokens": sum(int(e.get("tokens", 0)) for e in c.plan if not e.get("ppo_epoch")),
             "grad_norm": steps[-1].get("grad_norm"),
+            # the policy versions the iteration trained on: staleness = iteration - the rows' weight_version
+            "staleness/max": max(c.staleness, default=None),
+            "staleness/mean": (sum(s * n for s, n in c.staleness.items()) / sum(c.staleness.values())
+                               if c.staleness else None),
+            "staleness/counts": {str(s): n for s, n in sorted(c.staleness.items())},
             "seconds": time.monotonic() - c.started,
             "sync_s": self.sync.get("seconds"), "sync_bytes": self.sync.get("bytes"),
             "actor_dp": max(int(e["dp"]) // int(e.get("tp", 1)) for e in c.plan),
