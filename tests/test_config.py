@@ -989,15 +989,15 @@ def test_an_invalid_layer_after_a_valid_one_is_merged_key_by_key_onto_it(tmp_pat
     assert root.train.num_iterations == 7 and root.train.group_size == 3
 
 
-CONFIG_FILES = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+YAML_FILES = sorted((REPO / "configs").rglob("*.yaml"))  # the group files too
 
 
 @pytest.mark.parametrize("text", [
-    *CONFIG_FILES,
+    *YAML_FILES,
     "train: {lr: 1e-4, n: 3, on: yes, tag: '1e-4', none: null, list: [1, 2.5, ~, x]}\n",
     "runtime:\n  run_dir: runs/${now:%Y%m%d}\n  device: emulated\nmodel:\n  path: ???\n",
     "a:\n  - {b: .inf, c: -.5, d: 0x10, e: 1_000}\n",
-], ids=[*(p.name for p in CONFIG_FILES), "scalars", "interpolation-and-missing", "list-of-mappings"])
+], ids=[*(p.name for p in YAML_FILES), "scalars", "interpolation-and-missing", "list-of-mappings"])
 def test_plain_yaml_reads_as_omegaconf_reads_it(text: str | Path) -> None:
     """A plain mapping takes the fast read; it gives what OmegaConf's round trip gave."""
     from slurm_rl.config import _read_yaml
