@@ -55,13 +55,23 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """One completion: sampled ids (stop token included), their fp32 logprobs, provenance."""
+    """One completion: sampled ids (stop token included), their fp32 logprobs, provenance.
+
+    ``weight_version`` is the policy version the request started with; ``token_versions`` the version
+    that drew each token (empty: every token was drawn by ``weight_version``). They differ where new weights
+    landed while the request was decoding (a partial rollout, :meth:`RolloutEngine.stage_weights`)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     weight_version: int
     prompt_ids: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+
+    @property
+    def last_version(self) -> int:
+        """The policy version that drew the last token (the first one where nothing was drawn)."""
+        return self.token_versions[-1] if self.token_versions else self.weight_version
 
 
 class RolloutEngine(abc.ABC):
@@ -77,6 +87,12 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Copy HF-named tensors into the model (all of them in one call) and set the version."""
+
+    def stage_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """New weights that may land while requests decode: an engine that can pause at a token boundary
+        (partial rollout) loads them there and goes on; this default loads them at once, which is right only
+        between ``generate`` calls."""
+        self.update_weights(named_tensors, version)
 
     @abc.abstractmethod
     def score(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:

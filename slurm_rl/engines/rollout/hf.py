@@ -10,12 +10,21 @@ With per-request ``SamplingParams.seeds``, ``generate`` runs its own KV-cached d
 instead: each row draws from its own ``torch.Generator`` (one uniform per generated token, on the
 CPU so the stream does not depend on the device), so a completion does not depend on the other
 requests of the call, up to the model's batched-vs-single floating-point differences.
+
+Weights staged while that loop runs (:meth:`HFRolloutEngine.stage_weights`, from the ``between_tokens``
+hook or another thread) land at the next token boundary when the engine does partial rollout (AReaL's
+interruptible generation): the loop loads them, recomputes the KV cache of every row's prompt and tokens so
+far with the new weights, and goes on; each token records the version that drew it. Without partial
+rollout (``partial_rollout=False``, verl's ``partial_rollout: false``) the running requests finish on the
+old weights and the new ones land when ``generate`` returns.
 """
 
 from __future__ import annotations
 
+import threading
+
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -125,8 +134,12 @@ class HFRolloutEngine(RolloutEngine):
 
     def __init__(self, model_cfg: ModelConfig, device: str = "cpu", seed: int = 0,
                  pad_id: int = 0, attn_implementation: str = "sdpa",
-                 checkpoint: str | Path | None = None) -> None:
+                 checkpoint: str | Path | None = None, partial_rollout: bool = True) -> None:
         self.model_cfg = model_cfg
+        self.partial_rollout = partial_rollout
+        self._staged: tuple[list[tuple[str, Tensor]], int] | None = None  # weights waiting for a boundary
+        self._staging = threading.Lock()
+        self._generating = False
         self.device = torch.device(device)
         self.pad_id = pad_id
         self.model = build_hf_model(model_cfg, seed, self.device,
@@ -156,16 +169,32 @@ class HFRolloutEngine(RolloutEngine):
             eos_token_id=stop, pad_token_id=self.pad_id, bos_token_id=None,
             return_dict_in_generate=True, output_logits=True, use_cache=True)
 
-    @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
-                 ) -> list[Generation]:
-        """Sample one completion per prompt (stop token included in ``token_ids``)."""
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                 between_tokens: Callable[[int], None] | None = None) -> list[Generation]:
+        """Sample one completion per prompt (stop token included in ``token_ids``).
+
+        ``between_tokens(step)`` is called at each token boundary of the per-request decode loop (after
+        ``step`` tokens of every running row), where it may :meth:`stage_weights`; it needs per-request
+        ``seeds``. Weights staged during the call and not landed in it land when it returns."""
         self._check_live("generate")
         seeds = sampling.request_seeds(len(prompts))
+        if between_tokens is not None and seeds is None:
+            raise ValueError("HFRolloutEngine.generate: between_tokens needs sampling.seeds (the per-request "
+                             "decode loop is the one that pauses at token boundaries)")
+        self._generating = True
+        try:
+            return self._generate(prompts, sampling, seeds, between_tokens)
+        finally:
+            self._generating = False
+            self._land_staged()
+
+    @torch.no_grad()
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                  seeds: Sequence[int] | None, between_tokens: Callable[[int], None] | None) -> list[Generation]:
         if not prompts:
             return []
         if seeds is not None:
-            return self._generate_per_request(prompts, sampling, seeds)
+            return self._generate_per_request(prompts, sampling, seeds, between_tokens)
         ids, mask = pad_batch(prompts, self.pad_id, left=True)
         input_ids = torch.tensor(ids, device=self.device)
         attn = torch.tensor(mask, device=self.device)
@@ -191,18 +220,34 @@ class HFRolloutEngine(RolloutEngine):
                                      prompt_ids=list(prompt)))
         return result
 
+    def _recomputed_cache(self, prompt_ids: Tensor, tokens: list[Tensor], mask: Tensor):
+        """The KV cache of the prompts and every token drawn so far but the last, under the weights now loaded
+        (the last token is the decode loop's next input)."""
+        from transformers import DynamicCache
+
+        seen = torch.cat([prompt_ids, *[t.unsqueeze(-1) for t in tokens[:-1]]], dim=-1)
+        seen_mask = mask[:, :seen.shape[1]]
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=seen, attention_mask=seen_mask, position_ids=(seen_mask.cumsum(-1) - 1).clamp(min=0),
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache
+
     @torch.no_grad()
     def _generate_per_request(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
-                              seeds: Sequence[int]) -> list[Generation]:
+                              seeds: Sequence[int], between_tokens: Callable[[int], None] | None = None
+                              ) -> list[Generation]:
         """Batch-invariant sampling: a KV-cached decode loop with one generator per row."""
         from transformers import DynamicCache
 
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         ids, mask_rows = pad_batch(prompts, self.pad_id, left=True)
-        step_ids = torch.tensor(ids, device=self.device)
+        prompt_ids = torch.tensor(ids, device=self.device)
+        step_ids = prompt_ids
         mask = torch.tensor(mask_rows, device=self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        first_version = self.weight_version
+        versions: list[int] = []  # the version that drew each step's tokens
         stops = torch.tensor(sorted(set(sampling.stop_token_ids)), dtype=torch.long,
                              device=self.device)
         done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
@@ -217,6 +262,7 @@ class HFRolloutEngine(RolloutEngine):
             tok = draw_tokens(logits, sampling.temperature, sampling.top_p, uniforms, sampling.top_k)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
+            versions.append(self.weight_version)
             logps.append(torch.gather(torch.log_softmax(logits, dim=-1), 1,
                                       tok.unsqueeze(-1)).squeeze(-1))
             hit = ~done & torch.isin(tok, stops)
@@ -227,14 +273,49 @@ class HFRolloutEngine(RolloutEngine):
             if bool(done.all()):
                 break
             step_ids = tok.unsqueeze(-1)
+            if between_tokens is not None:
+                between_tokens(len(tokens))
+            if self.partial_rollout and self._land_staged():
+                cache = self._recomputed_cache(prompt_ids, tokens, mask)
         new = torch.stack(tokens, dim=1).cpu()
         logp = torch.stack(logps, dim=1).cpu()
         n_new = mask[:, len(ids[0]):].sum(-1).cpu()  # tokens each row generated, stop included
         stopped_rows = stopped.cpu().tolist()
         return [Generation(token_ids=new[i, :n].tolist(), logprobs=logp[i, :n].tolist(),
                            finish_reason="stop" if stopped_rows[i] else "length",
-                           weight_version=self.weight_version, prompt_ids=list(prompt))
+                           weight_version=first_version, prompt_ids=list(prompt), token_versions=versions[:n])
                 for i, (prompt, n) in enumerate(zip(prompts, n_new.tolist()))]
+
+    def stage_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """New weights that land at the next token boundary of a running :meth:`generate` (with partial rollout;
+        else when it returns), at once where none runs. The tensors are checked and copied now (the caller
+        may reuse its buffers); a later staging replaces an earlier one not yet landed."""
+        params = dict(self.model.named_parameters())
+        copied = []
+        for name, tensor in named_tensors:
+            self._check_tensor(params, name, tensor)
+            copied.append((name, tensor.detach().clone()))
+        with self._staging:
+            self._staged = (copied, version)
+        if not self._generating:
+            self._land_staged()
+
+    def _land_staged(self) -> bool:
+        """Load the staged weights, if any; whether some landed."""
+        with self._staging:
+            staged, self._staged = self._staged, None
+        if staged is None:
+            return False
+        self.update_weights(*staged)
+        return True
+
+    @staticmethod
+    def _check_tensor(params: dict[str, Tensor], name: str, tensor: Tensor) -> None:
+        if name not in params:
+            raise KeyError(f"HFRolloutEngine.update_weights: unknown parameter {name!r}")
+        if tuple(params[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"HFRolloutEngine.update_weights: {name} has shape "
+                             f"{tuple(tensor.shape)}, model expects {tuple(params[name].shape)}")
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
@@ -245,12 +326,8 @@ class HFRolloutEngine(RolloutEngine):
         """
         params = dict(self.model.named_parameters())
         for name, tensor in named_tensors:
-            if name not in params:
-                raise KeyError(f"HFRolloutEngine.update_weights: unknown parameter {name!r}")
+            self._check_tensor(params, name, tensor)
             p = params[name]
-            if tuple(p.shape) != tuple(tensor.shape):
-                raise ValueError(f"HFRolloutEngine.update_weights: {name} has shape "
-                                 f"{tuple(tensor.shape)}, model expects {tuple(p.shape)}")
             target = self._parking.host_view(p) if self.released else p
             target.copy_(tensor.to(device=target.device, dtype=p.dtype))
         self.weight_version = version
