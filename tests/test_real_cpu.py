@@ -58,6 +58,7 @@ def _check_real_run(run_dir: Path, iterations: int) -> None:
         with pa.memory_map(str(shard)) as source:
             table = pa.ipc.open_file(source).read_all()
         assert set(table.column("weight_version").to_pylist()) == {last}
+        assert set(table.column("weight_version_last").to_pylist()) == {last}  # no weights landed mid-generation
 
 
 @pytest.mark.slow

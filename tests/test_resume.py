@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -247,3 +248,13 @@ def test_a_synchronous_run_trains_every_sample_on_the_policy_that_generated_it(b
     assert report["staleness"]["per_iteration"] == {str(r["iteration"]): {"0": r["samples"]} for r in rows}
     text = cli("inspect", str(run_dir)).stdout
     assert f"samples over {len(rows)} iterations: 0: {total} (100%); max 0" in text
+    # the rows of the iteration the run keeps record the version that started and that ended each sample:
+    # nothing lands mid-generation in a synchronous run, so both are the iteration's
+    last = rows[-1]["iteration"]
+    shards = sorted((run_dir / "data" / f"iter-{last:06d}" / "rollouts").glob("shard-*.arrow"))
+    assert shards, f"no rollouts shard kept for iteration {last} under {run_dir}/data"
+    for shard in shards:
+        with pa.memory_map(str(shard)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        assert set(table.column("weight_version").to_pylist()) == {last}
+        assert table.column("weight_version_last").to_pylist() == table.column("weight_version").to_pylist()

@@ -60,6 +60,7 @@ def make_table(nbytes: int, seed: int = 0) -> pa.Table:
             "reward": np.zeros(n, np.float32),
             "finish_reason": pa.array(["stop"] * n),
             "weight_version": np.zeros(n, np.int64),
+            "weight_version_last": np.zeros(n, np.int64),
             "rollout_rank": np.zeros(n, np.int32),
             "t_start": np.zeros(n),
             "t_end": np.zeros(n),

@@ -180,6 +180,7 @@ def make_actor_batch(inference: pa.Table, algorithm: Any = None, kl_coef: float 
             "returns": returns,
             "reward": inference.column("reward"),
             "weight_version": inference.column("weight_version"),
+            "weight_version_last": inference.column("weight_version_last"),
         },
         schema=ACTOR_BATCH,
     )

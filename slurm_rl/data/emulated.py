@@ -183,6 +183,7 @@ def finish_requests(
             "reward": pa.array(reward),
             "finish_reason": pa.array(finish.tolist(), pa.string()),
             "weight_version": pa.array(np.full(n, weight_version, np.int64)),
+            "weight_version_last": pa.array(np.full(n, weight_version, np.int64)),
             "rollout_rank": pa.array(np.full(n, rollout_rank, np.int32)),
             "t_start": pa.array(np.full(n, now)),
             "t_end": pa.array(np.full(n, now)),

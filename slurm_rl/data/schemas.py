@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from slurm_rl.data.errors import DataPlaneError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ID_STRIDE = 10**9
 
 META_NAME = b"slurm_rl.schema"
@@ -101,7 +101,8 @@ _ROLLOUT_FIELDS = [
     pa.field("sampled_logprobs", LOGPROBS, nullable=False),
     pa.field("reward", pa.float32(), nullable=False),
     pa.field("finish_reason", pa.string(), nullable=False),
-    pa.field("weight_version", pa.int64(), nullable=False),
+    pa.field("weight_version", pa.int64(), nullable=False),  # the policy version the sample's generation started on
+    pa.field("weight_version_last", pa.int64(), nullable=False),  # ... and the one that drew its last token
     pa.field("rollout_rank", pa.int32(), nullable=False),
     pa.field("t_start", pa.float64()),
     pa.field("t_end", pa.float64()),
@@ -137,6 +138,7 @@ ACTOR_BATCH = _schema(
         pa.field("returns", LOGPROBS, nullable=True),  # per response token, the critic's targets; null: no critic
         pa.field("reward", pa.float32(), nullable=False),
         pa.field("weight_version", pa.int64(), nullable=False),
+        pa.field("weight_version_last", pa.int64(), nullable=False),
     ],
     ["prompt_ids", "response_ids"],
 )

@@ -372,6 +372,7 @@ class RealCompute:
             "prompt_text": [r["prompt_text"] for r in rows],
             "response_ids": ids, "sampled_logprobs": logprobs, "reward": rewards,
             "finish_reason": reasons, "weight_version": [g.weight_version for g in gens],
+            "weight_version_last": [g.last_version for g in gens],
             "rollout_rank": [self.rank] * len(rows), "t_start": [t0] * len(rows), "t_end": [t1] * len(rows),
         }, schema=ROLLOUTS)
 
