@@ -151,10 +151,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 def whole_suite(config: pytest.Config) -> bool:
-    """Whether this run is the whole suite: no selection by marker, keyword, path or last failures."""
+    """Whether this run is the whole suite: no selection by marker, keyword, path or last failures, and
+    tests that run (not ``--collect-only``)."""
     opt = config.option
     if getattr(opt, "markexpr", "") or getattr(opt, "keyword", "") or getattr(opt, "lf", False) \
-            or getattr(opt, "deselect", None) or getattr(opt, "ignore", None):
+            or getattr(opt, "deselect", None) or getattr(opt, "ignore", None) or getattr(opt, "collectonly", False):
         return False
     testpaths = [str((config.rootpath / p).resolve()) for p in config.getini("testpaths")]
     return all(str(Path(a).resolve()) in testpaths for a in config.args)

@@ -1045,3 +1045,15 @@ def test_a_reusable_config_is_taken_only_where_its_file_and_read_environment_are
     path.write_text(path.read_text() + "runtime:\n  run_dir: ${oc.env:HOME}/run\n")
     with pytest.raises(ConfigError):  # a duplicate top-level key: loaded again, refused as before
         loaded.get(path)
+
+
+def test_the_warm_up_document_is_a_valid_config_and_warms_the_schema() -> None:
+    """A server about to fork warms the loader with a small document (config.warm_caches): it must stay valid,
+    or the warm-up silently does nothing."""
+    from slurm_rl import config as config_module
+
+    cfg = config_module.config_from_mapping(config_module._WARM_DOC, env={})
+    assert cfg.runtime.device == "emulated"
+    config_module._schema_pickle.cache_clear()
+    config_module.warm_caches()
+    assert config_module._schema_pickle.cache_info().currsize == 1

@@ -48,3 +48,19 @@ def test_descendants_are_this_process_subtree_as_psutil_finds_them() -> None:
         child.kill()
         child.wait()
     assert not set(_descendant_pids()) & ({child.pid} | grandchild_pids)
+
+
+def test_only_a_run_of_every_test_is_the_whole_suite(pytestconfig) -> None:
+    """The ledger is written for the whole suite only: not for a selection and not for ``--collect-only``."""
+    from types import SimpleNamespace
+
+    from suite_ledger import whole_suite
+
+    def config(**option):
+        opts = {"markexpr": "", "keyword": "", "lf": False, "deselect": None, "ignore": None, "collectonly": False}
+        return SimpleNamespace(option=SimpleNamespace(**{**opts, **option}), rootpath=pytestconfig.rootpath,
+                               getini=pytestconfig.getini, args=[str(pytestconfig.rootpath / "tests")])
+
+    assert whole_suite(config())
+    assert not whole_suite(config(collectonly=True))
+    assert not whole_suite(config(markexpr="not slow"))

@@ -277,7 +277,8 @@ COMMAND_MODULES = ("slurm_rl.cli", "slurm_rl.scheduler.coordinator", "slurm_rl.i
 
 def preload_commands() -> None:
     """What the commands run through a zygote import beyond a rank's: the CLI, the coordinator, and
-    matplotlib for ``inspect``'s PNGs (with the Agg backend, which they select anyway)."""
+    matplotlib for ``inspect``'s PNGs (with the Agg backend, which they select anyway); and the config
+    loader's caches (:func:`slurm_rl.config.warm_caches`)."""
     import importlib
 
     try:
@@ -291,6 +292,9 @@ def preload_commands() -> None:
             importlib.import_module(name)
         except ImportError as exc:
             _log(f"preload: import {name} failed ({exc}); the commands import it themselves")
+    from slurm_rl.config import warm_caches
+
+    warm_caches()  # most commands load a config: built once here, not once per child
 
 
 def serve(directory: Path, device: str) -> int:
