@@ -1705,7 +1705,7 @@ _WARM_DOC = {"cluster": {"num_nodes": 1, "gpus_per_node": 2, "component_placemen
 
 
 def warm_caches() -> None:
-    """Load a small config once, so that a server about to fork (a zygote, a fork server, a node server) holds
+    """Load a small config once, so that a server about to fork commands (:mod:`slurm_rl.launch.zygote`) holds
     what each child's first load would build again: the schema with its defaults and the modules validation
     imports (measured: a forked child's first load 0.108 s of CPU cold, 0.03 s warm)."""
     try:

@@ -22,7 +22,6 @@ old weights and the new ones land when ``generate`` returns.
 from __future__ import annotations
 
 import threading
-
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
