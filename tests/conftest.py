@@ -3,8 +3,8 @@ uninterrupted reference run of the checkpoint/resume tests, and the hypothesis p
 
 Tests run in parallel under pytest-xdist (``-n``, see ``addopts`` in pyproject.toml). A test marked
 ``serial`` (timing-sensitive: ratios against a simulator, calibration, many ranks) runs apart from the
-others, beside at most one other serial test (tests/machine_lock.py; a waiting serial test keeps new
-tests from starting). The Slurm tests share one cluster (started once, under
+others, beside at most one other serial test, after the ordinary tests the workers hold have run
+(tests/machine_lock.py). The Slurm tests share one cluster (started once, under
 a file lock) and queue for its nodes like any Slurm job. Tests of a module with a module-scoped
 fixture run on one worker (xdist group ``module:NAME``), so the fixture is built once.
 """
@@ -61,7 +61,9 @@ def _module_fixture_user(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     # a wrapper, so the groups are marked before xdist's own hook reads them into the node ids
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
+        # a serial test stays out of groups: a group runs where its first test falls in the order, and the
+        # serial tests must come after every ordinary one (tests/machine_lock.py)
+        if item.get_closest_marker("xdist_group") is not None or item.get_closest_marker("serial") is not None:
             continue
         if "scripted_run" in getattr(item, "fixturenames", ()):  # `inspect` writes its plots into the run dir
             item.add_marker(pytest.mark.xdist_group("scripted_run"))
