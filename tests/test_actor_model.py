@@ -47,7 +47,43 @@ def model_worker(rank: int, world: int) -> dict[str, Any]:
         "padding": torch.allclose(lp[1, :6], token_logprobs(a, ids[1:2, :7])[0], atol=1e-6),
         "tied_names": [n for n, _ in tied.named_parameters() if "output" in n],
         "attention": _attention_backends_agree(cfg),
+        "plain_ops": _plain_ops_agree(cfg),
     }
+
+
+def _plain_ops_agree(cfg: ModelConfig) -> dict[str, float]:
+    """The model with plain RoPE and linears (what ``build_gpt_model`` gives at TP 1) against megatron-core's own
+    RoPE function and linear autograd function on the same weights: the largest difference of a log-prob and
+    of a gradient, per precision, and how many linears were plain."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer import attention
+
+    from slurm_rl.engines.actor import plain_ops
+    from slurm_rl.engines.actor.model import build_gpt_model, token_logprobs
+
+    ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[1, 8:] = 0
+    out: dict[str, float] = {}
+    for precision in ("fp32", "bf16"):
+        runs = []
+        for plain in (True, False):
+            model = build_gpt_model(cfg, seed=6, precision=precision)
+            out["plain_linears"] = sum("_forward_impl" in m.__dict__ for m in model.modules())
+            if not plain:
+                for m in model.modules():
+                    m.__dict__.pop("_forward_impl", None)
+            attention.apply_rotary_pos_emb = plain_ops.apply_rotary_pos_emb if plain else rope_utils.apply_rotary_pos_emb
+            try:
+                lp = token_logprobs(model, ids, mask)
+                lp[mask[:, 1:].bool()].sum().backward()
+            finally:
+                attention.apply_rotary_pos_emb = plain_ops.apply_rotary_pos_emb
+            runs.append((lp.detach(), torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])))
+        (lp_a, g_a), (lp_b, g_b) = runs
+        out[f"{precision}_logprob"] = float((lp_a - lp_b)[mask[:, 1:].bool()].abs().max())
+        out[f"{precision}_grad"] = float((g_a - g_b).abs().max() / g_b.abs().max())
+    return out
 
 
 def _attention_backends_agree(cfg: ModelConfig) -> dict[str, float]:
@@ -92,6 +128,10 @@ def test_gpt_model_on_cpu() -> None:
     assert att["fp32_finite"] and att["bf16_finite"], att
     assert att["fp32_logprob"] < 1e-5 and att["fp32_grad"] < 1e-4, att
     assert att["bf16_logprob"] < 0.05 and att["bf16_grad"] < 0.05, att  # bf16 rounds differently per kernel (seen: 4e-3, 8e-3)
+    plain = out["plain_ops"]  # 2 layers x (qkv, proj, fc1, fc2) + the output layer
+    assert plain["plain_linears"] == 9, plain
+    assert plain["fp32_logprob"] < 1e-6 and plain["fp32_grad"] < 1e-6, plain
+    assert plain["bf16_logprob"] < 0.05 and plain["bf16_grad"] < 0.05, plain
 
 
 def test_model_config_validation() -> None:

@@ -1,0 +1,70 @@
+"""megatron-core's RoPE computed as ``transformers`` computes it (slurm_rl.engines.actor.plain_ops): the same values
+bitwise, forward and backward, with ``cos``/``sin`` computed once per frequency tensor. The plain TP 1 linears are
+compared with megatron-core's on a whole model in tests/test_actor_model.py (they need a process group)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from megatron.core.models.common.embeddings import rope_utils
+
+from slurm_rl.engines.actor import plain_ops
+
+CONFIG = SimpleNamespace(apply_rope_fusion=False, rotary_interleaved=False, multi_latent_attention=False)
+CP_GROUP = "unused by the [s, b, heads, dim] form"  # megatron asks parallel_state for one when given None
+
+
+def _freqs(seq: int, dim: int) -> torch.Tensor:
+    """megatron's ``RotaryEmbedding.get_emb``: ``[seq, 1, 1, dim]`` angles, each frequency twice."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
+    return torch.cat((angles, angles), dim=-1)[:, None, None, :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mscale", [1.0, 0.75])
+def test_rope_equals_megatrons_bitwise_forward_and_backward(dtype: torch.dtype, mscale: float) -> None:
+    freqs = _freqs(9, 32)
+    t = torch.randn(9, 2, 4, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
+    upstream = torch.randn(9, 2, 4, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    outs, grads = [], []
+    for fn in (plain_ops.apply_rotary_pos_emb, rope_utils.apply_rotary_pos_emb):
+        x = t.clone().requires_grad_(True)
+        out = fn(x, freqs, CONFIG, mscale=mscale, cp_group=CP_GROUP)
+        (out * upstream).sum().backward()
+        outs.append(out.detach())
+        grads.append(x.grad)
+    assert outs[0].dtype == dtype
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+
+
+def test_cos_and_sin_are_computed_once_per_frequency_tensor() -> None:
+    freqs = _freqs(5, 32)
+    q, k = torch.randn(5, 1, 2, 32), torch.randn(5, 1, 2, 32)
+    plain_ops.apply_rotary_pos_emb(q, freqs, CONFIG)
+    cached = dict(getattr(freqs, plain_ops._COS_SIN))
+    plain_ops.apply_rotary_pos_emb(k, freqs, CONFIG)  # the key of the same layer, then the next layers
+    assert list(getattr(freqs, plain_ops._COS_SIN)) == [(torch.float32, 1.0)]
+    assert all(a is b for a, b in zip(getattr(freqs, plain_ops._COS_SIN)[(torch.float32, 1.0)], cached[(torch.float32, 1.0)]))
+    plain_ops.apply_rotary_pos_emb(q.bfloat16(), freqs, CONFIG)  # another dtype: its own entry
+    assert len(getattr(freqs, plain_ops._COS_SIN)) == 2
+
+
+def test_partial_rotary_goes_to_megatrons_function() -> None:
+    freqs = _freqs(6, 16)  # rotates 16 of the 32 channels: megatron's function passes the rest through
+    t = torch.randn(6, 2, 2, 32, generator=torch.Generator().manual_seed(3))
+    out = plain_ops.apply_rotary_pos_emb(t, freqs, CONFIG, cp_group=CP_GROUP)
+    assert torch.equal(out, rope_utils.apply_rotary_pos_emb(t, freqs, CONFIG, cp_group=CP_GROUP))
+    assert torch.equal(out[..., 16:], t[..., 16:])
+    assert not hasattr(freqs, plain_ops._COS_SIN)
+
+
+def test_use_fast_rope_installs_it_where_self_attention_looks_it_up() -> None:
+    from megatron.core.transformer import attention
+
+    plain_ops.use_fast_rope()
+    plain_ops.use_fast_rope()
+    assert attention.apply_rotary_pos_emb is plain_ops.apply_rotary_pos_emb
+    assert rope_utils.apply_rotary_pos_emb is not plain_ops.apply_rotary_pos_emb  # megatron's stays for the rest
