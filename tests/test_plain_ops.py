@@ -68,3 +68,26 @@ def test_use_fast_rope_installs_it_where_self_attention_looks_it_up() -> None:
     plain_ops.use_fast_rope()
     assert attention.apply_rotary_pos_emb is plain_ops.apply_rotary_pos_emb
     assert rope_utils.apply_rotary_pos_emb is not plain_ops.apply_rotary_pos_emb  # megatron's stays for the rest
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_bf16_cpu_linear_computes_the_product_and_its_gradients(frozen: bool) -> None:
+    """The layouts change how the bf16 products are computed, not what: each within bf16 rounding of the fp32
+    product of the same bf16 operands (relative to the largest entry; bf16 keeps 8 bits)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 5, 64, generator=g).bfloat16().requires_grad_(True)
+    w = torch.randn(48, 64, generator=g).bfloat16().requires_grad_(not frozen)
+    bias = torch.randn(48, generator=g).bfloat16()
+    upstream = torch.randn(3, 5, 48, generator=g).bfloat16()
+    out = plain_ops._plain_linear(x, w, bias)
+    (out * upstream).sum().backward()
+    xf, wf = x.detach().float().requires_grad_(True), w.detach().float().requires_grad_(True)
+    ref = xf @ wf.t() + bias.float()
+    (ref * upstream.float()).sum().backward()
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return float((a.float() - b).abs().max() / b.abs().max()) < 1e-2
+
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 5, 48)
+    assert close(out, ref) and close(x.grad, xf.grad)
+    assert (w.grad is None) if frozen else close(w.grad, wf.grad)

@@ -11,11 +11,14 @@
 - **Linear layers at TP 1.** megatron-core's column- and row-parallel linears run through a Python autograd
   function (``LinearWithGradAccumulationAndAsyncCommunication``) built for tensor-parallel all-reduces and fused
   gradient accumulation; at TP 1 without either it computes ``input @ weight.T`` and its two gradients, as
-  ``torch.matmul``'s own backward does. :func:`use_plain_linears` gives a TP 1 model's linears that.
+  ``torch.matmul``'s own backward does. :func:`use_plain_linears` gives a TP 1 model's linears that. In bf16 on
+  cpu the three products go through the operand layouts oneDNN's bf16 matmul is fast with (:func:`_cpu_bf16_mm`):
+  the default layouts of a linear's gradient-of-input product were 4-17x slower on this host (no bf16 units).
 
 Measured on the quickstart shape (fp32, SDPA, 60 alternating steps each, this 2-core cpu): a padded step took
 82.2 ms (median) with megatron's RoPE against 78.4 with this one, and 85.8 with megatron's linears against 82.5
-with plain ones, the same as ``transformers`` + AdamW's 82.3.
+with plain ones, the same as ``transformers`` + AdamW's 82.3. In bf16 (8 alternating steps): 632 ms (min) with
+plain linears, 305 with the bf16 layouts, 585 for ``transformers`` + AdamW (whose linears take the slow layouts).
 """
 
 from __future__ import annotations
@@ -51,10 +54,39 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, config: Any, cu_s
     return (t * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
 
 
+def _cpu_bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of 2-D bf16 cpu tensors with ``a`` column-major and ``b`` row-major: the layouts oneDNN's bf16
+    matmul is fast with on a cpu without bf16 units (measured on this AVX2 host, M = 1152: K = 64, N = 512 took
+    3.2 ms so and 55 ms with both row-major, as ``weight``'s gradient-of-input product comes; K = 512, N = 64 3.4
+    against 32 ms). The two copies are of one operand each (an activation, a weight): small against the product."""
+    return torch.mm(a.t().contiguous().t(), b.contiguous())
+
+
+class _CpuBf16Linear(torch.autograd.Function):
+    """``x @ w.T`` and its gradients with every product through :func:`_cpu_bf16_mm`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        return _cpu_bf16_mm(x.reshape(-1, x.shape[-1]), w.t()).view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        gx = _cpu_bf16_mm(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
+        gw = _cpu_bf16_mm(g.t(), x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
 def _plain_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   *args: Any, **kwargs: Any) -> torch.Tensor:
-    """megatron-core's ``_forward_impl`` of a linear at TP 1: ``input @ weight.T`` (+ ``bias``), plain autograd."""
-    out = torch.matmul(input, weight.t())
+    """megatron-core's ``_forward_impl`` of a linear at TP 1: ``input @ weight.T`` (+ ``bias``), plain autograd
+    (in bf16 on cpu: :class:`_CpuBf16Linear`)."""
+    if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and input.dtype == torch.bfloat16:
+        out = _CpuBf16Linear.apply(input, weight)
+    else:
+        out = torch.matmul(input, weight.t())
     return out if bias is None else out + bias
 
 
