@@ -91,3 +91,15 @@ def test_bf16_cpu_linear_computes_the_product_and_its_gradients(frozen: bool) ->
     assert out.dtype == torch.bfloat16 and out.shape == (3, 5, 48)
     assert close(out, ref) and close(x.grad, xf.grad)
     assert (w.grad is None) if frozen else close(w.grad, wf.grad)
+
+
+def test_mm_of_bf16_cpu_operands_in_every_layout_the_loss_uses() -> None:
+    """``plain_ops.mm`` (the chunked log-probs' products) of row- and column-major bf16 operands: within bf16
+    rounding of the fp32 product; other dtypes exactly ``a @ b``."""
+    g = torch.Generator().manual_seed(5)
+    a, w = torch.randn(40, 24, generator=g).bfloat16(), torch.randn(56, 24, generator=g).bfloat16()
+    for left, right in ((a, w.t()), (a @ w.t(), w), ((a @ w.t()).t(), a)):
+        ref = left.float() @ right.float()
+        out = plain_ops.mm(left, right)
+        assert out.dtype == torch.bfloat16 and float((out.float() - ref).abs().max() / ref.abs().max()) < 1e-2
+    assert torch.equal(plain_ops.mm(a.float(), w.float().t()), a.float() @ w.float().t())

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .microbatch import is_packed
+from .plain_ops import mm
 
 CHUNK_BYTES = 1 << 30
 """fp32 logits held at once by :func:`chunked_logprobs` (a chunk of tokens x the vocabulary): 1 GiB, so that a
@@ -58,7 +59,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         chunks = _chunks(n, weight.shape[0], chunk_bytes)
         z = None
         for a, b in chunks:
-            z = (hidden[a:b] @ weight.t()).to(acc)
+            z = mm(hidden[a:b], weight.t()).to(acc)
             # the row-wise reductions an eighth of the chunk at a time: their temporaries stay small
             for i, j in _chunks(b - a, weight.shape[0], max(1, chunk_bytes // SUB)):
                 lse[a + i:a + j] = torch.logsumexp(z[i:j], dim=-1)
@@ -85,7 +86,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         use_ent = ctx.entropy and g_ent is not None
         for a, b in _chunks(n, weight.shape[0], ctx.chunk_bytes):
             # every step in place on one chunk-sized buffer (a second one only for the entropy's gradient)
-            logp = kept if kept.numel() else (hidden[a:b] @ weight.t()).to(acc).sub_(lse[a:b, None])
+            logp = kept if kept.numel() else mm(hidden[a:b], weight.t()).to(acc).sub_(lse[a:b, None])
             if use_ent:
                 g = logp.exp()
                 # dH / dz_j = -p_j (log p_j + H)
@@ -100,12 +101,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 g.add_(logp)
             g = g.to(hidden.dtype)
             if grad_h is not None:
-                grad_h[a:b] = g @ weight
+                grad_h[a:b] = mm(g, weight)
             if grad_w is not None:
                 if acc == hidden.dtype:
                     grad_w.addmm_(g.t(), hidden[a:b])
                 else:
-                    grad_w += (g.t() @ hidden[a:b]).to(acc)
+                    grad_w += mm(g.t(), hidden[a:b]).to(acc)
             del logp, g
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 

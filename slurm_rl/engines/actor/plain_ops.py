@@ -62,6 +62,13 @@ def _cpu_bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.t().contiguous().t(), b.contiguous())
 
 
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of 2-D tensors; bf16 cpu ones through :func:`_cpu_bf16_mm`."""
+    if a.dtype == b.dtype == torch.bfloat16 and a.device.type == "cpu":
+        return _cpu_bf16_mm(a, b)
+    return a @ b
+
+
 class _CpuBf16Linear(torch.autograd.Function):
     """``x @ w.T`` and its gradients with every product through :func:`_cpu_bf16_mm`."""
 
