@@ -105,7 +105,7 @@ def test_bench_memory_prints_a_line_per_configuration() -> None:
 @pytest.mark.slow  # imports torch, megatron-core and transformers, trains two tiny models a few steps
 def test_bench_step_prints_ours_against_plain_pytorch_per_attention_and_packing() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_step.py"), "--models", "quickstart",
-                           "--precision", "fp32", "--samples", "4", "--response-max", "64", "--reps", "1",
+                           "--precision", "fp32", "--attention", "sdpa,local", "--samples", "4", "--response-max", "64", "--reps", "1",
                            "--max-tokens", "160", "--loss-tokens", "512", "--threads", "1", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -1,7 +1,7 @@
 """The actor's training step against plain PyTorch training of the same model; one JSON line per configuration.
 
     .venv/bin/python tools/bench_step.py [--device cpu|cuda] [--models quickstart,qwen2.5-0.5b]
-                                         [--precision fp32,bf16] [--attention sdpa,local] [--reps 3] [--json]
+                                         [--precision fp32,bf16] [--attention sdpa[,local]] [--reps N] [--json]
 
 Ours: :class:`slurm_rl.engines.actor.trainer.ActorTrainer` (megatron-core GPT, our flat-buffer AdamW with
 the fp32 master, grad-norm clip, bf16 refresh), one DP rank, ``train.micro_batch_size`` micro-batches padded
@@ -19,7 +19,8 @@ trains the same bins as packed rows too (``position_ids`` restarting per sample,
 attention inside each sample).
 
 Figures per line: ``ours_tokens_per_s`` / ``reference_tokens_per_s`` (real tokens, not padding, per second
-of a whole step, best of ``--reps`` after a warm-up step, ours and the reference's steps alternating so that
+of a whole step, best of ``--reps`` (default 3; 1 for the Qwen2.5 shape on cpu, whose step takes 10-25 s
+there) after a warm-up step, ours and the reference's steps alternating so that
 both see the same load on a shared host), ``ratio`` = ours / reference, ``breakdown_s`` of
 our step measured piece by piece on the same model (``forward``, ``backward``: forward+backward less
 forward; ``optimizer``: clip + AdamW + refresh; ``host_syncs``: the step less the three), and on cuda
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", default="quickstart,qwen2.5-0.5b")
     p.add_argument("--precision", default="fp32,bf16")
-    p.add_argument("--attention", default="sdpa,local")
+    p.add_argument("--attention", default="sdpa", help="sdpa and/or local (megatron-core's unfused attention)")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--packing", default="false,true", help="rows without and with packed micro-batches")
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--response-median", type=int, default=96)
     p.add_argument("--response-max", type=int, default=512)
     p.add_argument("--cpu-layers", type=int, default=2)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=None, help="default: 3, 1 for the Qwen2.5 shape on cpu")
     p.add_argument("--loss-tokens", type=int, default=4096, help="tokens of the peak_loss_bytes measurement (0: skip)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense peak for the precision")
@@ -319,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                     if packing and attention == "local":
                         continue  # megatron-core's local attention has no packed form (validate refuses it)
                     t_row = time.perf_counter()
-                    got = ours(cfg, samples, batch_cfg, precision, attention, args.device, args.reps, ref_step)
+                    reps = args.reps or (1 if name.startswith("qwen") and args.device == "cpu" else 3)
+                    got = ours(cfg, samples, batch_cfg, precision, attention, args.device, reps, ref_step)
                     ref = {"step_s": got["reference_step_s"], "peak_bytes": got["reference_peak_bytes"]}
                     row = {"device": args.device, "model": name, "layers": cfg.num_layers, "params": got["params"],
                            "precision": precision, "attention": attention, "samples": len(samples),
