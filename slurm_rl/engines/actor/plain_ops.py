@@ -54,19 +54,22 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, config: Any, cu_s
     return (t * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
 
 
+def _cpu_bf16(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor is a bf16 cpu tensor."""
+    return all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors)
+
+
 def _cpu_bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` of 2-D bf16 cpu tensors with ``a`` column-major and ``b`` row-major: the layouts oneDNN's bf16
     matmul is fast with on a cpu without bf16 units (measured on this AVX2 host, M = 1152: K = 64, N = 512 took
-    3.2 ms so and 55 ms with both row-major, as ``weight``'s gradient-of-input product comes; K = 512, N = 64 3.4
-    against 32 ms). The two copies are of one operand each (an activation, a weight): small against the product."""
+    3.2 ms in these layouts against 55 ms with both row-major, the layouts of a linear's gradient of its input;
+    K = 512, N = 64 3.4 against 32 ms). The copies are of one operand each: small against the product."""
     return torch.mm(a.t().contiguous().t(), b.contiguous())
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` of 2-D tensors; bf16 cpu ones through :func:`_cpu_bf16_mm`."""
-    if a.dtype == b.dtype == torch.bfloat16 and a.device.type == "cpu":
-        return _cpu_bf16_mm(a, b)
-    return a @ b
+    return _cpu_bf16_mm(a, b) if _cpu_bf16(a, b) else a @ b
 
 
 class _CpuBf16Linear(torch.autograd.Function):
@@ -90,10 +93,7 @@ def _plain_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                   *args: Any, **kwargs: Any) -> torch.Tensor:
     """megatron-core's ``_forward_impl`` of a linear at TP 1: ``input @ weight.T`` (+ ``bias``), plain autograd
     (in bf16 on cpu: :class:`_CpuBf16Linear`)."""
-    if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and input.dtype == torch.bfloat16:
-        out = _CpuBf16Linear.apply(input, weight)
-    else:
-        out = torch.matmul(input, weight.t())
+    out = _CpuBf16Linear.apply(input, weight) if _cpu_bf16(input, weight) else torch.matmul(input, weight.t())
     return out if bias is None else out + bias
 
 
