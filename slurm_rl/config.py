@@ -523,7 +523,7 @@ class RewardSection:
     fn: Optional[str] = None  # "package.module:function" (prompt, response, answer, extra) -> float
     timeout_s: float = 30.0  # per sample; a reward that runs longer fails the run (or scores 0, see on_error)
     on_error: str = "raise"  # raise | zero (a reward that raises or times out scores 0 and is counted)
-    workers: int = 2  # reward worker processes per rollout rank
+    workers: int = 2  # reward worker processes per rollout rank; 0: in the rank's own process (verl's naive manager)
     overlong_buffer: OverlongBufferSection = field(default_factory=OverlongBufferSection)
 
 
@@ -1021,7 +1021,8 @@ def _validate_engines(root: RootSchema, issues: list[ConfigIssue]) -> None:
     _validate_critic(root, issues)
     _positive(issues, "data", root.data, "max_prompt_length", "gen_batch_size")
     _validate_filter_groups(root, issues)
-    _positive(issues, "reward", root.reward, "timeout_s", "workers")
+    _positive(issues, "reward", root.reward, "timeout_s")
+    _positive(issues, "reward", root.reward, "workers", allow_zero=True)
     ob = root.reward.overlong_buffer
     if ob.enable and not 0 < ob.len <= ro.max_new_tokens:
         issues.append(ConfigIssue("reward.overlong_buffer.len", ob.len,

@@ -16,7 +16,7 @@ from identity import assert_losses_match, assert_params_match
 from shared_runs import cli, launch, shared_root, shared_run  # noqa: F401 (cli: re-exported for the resume tests)
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume.stop import request_stop
-from toy_data import TOY_DATA, TOY_REWARD
+from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
 from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +31,9 @@ INTERRUPTIBLE = {"poll_interval_s": 0.25}
 RESUME_PLACEMENT = 'cluster.component_placement={actor: "0", rollout: "1-2", inference: "3"}'
 
 
-def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
-    """4 ranks, actor DP 2 | rollout | inference, static, mini-batches by index (reproducible)."""
+def run_config(backend: str, run_dir: Path, *, reward_workers: int = TOY_REWARD_WORKERS, **runtime: Any) -> dict:
+    """4 ranks, actor DP 2 | rollout | inference, static, mini-batches by index (reproducible);
+    ``reward_workers``: reward.workers of the cpu run."""
     if backend == "emulated":
         cfg = emulated_config(run_dir, gpus_per_node=4, iterations=ITERATIONS, **runtime)
         cfg["scheduler"] = {"policy": "static"}
@@ -46,7 +47,8 @@ def run_config(backend: str, run_dir: Path, **runtime: Any) -> dict:
                       "global_batch_size": 8, "micro_batch_size": 4},
             "scheduler": {"policy": "static"},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"fn": TOY_REWARD},
+            "data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]},
+            "reward": {"fn": TOY_REWARD, "workers": reward_workers},
             "actor": {"lr": 1.0e-3},
             # the KL in the reward under an adaptive controller too: its coefficient is state that an
             # interrupted run must carry over (from metrics.jsonl) to end as the uninterrupted one does

@@ -27,7 +27,7 @@ from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.reader import StageReader
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume.stop import request_stop
-from toy_data import TOY_DATA, TOY_REWARD
+from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
 
 ITERATIONS = 2
 PLACEMENT = {"actor": "0-1", "rollout": "2-3"}
@@ -52,7 +52,8 @@ def tp_config(backend: str, run_dir: Path, policy: str) -> dict:
                       "global_batch_size": 32, "micro_batch_size": 8},
             "scheduler": {"policy": policy, "max_running_requests": 32},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"fn": TOY_REWARD},
+            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]},
+            "reward": {"fn": TOY_REWARD, "workers": TOY_REWARD_WORKERS},
             "actor": {"lr": 1.0e-3},
             "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},  # no inference ranks: the actor's leader scores the reference
             "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},

@@ -831,6 +831,14 @@ def test_model_path_refuses_size_keys_and_real_devices_need_data_and_reward() ->
         config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "data.train_files=[a.jsonl]", "reward.name=exact",
                                           "reward.fn=m:f"])
     assert_issue(exc.value, "reward.name", "exact", "exactly one of the two")
+    cfg = config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "data.train_files=[a.jsonl]", "reward.name=exact",
+                                            "reward.workers=0"])  # scored in the rank's process
+    assert cfg.reward.workers == 0
+    with pytest.raises(ConfigError) as exc:
+        config_from_yaml_text(BASE_YAML, ["runtime.device=cpu", "data.train_files=[a.jsonl]", "reward.name=exact",
+                                          "reward.workers=-1", "reward.timeout_s=0"])
+    assert_issue(exc.value, "reward.workers", -1, "a non-negative int")
+    assert_issue(exc.value, "reward.timeout_s", 0.0, "a positive number")
 
 
 def test_bad_engine_values_named_with_the_users_keys() -> None:

@@ -23,11 +23,12 @@ from shared_runs import launch
 from slurm_rl.config import ConfigError, config_from_mapping, load_config
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
-from toy_data import TOY_DATA, TOY_REWARD
+from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
 from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
-REAL = {"data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]}, "reward": {"fn": TOY_REWARD}}
+REAL = {"data": {"train_files": [str(TOY_DATA / "add_4.jsonl")]},
+        "reward": {"fn": TOY_REWARD, "workers": TOY_REWARD_WORKERS}}
 # The example of RLinf's docs for its auto scheduler, as given there
 RLINF_EXAMPLE = {"cluster": {"num_nodes": 1, "auto_scheduler": True, "use_pre_process_policy": True,
                              "use_wait_before_last_iter_policy": False,

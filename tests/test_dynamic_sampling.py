@@ -24,7 +24,7 @@ from slurm_rl.data.reader import StageReader
 from slurm_rl.data.schemas import ID_STRIDE
 from slurm_rl.metrics import read_metrics
 from slurm_rl.rl.dataset import stream_rows
-from toy_data import TOY_DATA, TOY_REWARD
+from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
 
 ITERATIONS = 3  # resume_helpers' outcome checks compare this many
 RBS, GEN, G = 8, 4, 4  # groups trained per iteration, prompts per generation batch, group size
@@ -45,7 +45,8 @@ def dapo_config(backend: str, run_dir: Path) -> dict:
             "train": {"num_iterations": ITERATIONS, "rollout_batch_size": RBS, "group_size": G,
                       "global_batch_size": 16, "micro_batch_size": 8},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"fn": TOY_REWARD},
+            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]},
+            "reward": {"fn": TOY_REWARD, "workers": TOY_REWARD_WORKERS},
             "actor": {"lr": 1.0e-3},
             "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},
         }

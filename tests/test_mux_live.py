@@ -31,7 +31,7 @@ from test_scheduling_backends import check_every_sample_once
 from emulated_configs import write_config
 from identity import LOGPROB_ATOL, assert_losses_match, assert_params_match
 from shared_runs import shared_root, shared_run
-from toy_data import TOY_DATA, TOY_REWARD
+from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
 from cli_command import CLI
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,8 @@ def job_config(device: str, run_dir: Path, iterations: int = 2, seed: int = 1234
                       "global_batch_size": 32, "micro_batch_size": 8, "minibatch_order": "index"},
             "scheduler": {"policy": "static", "max_running_requests": 16},
             "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"fn": TOY_REWARD},
+            "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]},
+            "reward": {"fn": TOY_REWARD, "workers": TOY_REWARD_WORKERS},
             "actor": {"lr": 1.0e-3},
             "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
             "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},

@@ -38,7 +38,7 @@ def _sbatch(cluster, config: Path, log: Path) -> str:
 
 def _config(backend: str, tmp_path: Path, **runtime) -> tuple[Path, Path]:
     run_dir = tmp_path / "run"
-    cfg = run_config(backend, run_dir, **runtime)
+    cfg = run_config(backend, run_dir, reward_workers=2, **runtime)  # the pool's workers see the job's signals too
     del cfg["cluster"]["gpus_per_node"]  # from the allocation
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(cfg))

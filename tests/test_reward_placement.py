@@ -25,7 +25,7 @@ from slurm_rl.data.reader import StageReader
 def test_a_reward_apart_from_the_rollout_scores_on_its_ranks(backend: str, placement: dict, reward_ranks: list[int],
                                                              stop_at: int | None, reference, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    cfg = run_config(backend, run_dir, keep_iterations=10)
+    cfg = run_config(backend, run_dir, reward_workers=2, keep_iterations=10)
     cfg["cluster"]["component_placement"] = placement
     config = write_config(tmp_path / "c.yaml", cfg)
     validate = cli("validate", str(config))

@@ -54,6 +54,8 @@ def misbehave(prompt, response, answer, extra):
         time.sleep(extra["sleep"])
     if "exit" in extra:
         os._exit(extra["exit"])
+    if "interrupt" in extra:
+        raise KeyboardInterrupt
     if "value" in extra:
         return extra["value"]
     if "main_thread" in extra:  # math-verify's signal.alarm timeouts need it
@@ -193,7 +195,7 @@ def test_good_specs_resolve(user_pkg: str) -> None:
 
 @pytest.mark.parametrize(("kwargs", "key"), [
     ({"timeout_s": 0}, "reward.timeout_s"), ({"on_error": "ignore"}, "reward.on_error"),
-    ({"workers": 0}, "reward.workers"),
+    ({"workers": -1}, "reward.workers"), ({"workers": True}, "reward.workers"),
 ])
 def test_bad_runner_settings(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
@@ -260,6 +262,41 @@ def test_errors_score_zero_and_are_counted(user_pkg: str) -> None:
             runner.score(_samples(["r"], extras={0: {"value": float("nan")}}, first_id=7))
         with pytest.raises(RewardError, match=r"sample 8: its worker process died \(exit code 3\)"):
             runner.score(_samples(["r"], extras={0: {"exit": 3}}, first_id=8))
+
+
+def test_zero_workers_score_in_this_process_with_the_same_outcomes(user_pkg: str) -> None:
+    """``workers=0`` (verl's naive reward manager): no process is started; values, errors, their counts
+    and the raised errors are those of the pool, and a sample that returns after ``timeout_s`` is a timeout."""
+    import multiprocessing
+
+    fn = f"{user_pkg}.rewards:misbehave"
+    bad = {1: {"value": float("nan")}, 2: {"value": "1.0"}, 3: {"value": None}, 4: {"value": float("inf")},
+           6: {"value": True}, 7: {"main_thread": True}, 9: {"value": 10**400}, 10: {"sleep": 0.3}}
+    before = multiprocessing.active_children()
+    with RewardRunner(fn=fn, on_error="zero", timeout_s=0.2, workers=0) as runner:
+        assert runner._pool is None
+        result = runner.score(_samples(["r"] * 11, extras=bad))
+        assert multiprocessing.active_children() == before
+    assert result == RewardResult(values=[0.5, 0.0, 0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 0.5, 0.0, 0.0], errors=5,
+                                  timeouts=1)
+    with RewardRunner(fn=fn, on_error="raise", timeout_s=0.2, workers=0) as runner:
+        with pytest.raises(RewardError, match=r"returned nan \(float\), not a finite real number on sample 7"):
+            runner.score(_samples(["r"], extras={0: {"value": float("nan")}}, first_id=7))
+        with pytest.raises(RewardTimeout, match=r"sample 8 \(reward.timeout_s=0.2 s\): it returned after 0\.[3-9]"):
+            runner.score(_samples(["r"], extras={0: {"sleep": 0.3}}, first_id=8))
+        assert runner.score(_samples(["r"])).values == [0.5]
+    with RewardRunner(fn=f"{user_pkg}.rewards:boom", on_error="raise", workers=0) as runner:
+        with pytest.raises(RewardError, match=r"sample 41: ValueError: boom on 'bad'"):
+            runner.score(_samples(["fine", "bad"], extras={1: {"boom": True}}, first_id=40))
+    with pytest.raises(EngineStateError, match="after close"):
+        runner.score(_samples(["r"]))
+
+
+def test_zero_workers_let_the_callers_interrupt_through(user_pkg: str) -> None:
+    """In the rank's own process a KeyboardInterrupt is the rank's, not the sample's error."""
+    with RewardRunner(fn=f"{user_pkg}.rewards:misbehave", on_error="zero", workers=0) as runner:
+        with pytest.raises(KeyboardInterrupt):
+            runner.score(_samples(["r", "r"], extras={1: {"interrupt": True}}))
 
 
 def test_a_pool_that_breaks_mid_batch_is_started_again_once_and_the_batch_completes(user_pkg: str) -> None:

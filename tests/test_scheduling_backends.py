@@ -26,7 +26,7 @@ from slurm_rl.inspect.report import read_metrics
 from slurm_rl.rl.tokenizer import CharTokenizer
 from identity import assert_losses_match, assert_params_match
 from test_live_scheduling import _run as run, live_config
-from toy_data import TOY_DATA, TOY_REWARD
+from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
 
 BACKENDS = ["emulated", "cpu"]
 
@@ -44,7 +44,8 @@ def cpu_config(run_dir: Path, policy: str, iterations: int = 2, **cluster) -> di
                   "micro_batch_size": 8, "minibatch_order": "index"},
         "scheduler": {"policy": policy, "max_running_requests": 32},
         "model": {"hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
-        "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]}, "reward": {"fn": TOY_REWARD},
+        "data": {"train_files": [str(TOY_DATA / "copy_6.jsonl")]},
+        "reward": {"fn": TOY_REWARD, "workers": TOY_REWARD_WORKERS},
         "actor": {"lr": 1.0e-3},
         "algorithm": {"clip_eps": 0.2, "kl_coef": 0.05},
         "rollout": {"backend": "hf", "sub_batch": 4, "max_new_tokens": 7},

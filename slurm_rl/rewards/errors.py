@@ -28,4 +28,5 @@ class RewardError(EngineError, RuntimeError):
 
 
 class RewardTimeout(RewardError, WaitTimeout):
-    """A reward function ran past ``reward.timeout_s`` on a sample; its worker was killed."""
+    """A reward function ran past ``reward.timeout_s`` on a sample: its worker was killed (or, scored in the
+    rank's own process with ``reward.workers: 0``, it returned too late)."""

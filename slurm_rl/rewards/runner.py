@@ -5,7 +5,10 @@ calls (one per RL iteration). Each sample is one task with its own timeout: a wo
 killed by pebble and replaced, and the pool keeps working. The workers are started with the
 ``spawn`` method (never ``fork``: the trainer has threads and torch.distributed state; not
 ``forkserver``: a forkserver dies of the SIGTERM a preemption sends to every process), start
-in the background when the runner is built, and import the reward once.
+in the background when the runner is built, and import the reward once. With ``workers=0`` the
+samples are scored in the calling process instead (verl's naive reward manager): no process to
+start and no task to send, but a sample that runs past its timeout is only found out when it
+returns, and a reward that never returns or crashes the interpreter takes the rank with it.
 
 A sample whose reward raises, times out, kills its worker or returns no finite real number is an
 error: with ``on_error="raise"`` :meth:`~RewardRunner.score` raises :class:`RewardError`
@@ -24,6 +27,7 @@ import signal
 import pickle
 import reprlib
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError, as_completed
@@ -113,12 +117,15 @@ def _worker_init(paths: tuple[str, ...], cwd: str, name: str | None, fn: str | N
         pass
 
 
-def _score_one(name: str | None, fn: str | None,
-               sample: RewardSample) -> tuple[float, None, None] | tuple[None, str, str]:
-    """Run the reward on one sample in a worker: (value, None, None) or (None, kind, message)."""
+def _score_one(name: str | None, fn: str | None, sample: RewardSample,
+               passes: tuple[type[BaseException], ...] = ()) -> tuple[float, None, None] | tuple[None, str, str]:
+    """Run the reward on one sample: (value, None, None) or (None, kind, message); an exception of
+    ``passes`` (the caller's own interrupts, where it runs in the caller's process) is raised."""
     try:
         reward = _load(name, fn)
         value = reward(sample.prompt, sample.response, sample.answer, sample.extra)
+    except passes:
+        raise
     except BaseException as exc:  # noqa: BLE001 - math-verify's TimeoutException, SystemExit... too
         lines = traceback.format_exception(exc)
         return None, "error", f"{type(exc).__name__}: {exc}\nworker traceback:\n{''.join(lines).rstrip()}"
@@ -145,9 +152,10 @@ class RewardRunner:
 
     ``name`` is a built-in reward (``gsm8k``, ``math``, ``exact``), ``fn`` a
     ``package.module:function`` importable from the working directory or sys.path (exactly one).
-    ``timeout_s`` bounds each sample; ``on_error`` is ``"raise"`` or ``"zero"``. Resolves the
-    reward at once (raises :class:`~slurm_rl.placement.ConfigError` for a bad one) and starts the
-    workers in the background. Use as a context manager or call :meth:`close`.
+    ``timeout_s`` bounds each sample; ``on_error`` is ``"raise"`` or ``"zero"``; ``workers=0``
+    scores in this process (see the module docstring). Resolves the reward at once (raises
+    :class:`~slurm_rl.placement.ConfigError` for a bad one) and starts the workers in the
+    background. Use as a context manager or call :meth:`close`.
     """
 
     def __init__(self, name: str | None = None, fn: str | None = None, timeout_s: float = 10.0,
@@ -157,8 +165,9 @@ class RewardRunner:
             issues.append(ConfigIssue("reward.timeout_s", timeout_s, "a positive, finite number of seconds"))
         if on_error not in ON_ERROR:
             issues.append(ConfigIssue("reward.on_error", on_error, " or ".join(map(repr, ON_ERROR))))
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            issues.append(ConfigIssue("reward.workers", workers, "a positive integer"))
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            issues.append(ConfigIssue("reward.workers", workers,
+                                      "a whole number of worker processes, or 0 to score in the rank's process"))
         if issues:
             raise ConfigError(issues)
         resolve_reward(name, fn)  # a bad reward fails here, in the caller's process
@@ -171,7 +180,7 @@ class RewardRunner:
         self._cwd = os.getcwd()
         self._paths = tuple(dict.fromkeys(os.path.abspath(p) if p else self._cwd for p in sys.path))
         self._closed = False
-        self._pool: ProcessPool | None = self._new_pool()
+        self._pool: ProcessPool | None = self._new_pool() if workers else None
 
     def _new_pool(self) -> ProcessPool:
         """A started pool whose processes never see the signals that ask the rank to stop.
@@ -198,8 +207,7 @@ class RewardRunner:
         return pool
 
     def _live_pool(self) -> ProcessPool:
-        if self._closed:
-            raise EngineStateError(f"reward {self.label!r}: score() after close()")
+        self._check_open()
         if self._pool is None or not self._pool.active:
             self._discard_pool()
             self._pool = self._new_pool()
@@ -220,6 +228,11 @@ class RewardRunner:
         again once and the samples not scored yet are scored there; a second break raises."""
         samples = list(samples)
         result = RewardResult(values=[0.0] * len(samples))
+        if not self.workers:
+            self._check_open()
+            for i, sample in enumerate(samples):
+                self._record(result, i, sample, *self._score_here(sample))
+            return result
         done: set[int] = set()
         restarted = False
         try:
@@ -251,14 +264,33 @@ class RewardRunner:
             i = futures[future]
             value, kind, message = self._outcome(future)
             done.add(i)
-            if kind is None:
-                result.values[i] = value  # type: ignore[assignment]
-            elif self.on_error == "raise":
-                raise self._error(samples[i].sample_id, kind, message)
-            elif kind == "timeout":
-                result.timeouts += 1
-            else:
-                result.errors += 1
+            self._record(result, i, samples[i], value, kind, message)
+
+    def _record(self, result: RewardResult, i: int, sample: RewardSample, value: float | None, kind: str | None,
+                message: str) -> None:
+        """Put the outcome of ``sample`` (the ``i``-th) into ``result``, or raise it (``on_error="raise"``)."""
+        if kind is None:
+            result.values[i] = value  # type: ignore[assignment]
+        elif self.on_error == "raise":
+            raise self._error(sample.sample_id, kind, message)
+        elif kind == "timeout":
+            result.timeouts += 1
+        else:
+            result.errors += 1
+
+    def _score_here(self, sample: RewardSample) -> tuple[float | None, str | None, str]:
+        """One sample scored in this process (``workers=0``); a sample that returned after
+        ``timeout_s`` is a timeout."""
+        start = time.monotonic()
+        value, kind, message = _score_one(self.name, self.fn, sample, passes=(KeyboardInterrupt,))
+        took = time.monotonic() - start
+        if kind is None and took > self.timeout_s:
+            return None, "timeout", f"it returned after {took:.1f} s, in the rank's process (reward.workers 0)"
+        return value, kind, message or ""
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineStateError(f"reward {self.label!r}: score() after close()")
 
     def _completed(self, futures: dict[ProcessFuture, int]) -> Iterator[ProcessFuture]:
         """The futures as they finish; a pool that stops finishing them (its threads died) is
@@ -297,9 +329,9 @@ class RewardRunner:
 
     def _error(self, sample_id: int, kind: str, message: str) -> RewardError:
         if kind == "timeout":
-            return RewardTimeout(f"reward {self.label!r} timed out on sample {sample_id}: no result after "
-                                 f"reward.timeout_s={self.timeout_s:g} s; its worker was killed",
-                                 reward=self.label, sample_id=sample_id, kind=kind)
+            how = message or "no result, and its worker was killed"
+            return RewardTimeout(f"reward {self.label!r} timed out on sample {sample_id} (reward.timeout_s="
+                                 f"{self.timeout_s:g} s): {how}", reward=self.label, sample_id=sample_id, kind=kind)
         if kind == "value":
             return RewardError(f"reward {self.label!r} {message} on sample {sample_id}",
                                reward=self.label, sample_id=sample_id, kind=kind)
