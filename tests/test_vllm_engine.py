@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from vllm_checks import vllm_results
+from vllm_checks import KV_CACHE_GIB, vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -42,7 +42,7 @@ def run_checks(out: Path) -> None:
     cfg = ModelConfig(vocab_size=48, hidden_size=64, num_layers=2, num_attention_heads=2,
                       num_query_groups=1, max_position_embeddings=64)
     res: dict[str, Any] = {}
-    vllm = make_rollout_engine("vllm", cfg, seed=0)
+    vllm = make_rollout_engine("vllm", cfg, seed=0, kv_cache_gib=KV_CACHE_GIB)
     hf = make_rollout_engine("hf", cfg, seed=0)
     prompts = [[1, 5, 6, 7], [1, 8], [1, 9, 10, 11, 12, 13, 14], [1, 20, 21]]
     greedy = SamplingParams(max_new_tokens=8, temperature=0)

