@@ -71,8 +71,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("vllm-checks"))
         elif _module_fixture_user(item):  # one worker builds the module's fixture (a vLLM engine, a model)
             item.add_marker(pytest.mark.xdist_group(f"module:{item.module.__name__}"))
-    # Modules with integration or Slurm tests first, serial tests last: the workers take tests in
-    # this order, so the short ones fill the gaps at the end. Modules with Slurm tests (they mostly
+    # Modules with integration or Slurm tests first, serial tests last, the longest first (their
+    # ``seconds``, measured in the whole suite): xdist queues two tests behind each worker's running one,
+    # so in the order of the file three long serial tests went to one worker and ran one after the other
+    # (69 s for 115 s of serial tests two at a time). The workers take tests in this order, so the short
+    # ones fill the gaps at the end. Modules with Slurm tests (they mostly
     # wait on Slurm: requeues, job starts) alternate with the other heavy ones, so their waits overlap
     # with computing work and none of them is left to run alone before the serial tests. A module moves
     # as a whole (its module fixtures are built once without xdist too); the sort is stable, so every
@@ -85,8 +88,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     position = {m: i for i, m in enumerate(order)}
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        if item.get_closest_marker("serial") is not None:
-            return 2, 0
+        if (serial := item.get_closest_marker("serial")) is not None:
+            return 2, -serial.kwargs.get("seconds", 0)
         name = item.module.__name__
         return (0, position[name]) if name in position else (1, 0)
 

@@ -82,7 +82,7 @@ def auto_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial(seconds=10)
 def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path, auto_run: Path) -> None:
     static = _run(tmp_path, "static", live_config(tmp_path / "static", "static"))
     auto = auto_run
@@ -116,7 +116,7 @@ def test_auto_changes_placement_mid_iteration_and_beats_static(tmp_path: Path, a
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial(seconds=1)
 def test_migration_loses_and_duplicates_no_sample(auto_run: Path) -> None:
     """Under auto, released rollout ranks hand their unfinished requests back; every sample id
     is produced once by rollout and trained once by the actor."""
@@ -267,7 +267,7 @@ def test_rollout_or_inference_growth_mid_iteration_is_refused(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial(seconds=31)
 def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     """Calibration: one iteration of the math-RL profile on 8 emulated ranks (1/20 time, 1/16
     tokens; ~16 s static, ~12 s auto) against ``slurm-rl simulate`` on the very same config agrees
@@ -292,7 +292,7 @@ def test_live_run_agrees_with_the_simulator(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial(seconds=19)
 @pytest.mark.parametrize(("placement", "policy"), [
     ({"actor,rollout,inference": "all"}, "static"),
     ({"actor,inference": "0-3", "rollout": "4-7"}, "static"),

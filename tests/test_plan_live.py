@@ -157,7 +157,7 @@ def test_plan_run_stopped_at_a_gate_resumes_collocated(tmp_path: Path, tmp_path_
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial(seconds=7)
 def test_calibrate_recovers_the_emulated_costs(tmp_path: Path) -> None:
     """The emulated ranks follow known costs: calibration fitted from the run's files finds them,
     and the calibrated simulation predicts the run within 10 %."""

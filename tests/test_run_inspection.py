@@ -275,7 +275,7 @@ def test_sparkline() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial(seconds=5)
 def test_gantt_of_64_ranks_collapses_identical_rows(run_64: Path) -> None:
     tl = build_timeline(run_64)
     assert len({b.rank for b in tl.bars}) == 64

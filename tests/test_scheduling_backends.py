@@ -89,7 +89,7 @@ def epochs_of(run_dir: Path) -> list[Epoch]:
 # emulated, auto's two mid-iteration decisions lie ~0.2 s apart in the rollout's tail: a coordinator starved
 # of CPU by the rest of the suite (load 12-19 on 2 cores) saw the tail only once it had ended (one decision)
 @pytest.mark.slow
-@pytest.mark.parametrize("device", [pytest.param("emulated", marks=pytest.mark.serial), "cpu"])
+@pytest.mark.parametrize("device", [pytest.param("emulated", marks=pytest.mark.serial(seconds=4)), "cpu"])
 def test_auto_grows_the_actor_at_a_minibatch_boundary(tmp_path: Path, device: str) -> None:
     """auto changes placement at least twice inside an iteration; the actor grows at a stamped
     mini-batch boundary, in place (reshard records with bytes), and shrinks back at the gate. The placement is
