@@ -31,6 +31,7 @@ from hypothesis import settings
 
 import hypothesis_profiles
 from machine_lock import ORDINARY, SERIAL, MachineLock
+from xdist_serial import SERIAL_GROUP, SerialLastScheduling
 from slurm_fixture import slurm_cluster  # noqa: F401
 from resume_helpers import reference  # noqa: F401
 from shared_runs import run_64, scripted_run  # noqa: F401
@@ -61,8 +62,9 @@ def _module_fixture_user(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     # a wrapper, so the groups are marked before xdist's own hook reads them into the node ids
     for item in items:
-        # a serial test stays out of groups: a group runs where its first test falls in the order, and the
-        # serial tests must come after every ordinary one (tests/machine_lock.py)
+        # a serial test is a group of its own (added below, in the final order), which the scheduler
+        # hands only to idle workers (tests/xdist_serial.py); a group that held a serial test and others
+        # would run where its first test falls in the order, and the serial tests come after every other
         if item.get_closest_marker("xdist_group") is not None or item.get_closest_marker("serial") is not None:
             continue
         if "scripted_run" in getattr(item, "fixturenames", ()):  # `inspect` writes its plots into the run dir
@@ -94,7 +96,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (0, position[name]) if name in position else (1, 0)
 
     items.sort(key=rank)
+    serial = [item for item in items if item.get_closest_marker("serial") is not None]
+    for i, item in enumerate(serial):
+        item.add_marker(pytest.mark.xdist_group(f"{SERIAL_GROUP}{i}"))
     return (yield)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` (pyproject's addopts) with the serial tests handed only to idle workers."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    return SerialLastScheduling(config, log)
 
 
 def _machine_lock(config: pytest.Config) -> MachineLock | None:
@@ -113,7 +125,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if lock is None:
         yield
         return
-    with lock.hold(SERIAL if item.get_closest_marker("serial") is not None else ORDINARY):
+    serial = item.get_closest_marker("serial")
+    with lock.hold(ORDINARY) if serial is None else lock.hold(SERIAL, priority=serial.kwargs.get("seconds", 0)):
         yield
 
 

@@ -14,7 +14,9 @@ tests of one worker); an ordinary test waits only while a serial one runs. So th
 with the machine busy, and the serial tests then run in pairs. (When a waiting serial test held back new
 ordinary tests instead, each worker's queued ordinary tests waited behind the serial tests in turn: they ran
 one at a time, 93 s for 111 s of serial tests.) A serial test that has waited ``hold_back_after_s`` holds back
-new ordinary tests, so it cannot starve. A holder or waiter whose process is gone (a crashed worker) is dropped.
+new ordinary tests, so it cannot starve. Among waiting serial tests the one of the highest ``priority`` (its
+measured seconds: the longest first) goes first, then the one waiting longest. A holder or waiter whose process
+is gone (a crashed worker) is dropped.
 """
 
 from __future__ import annotations
@@ -58,37 +60,46 @@ class MachineLock:
             state = {}
         holders = {int(p): m for p, m in state.get("holders", {}).items() if _alive(int(p))}
         waiting = {key: {int(p): float(t) for p, t in state.get(key, {}).items() if _alive(int(p))}
-                   for key in ("waiting_serial", "waiting_ordinary")}
+                   for key in ("waiting_serial", "waiting_ordinary", "priority")}
         return {"holders": holders, **waiting, "ordinary_at": float(state.get("ordinary_at", 0.0))}
 
     def _write(self, state: dict) -> None:
         tmp = self.path.with_suffix(".tmp")
         doc = {"holders": {str(p): m for p, m in state["holders"].items()}, "ordinary_at": state["ordinary_at"],
-               **{key: {str(p): t for p, t in state[key].items()} for key in ("waiting_serial", "waiting_ordinary")}}
+               **{key: {str(p): t for p, t in state[key].items()}
+                  for key in ("waiting_serial", "waiting_ordinary", "priority")}}
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.path)
 
-    def _try(self, mode: str, pid: int, now: float | None = None) -> bool:
-        """Take the machine in ``mode`` for ``pid`` if the rules allow it now; else record ``pid`` as waiting."""
+    def _try(self, mode: str, pid: int, now: float | None = None, priority: float = 0.0) -> bool:
+        """Take the machine in ``mode`` for ``pid`` if the rules allow it now; else record ``pid`` as waiting
+        (a serial test with its ``priority``)."""
         now = time.time() if now is None else now
         with self._guard:
             state = self._read()
             modes = list(state["holders"].values())
             if mode == SERIAL:  # a serial test that has waited long enough stops giving way to ordinary ones
-                patient = now - state["waiting_serial"].get(pid, now) < self.hold_back_after_s
+                since = state["waiting_serial"].get(pid, now)
+                patient = now - since < self.hold_back_after_s
                 gives_way = bool(state["waiting_ordinary"]) or now - state["ordinary_at"] < self.quiet_s
+                first = (-priority, since, pid) <= min(
+                    ((-state["priority"].get(p, 0.0), t, p) for p, t in state["waiting_serial"].items()),
+                    default=(-priority, since, pid))
                 granted = (ORDINARY not in modes and modes.count(SERIAL) < self.serial_at_once
-                           and not (patient and gives_way))
+                           and not (patient and gives_way) and first)
             else:
                 holding_back = any(now - since >= self.hold_back_after_s for since in state["waiting_serial"].values())
                 granted = SERIAL not in modes and not holding_back
                 state["ordinary_at"] = now
             waiting = state["waiting_serial" if mode == SERIAL else "waiting_ordinary"]
-            if granted:
+            if granted:  # a worker waits for one thing at a time
                 state["holders"][pid] = mode
-                waiting.pop(pid, None)
+                for key in ("waiting_serial", "waiting_ordinary", "priority"):
+                    state[key].pop(pid, None)
             else:
                 waiting.setdefault(pid, now)
+                if mode == SERIAL:
+                    state["priority"][pid] = priority
             self._write(state)
             return granted
 
@@ -100,10 +111,11 @@ class MachineLock:
             self._write(state)
 
     @contextmanager
-    def hold(self, mode: str) -> Iterator[None]:
+    def hold(self, mode: str, priority: float = 0.0) -> Iterator[None]:
+        """Hold the machine in ``mode`` for the block; ``priority`` orders waiting serial tests (highest first)."""
         pid = os.getpid()
         deadline = time.monotonic() + self.timeout_s
-        while not self._try(mode, pid):
+        while not self._try(mode, pid, priority=priority):
             if time.monotonic() > deadline:
                 raise MachineLockTimeout(f"waited {self.timeout_s:.0f}s for the machine ({mode}) at {self.path}")
             time.sleep(POLL_S)

@@ -60,3 +60,20 @@ def test_a_dead_holder_is_dropped(tmp_path: Path) -> None:
     with lock.hold(SERIAL):
         assert lock._read()["holders"] == {os.getpid(): SERIAL}
     assert lock._read()["holders"] == {}
+
+
+def test_the_longest_waiting_serial_test_goes_first(tmp_path: Path) -> None:
+    """Waiting serial tests start by priority (their measured seconds), the longest first, then by how long they
+    waited: the serial phase is then as short as two at a time allow (longest processing time first)."""
+    lock = MachineLock(tmp_path / "machine.json", timeout_s=5, quiet_s=0.0)
+    a, b, c = os.getpid(), os.getppid(), 1
+    assert lock._try(SERIAL, a, now=0.0, priority=5) and lock._try(SERIAL, b, now=0.0, priority=5)
+    assert not lock._try(SERIAL, c, now=1.0, priority=10)  # both slots taken: waits (priority 10)
+    lock._release(a, now=2.0)
+    assert not lock._try(SERIAL, a, now=2.1, priority=4)  # the free slot is the waiting 10-s test's
+    assert lock._try(SERIAL, c, now=2.2, priority=10)
+    lock._release(b, now=3.0)
+    assert not lock._try(SERIAL, b, now=3.1, priority=4)  # equal priority: the one waiting longer (a) first
+    assert lock._try(SERIAL, a, now=3.2, priority=4)
+    lock._release(c, now=4.0)
+    assert lock._try(SERIAL, b, now=4.1, priority=4)
