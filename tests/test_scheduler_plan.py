@@ -239,6 +239,26 @@ def test_recorder_folds_an_iteration_into_the_history() -> None:
     assert History.from_json(h.to_json()) == h
 
 
+def test_a_resumed_recorder_ignores_the_iterations_its_history_holds() -> None:
+    """A run stopped at the gate of iteration 2 and resumed: its ranks' progress files may still report
+    iteration 1 when the resumed coordinator starts observing. Folding those ticks in again counted
+    iteration 1 twice (``iterations_done`` 5 after 4 iterations, seen once in a whole-suite run of
+    tests/test_plan_live.py's resumed ``plan`` run)."""
+    first = HistoryRecorder()
+    for k in range(2):
+        for i in range(3):
+            first.observe(tick(k, 1.0 * i, 50 * i))
+        first.end_iteration(3.0)
+    saved = History.from_json(first.history.to_json())
+    rec = HistoryRecorder(saved, first_iteration=2)
+    assert rec.observe(tick(1, 5.0, 100)) == saved  # a stale tick of iteration 1
+    for k in (2, 3):
+        for i in range(3):
+            rec.observe(tick(k, 1.0 * i, 50 * i))
+        rec.end_iteration(3.0)
+    assert rec.history.iterations_done == 4 and len(rec.history.iteration_s) == 4
+
+
 def test_completion_curve_in_instance_seconds_counts_the_tail_at_the_drain() -> None:
     rec = HistoryRecorder()
     # 4 instances while requests queue; the queue drains at 5 s (finished + running = all), then

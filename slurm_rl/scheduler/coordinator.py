@@ -113,12 +113,14 @@ class CoordinatorLoop:
                 self.checked_at = float(previous.checked_at or 0.0)
         # what the run measured about itself (the plan policy's forecast reads it); a restarted or
         # resumed coordinator goes on from the history its predecessor wrote
-        self.recorder = HistoryRecorder()
+        history = None
         if self.paths.history.exists():
             try:
-                self.recorder.history = History.from_json(read_json(self.paths.history))
+                history = History.from_json(read_json(self.paths.history))
             except (ControlError, KeyError, TypeError, ValueError) as exc:
                 self.log(f"history {self.paths.history} not used ({exc}); the forecast starts afresh")
+        # a resumed run's ranks may still report the iteration before its gate: that one is in the history
+        self.recorder = HistoryRecorder(history, first_iteration=self.first_iteration)
         self.released_at = time.time()
         self.measuring = self.fresh  # a restarted generation saw only part of the iteration in flight
         self.seen_minibatch = -1

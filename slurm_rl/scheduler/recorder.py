@@ -22,14 +22,17 @@ from slurm_rl.scheduler.history import (
 class HistoryRecorder:
     """Folds ``Tick`` observations into a ``History`` (one per run; not shared)."""
 
-    def __init__(self) -> None:
-        self.history = History()
+    def __init__(self, history: History | None = None, first_iteration: int = 0) -> None:
+        """A recorder going on from ``history`` (a resumed run's), taking ticks of ``first_iteration`` on: the
+        iterations before it were folded in by the incarnation that wrote ``history``, and the ranks'
+        progress files may still report them when the resumed run starts."""
+        self.history = History() if history is None else history
         self._last: Tick | None = None
         self._curve: list[float] = []
         self._curve_work: list[float] = []
         self._work = 0.0  # rollout instance-seconds of the current iteration so far
         self._drain_instances: int | None = None  # rollout instances when its queue drained
-        self._closed = -1  # iterations up to this one are folded in; later ticks of them are ignored
+        self._closed = first_iteration - 1  # iterations up to this one are folded in; later ticks of them are ignored
         self._snapshots: list[Tick] = []  # rollout states of the current iteration
         self._rollout_end: float | None = None
 
