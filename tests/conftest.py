@@ -126,7 +126,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     serial = item.get_closest_marker("serial")
-    with lock.hold(ORDINARY) if serial is None else lock.hold(SERIAL, priority=serial.kwargs.get("seconds", 0)):
+    with lock.hold(ORDINARY) if serial is None else lock.hold(SERIAL, priority=serial.kwargs.get("seconds", 0),
+                                                              slots=serial.kwargs.get("slots", 1)):
         yield
 
 

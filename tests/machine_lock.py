@@ -15,7 +15,8 @@ with the machine busy, and the serial tests then run in pairs. (When a waiting s
 ordinary tests instead, each worker's queued ordinary tests waited behind the serial tests in turn: they ran
 one at a time, 93 s for 111 s of serial tests.) A serial test that has waited ``hold_back_after_s`` holds back
 new ordinary tests, so it cannot starve. Among waiting serial tests the one of the highest ``priority`` (its
-measured seconds: the longest first) goes first, then the one waiting longest. A holder or waiter whose process
+measured seconds: the longest first) goes first, then the one waiting longest. A serial test that itself keeps more
+than a core busy (the 64-rank run) takes ``slots=serial_at_once``: it runs beside no other. A holder or waiter whose process
 is gone (a crashed worker) is dropped.
 """
 
@@ -60,20 +61,20 @@ class MachineLock:
             state = {}
         holders = {int(p): m for p, m in state.get("holders", {}).items() if _alive(int(p))}
         waiting = {key: {int(p): float(t) for p, t in state.get(key, {}).items() if _alive(int(p))}
-                   for key in ("waiting_serial", "waiting_ordinary", "priority")}
+                   for key in ("waiting_serial", "waiting_ordinary", "priority", "slots")}
         return {"holders": holders, **waiting, "ordinary_at": float(state.get("ordinary_at", 0.0))}
 
     def _write(self, state: dict) -> None:
         tmp = self.path.with_suffix(".tmp")
         doc = {"holders": {str(p): m for p, m in state["holders"].items()}, "ordinary_at": state["ordinary_at"],
                **{key: {str(p): t for p, t in state[key].items()}
-                  for key in ("waiting_serial", "waiting_ordinary", "priority")}}
+                  for key in ("waiting_serial", "waiting_ordinary", "priority", "slots")}}
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.path)
 
-    def _try(self, mode: str, pid: int, now: float | None = None, priority: float = 0.0) -> bool:
+    def _try(self, mode: str, pid: int, now: float | None = None, priority: float = 0.0, slots: int = 1) -> bool:
         """Take the machine in ``mode`` for ``pid`` if the rules allow it now; else record ``pid`` as waiting
-        (a serial test with its ``priority``)."""
+        (a serial test with its ``priority``; it takes ``slots`` of the ``serial_at_once``)."""
         now = time.time() if now is None else now
         with self._guard:
             state = self._read()
@@ -85,7 +86,8 @@ class MachineLock:
                 first = (-priority, since, pid) <= min(
                     ((-state["priority"].get(p, 0.0), t, p) for p, t in state["waiting_serial"].items()),
                     default=(-priority, since, pid))
-                granted = (ORDINARY not in modes and modes.count(SERIAL) < self.serial_at_once
+                taken = sum(int(state["slots"].get(p, 1)) for p, m in state["holders"].items() if m == SERIAL)
+                granted = (ORDINARY not in modes and taken + min(slots, self.serial_at_once) <= self.serial_at_once
                            and not (patient and gives_way) and first)
             else:
                 holding_back = any(now - since >= self.hold_back_after_s for since in state["waiting_serial"].values())
@@ -94,8 +96,10 @@ class MachineLock:
             waiting = state["waiting_serial" if mode == SERIAL else "waiting_ordinary"]
             if granted:  # a worker waits for one thing at a time
                 state["holders"][pid] = mode
-                for key in ("waiting_serial", "waiting_ordinary", "priority"):
+                for key in ("waiting_serial", "waiting_ordinary", "priority", "slots"):
                     state[key].pop(pid, None)
+                if mode == SERIAL and slots != 1:
+                    state["slots"][pid] = slots
             else:
                 waiting.setdefault(pid, now)
                 if mode == SERIAL:
@@ -106,16 +110,18 @@ class MachineLock:
     def _release(self, pid: int, now: float | None = None) -> None:
         with self._guard:
             state = self._read()
+            state["slots"].pop(pid, None)
             if state["holders"].pop(pid, None) == ORDINARY:
                 state["ordinary_at"] = time.time() if now is None else now
             self._write(state)
 
     @contextmanager
-    def hold(self, mode: str, priority: float = 0.0) -> Iterator[None]:
-        """Hold the machine in ``mode`` for the block; ``priority`` orders waiting serial tests (highest first)."""
+    def hold(self, mode: str, priority: float = 0.0, slots: int = 1) -> Iterator[None]:
+        """Hold the machine in ``mode`` for the block; ``priority`` orders waiting serial tests (highest first),
+        ``slots``: how many of the ``serial_at_once`` a serial test takes."""
         pid = os.getpid()
         deadline = time.monotonic() + self.timeout_s
-        while not self._try(mode, pid, priority=priority):
+        while not self._try(mode, pid, priority=priority, slots=slots):
             if time.monotonic() > deadline:
                 raise MachineLockTimeout(f"waited {self.timeout_s:.0f}s for the machine ({mode}) at {self.path}")
             time.sleep(POLL_S)

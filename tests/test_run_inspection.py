@@ -275,7 +275,7 @@ def test_sparkline() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial(seconds=5)
+@pytest.mark.serial(seconds=5, slots=2)  # it may be the one that runs the 64 ranks: beside no other
 def test_gantt_of_64_ranks_collapses_identical_rows(run_64: Path) -> None:
     tl = build_timeline(run_64)
     assert len({b.rank for b in tl.bars}) == 64

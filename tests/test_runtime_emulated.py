@@ -59,7 +59,7 @@ def test_local_run_8_ranks_three_epochs(scripted_run: tuple[Path, str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial(seconds=5)
+@pytest.mark.serial(seconds=5, slots=2)  # 64 ranks keep more than a core busy: beside no other serial test
 def test_local_run_64_emulated_ranks(run_64: Path) -> None:
     records = report_json(run_64)["epochs"]
     assert len(records) == 3 and all(r["acks"] == 64 for r in records)
