@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # a wrapper, so the groups are marked before xdist's own hook reads them into the node ids
     for item in items:
         # a serial test is a group of its own (added below, in the final order), which the scheduler
-        # hands only to idle workers (tests/xdist_serial.py); a group that held a serial test and others
+        # hands only to a worker holding at most one test (tests/xdist_serial.py); a group that held a serial test and others
         # would run where its first test falls in the order, and the serial tests come after every other
         if item.get_closest_marker("xdist_group") is not None or item.get_closest_marker("serial") is not None:
             continue
@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadgroup`` (pyproject's addopts) with the serial tests handed only to idle workers."""
+    """``--dist loadgroup`` (pyproject's addopts), a serial test handed only to a worker holding at most one test."""
     if config.getoption("dist") != "loadgroup":
         return None
     return SerialLastScheduling(config, log)

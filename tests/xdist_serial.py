@@ -1,4 +1,4 @@
-"""xdist's ``loadgroup`` scheduling, with the serial tests handed only to idle workers.
+"""xdist's ``loadgroup`` scheduling, with each serial test handed only to a worker holding at most one test.
 
 xdist keeps two tests queued behind each worker's running one. At the end of the session, where the
 serial tests are (tests/conftest.py orders them last, the longest first), a worker that finished a run

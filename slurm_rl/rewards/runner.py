@@ -117,10 +117,11 @@ def _worker_init(paths: tuple[str, ...], cwd: str, name: str | None, fn: str | N
         pass
 
 
-def _score_one(name: str | None, fn: str | None, sample: RewardSample,
-               passes: tuple[type[BaseException], ...] = ()) -> tuple[float, None, None] | tuple[None, str, str]:
+def _score_one(name: str | None, fn: str | None, sample: RewardSample, passes: tuple[type[BaseException], ...] = (),
+               where: str = "worker") -> tuple[float, None, None] | tuple[None, str, str]:
     """Run the reward on one sample: (value, None, None) or (None, kind, message); an exception of
-    ``passes`` (the caller's own interrupts, where it runs in the caller's process) is raised."""
+    ``passes`` (the caller's own interrupts, where it runs in the caller's process) is raised; ``where``
+    names the process in the traceback's heading."""
     try:
         reward = _load(name, fn)
         value = reward(sample.prompt, sample.response, sample.answer, sample.extra)
@@ -128,7 +129,7 @@ def _score_one(name: str | None, fn: str | None, sample: RewardSample,
         raise
     except BaseException as exc:  # noqa: BLE001 - math-verify's TimeoutException, SystemExit... too
         lines = traceback.format_exception(exc)
-        return None, "error", f"{type(exc).__name__}: {exc}\nworker traceback:\n{''.join(lines).rstrip()}"
+        return None, "error", f"{type(exc).__name__}: {exc}\n{where} traceback:\n{''.join(lines).rstrip()}"
     try:
         number = float(value) if isinstance(value, numbers.Real) else math.nan
     except (OverflowError, ValueError, TypeError):  # an int too big for a float, an odd Real
@@ -282,7 +283,7 @@ class RewardRunner:
         """One sample scored in this process (``workers=0``); a sample that returned after
         ``timeout_s`` is a timeout."""
         start = time.monotonic()
-        value, kind, message = _score_one(self.name, self.fn, sample, passes=(KeyboardInterrupt,))
+        value, kind, message = _score_one(self.name, self.fn, sample, passes=(KeyboardInterrupt,), where="rank")
         took = time.monotonic() - start
         if kind is None and took > self.timeout_s:
             return None, "timeout", f"it returned after {took:.1f} s, in the rank's process (reward.workers 0)"
