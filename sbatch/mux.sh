@@ -45,7 +45,8 @@ if [ $rc -ne 0 ]; then
 fi
 echo "slurm_rl group dir: $GROUP_DIR"
 
-# The group scheduler and one `srun --overlap` step per job (jobs that `slurm-rl mux add` admits
+# The group scheduler and one `srun --overlap` step per job: a task per node that forks the job's ranks
+# there where they fill the allocation's tasks (SLURM_RL_FORKSERVER=0: a task per rank) (jobs that `slurm-rl mux add` admits
 # later get theirs as they join); a job that fails is stopped alone.
 launcher_pid=""
 on_usr1() {

@@ -138,6 +138,21 @@ def test_node_task_serves_its_nodes_ranks_with_their_srun_variables() -> None:
     assert (info.rank, info.world_size, info.local_rank, info.node_rank, info.source) == (5, 6, 1, 1, "slurm")
 
 
+def test_a_group_job_step_has_a_task_per_node_where_its_ranks_fill_the_allocation() -> None:
+    """sbatch/mux.sh: a job whose ranks fill the allocation's tasks, as many on every node, runs a task per node
+    that forks the ranks srun's block distribution would have put there; any other shape, a task per rank."""
+    from slurm_rl.launch.node import block_layout, tasks_per_node
+    from slurm_rl.mux.launcher import node_step
+
+    assert tasks_per_node("4(x2),3") == [4, 4, 3] and tasks_per_node("8") == [8]
+    assert block_layout([4, 4]) == [0] * 4 + [1] * 4
+    assert node_step(8, {"SLURM_TASKS_PER_NODE": "4(x2)"}) == [4, 4]
+    assert node_step(8, {"SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_RL_FORKSERVER": "0"}) is None
+    assert node_step(6, {"SLURM_TASKS_PER_NODE": "4(x2)"}) is None  # fewer ranks than tasks: srun places them
+    assert node_step(7, {"SLURM_TASKS_PER_NODE": "4,3"}) is None  # unequal nodes: one --cpus-per-task fits none
+    assert node_step(8, {}) is None
+
+
 def test_node_task_kills_what_is_left_below_it() -> None:
     """A process whose parent ended (an orphan, as rank 0's coordinator is once rank 0 died) is still
     found below the node's task and killed with the rest."""

@@ -9,8 +9,10 @@ of the script itself). One rank: a one-process gloo world (``init_local_process_
 ``--micro-batch`` samples (default: the whole batch in one).
 
 Every configuration (``--precision`` x ``--recompute``, default fp32, bf16 x none, full) runs in a
-FRESH Python process (this script with ``--worker``), so no configuration inherits another's
-peak, allocator pools or imports. Host memory is the process's resident set size (RSS):
+process of its own, so no configuration inherits another's peak or allocator pools: on cpu a child
+forked from this process once it has imported torch, megatron-core and our trainer (and built
+nothing), the state a fresh interpreter reaches after its imports; on cuda (no fork after CUDA) a
+FRESH Python process (this script with ``--worker``). Host memory is the process's resident set size (RSS):
 
 ``rss_start_gib``        RSS after the imports, before the model is built;
 ``rss_after_build_gib``  RSS after the trainer is built: the model, the fp32 master weights and
@@ -52,6 +54,8 @@ import json
 import math
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -149,6 +153,55 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def preload(args: argparse.Namespace) -> None:
+    """Import what :func:`worker` imports (no torch op, no thread): the forked configurations start from here."""
+    import torch  # noqa: F401
+
+    from slurm_rl.engines.actor import groups, microbatch, optimizer, trainer  # noqa: F401
+    from slurm_rl.engines.actor.model import preload_megatron
+
+    preload_megatron(args.device)
+
+
+def forked(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`worker` in a child forked from this process (its row, or ``error`` with why it gave none)."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: one configuration, its row on the pipe, then out without Python's exit handlers
+        os.close(read_fd)
+        code = 1
+        try:
+            with os.fdopen(write_fd, "w") as out:
+                json.dump(worker(args), out)
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    deadline = time.monotonic() + args.timeout_s
+    chunks = []
+    with os.fdopen(read_fd, "rb") as pipe:
+        while True:
+            if not select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"precision": args.precision[0], "recompute": args.recompute[0],
+                        "error": f"no result within --timeout-s {args.timeout_s}"}
+            chunk = pipe.read1(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code == 0 and chunks:
+        return json.loads(b"".join(chunks))
+    return {"precision": args.precision[0], "recompute": args.recompute[0],
+            "error": f"the configuration's process exited with code {code} (its traceback is on stderr)"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"],
@@ -181,9 +234,17 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch.cuda.is_available() is False")
+    if args.device == "cpu":
+        preload(args)
     failed = False
     for precision in args.precision:
         for recompute in args.recompute:
+            if args.device == "cpu":
+                row = forked(argparse.Namespace(**{**vars(args), "precision": [precision],
+                                                   "recompute": [recompute]}))
+                print(json.dumps(row), flush=True)
+                failed = failed or "error" in row or not row["finite"]
+                continue
             cmd = [sys.executable, os.path.abspath(__file__), "--worker",
                    "--precision", precision, "--recompute", recompute,
                    "--batch", str(args.batch), "--seq", str(args.seq),

@@ -47,12 +47,27 @@ from slurm_rl.launch.proctable import process_stats
 if TYPE_CHECKING:
     from slurm_rl.config import ReusableConfig
 
-USAGE = "usage: python -m slurm_rl.launch.node RUN_DIR   (one srun task per node that holds ranks)"
+USAGE = ("usage: python -m slurm_rl.launch.node RUN_DIR [--ranks-per-node N,N,...]   (one srun task per node "
+         "that holds ranks)")
 
 
 def nodes_in_rank_order(node_of_rank: list[int]) -> list[int]:
     """The placement nodes that hold ranks, in the order of their first rank (the per-node hostfile's)."""
     return list(dict.fromkeys(node_of_rank))
+
+
+def tasks_per_node(value: str) -> list[int]:
+    """Slurm's ``SLURM_TASKS_PER_NODE`` (``4(x2),3``) as a count per node; ``ValueError`` when malformed."""
+    counts: list[int] = []
+    for item in filter(None, value.split(",")):
+        count, _, repeat = item.partition("(x")
+        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts
+
+
+def block_layout(ranks_per_node: list[int]) -> list[int]:
+    """The node of every rank when consecutive ranks fill each node in turn (``srun``'s block distribution)."""
+    return [node for node, count in enumerate(ranks_per_node) for _ in range(count)]
 
 
 def node_ranks(node_of_rank: list[int], task: int) -> tuple[int, list[int]]:
@@ -158,7 +173,7 @@ def wait_for_ranks(children: dict[int, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
+    if len(args) not in (1, 3) or len(args) == 3 and args[1] != "--ranks-per-node":
         print(USAGE, file=sys.stderr)
         return 2
     run_dir = args[0]
@@ -168,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = loaded.config
     placement, device = cfg.placement, cfg.runtime.device
     node_of_rank = [placement.node_of_rank(r) for r in range(placement.world_size)]
+    if len(args) == 3:  # the step's layout, not the placement's nodes (a group's job: its slots span the allocation)
+        try:
+            node_of_rank = block_layout([int(n) for n in args[2].split(",")])
+        except ValueError:
+            node_of_rank = []
+        if len(node_of_rank) != placement.world_size:
+            _log(f"--ranks-per-node {args[2]}: allowed: counts that add up to the run's {placement.world_size} ranks")
+            return 2
     try:
         node, ranks = node_ranks(node_of_rank, int(os.environ.get("SLURM_PROCID", "0")))
     except ValueError as exc:

@@ -28,7 +28,7 @@ from slurm_rl.config import ConfigError
 from slurm_rl.mux.group_file import GroupSpec, load_group
 from slurm_rl.mux.group_admission import admit
 from slurm_rl.mux.group_state import group_json_path, read_group_json, removed
-from slurm_rl.launch import zygote
+from slurm_rl.launch import forkserver, zygote
 from slurm_rl.launch.local import LaunchError, LocalJob
 from slurm_rl.launch.prepare import prepare_run
 
@@ -80,23 +80,33 @@ def start_group_scheduler(group_dir: Path) -> subprocess.Popen | zygote.ZygotePr
 
 
 class SrunJob:
-    """One job of a group as an ``srun --overlap`` step of the allocation (``sbatch/mux.sh``)."""
+    """One job of a group as an ``srun --overlap`` step of the allocation (``sbatch/mux.sh``): where the job's
+    ranks fill the allocation's tasks, every node the same number, a task per node
+    (:mod:`slurm_rl.launch.node` imports once and forks the node's ranks, as ``sbatch/train.sh`` starts a run),
+    each rank where a task per rank would have been; else (``SLURM_RL_FORKSERVER=0`` too) a task per rank."""
 
     def __init__(self, name: str, run_dir: Path, world_size: int, port: int) -> None:
         self.name = name
         het = int(os.environ.get("SLURM_HET_SIZE", "1"))
+        env = dict(os.environ, SLURM_RL_MASTER_PORT=str(port))
+        cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+        task = ["-m", "slurm_rl.worker", str(run_dir)]
         if het > 1:  # one step over every component; its tasks are the allocation's (component 0 first)
             tasks = sum(int(os.environ[f"SLURM_NTASKS_HET_GROUP_{c}"]) for c in range(het))
             if world_size != tasks:
                 raise LaunchError(f"job {name} has {world_size} ranks but the heterogeneous allocation has "
                                   f"{tasks} tasks")
             placement = [f"--het-group={','.join(str(c) for c in range(het))}"]
+        elif per_node := node_step(world_size, env):
+            placement = [f"--nodes={len(per_node)}", f"--ntasks={len(per_node)}", "--ntasks-per-node=1",
+                         f"--cpus-per-task={cpus * per_node[0]}"]
+            env.pop("SLURM_NTASKS_PER_NODE", None)
+            task = ["-m", "slurm_rl.launch.node", str(run_dir), "--ranks-per-node", ",".join(map(str, per_node))]
         else:
-            placement = [f"--ntasks={world_size}", f"--cpus-per-task={os.environ.get('SLURM_CPUS_PER_TASK', '1')}"]
+            placement = [f"--ntasks={world_size}", f"--cpus-per-task={cpus}"]
         log = open(run_dir / "logs" / "srun.log", "ab")
-        self.proc = subprocess.Popen(["srun", "--overlap", "--kill-on-bad-exit=1", *placement, sys.executable, "-m",
-                                      "slurm_rl.worker", str(run_dir)], stdout=log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, SLURM_RL_MASTER_PORT=str(port)))
+        self.proc = subprocess.Popen(["srun", "--overlap", "--kill-on-bad-exit=1", *placement, sys.executable, *task],
+                                     stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
 
     def poll(self) -> dict[int, int] | None:
@@ -115,6 +125,22 @@ class SrunJob:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def node_step(world_size: int, env: dict[str, str]) -> list[int] | None:
+    """The ranks per node of a job's step with a task per node: the allocation's tasks per node
+    (``SLURM_TASKS_PER_NODE``) where they hold exactly the job's ranks, every node as many; else None."""
+    from slurm_rl.launch.node import tasks_per_node
+
+    if not forkserver.enabled(env):
+        return None
+    try:
+        per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", ""))
+    except ValueError:
+        return None
+    if not per_node or sum(per_node) != world_size or len(set(per_node)) != 1:
+        return None
+    return per_node
 
 
 def local_job(name: str, run_dir: Path, world_size: int, port: int) -> LocalJob:
