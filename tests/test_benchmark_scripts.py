@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_command import tool
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(script: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / script), *args], cwd=REPO,
+    proc = subprocess.run([*tool(script), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -51,7 +52,7 @@ def test_bench_mux_prints_the_trace_comparison() -> None:
 
 @pytest.mark.slow  # three processes import torch, megatron-core and transformers (a real gloo weight sync)
 def test_bench_load_prints_a_json_line_per_section(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_load.py"), "--scale",
+    proc = subprocess.run([*tool("bench_load.py"), "--scale",
                            "small", "--dir", str(tmp_path), "--repeat", "1"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -88,7 +89,7 @@ def test_bench_reshard_layouts_prints_a_tp_change_per_precision() -> None:
 
 @pytest.mark.slow  # four fresh processes import megatron-core and train a tiny model one step
 def test_bench_memory_prints_a_line_per_configuration() -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_memory.py"), "--tiny",
+    proc = subprocess.run([*tool("bench_memory.py"), "--tiny",
                            "--seq", "16", "--threads", "1"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -104,7 +105,7 @@ def test_bench_memory_prints_a_line_per_configuration() -> None:
 
 @pytest.mark.slow  # imports torch, megatron-core and transformers, trains two tiny models a few steps
 def test_bench_step_prints_ours_against_plain_pytorch_per_attention_and_packing() -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_step.py"), "--models", "quickstart",
+    proc = subprocess.run([*tool("bench_step.py"), "--models", "quickstart",
                            "--precision", "fp32", "--attention", "sdpa,local", "--samples", "4", "--response-max", "64", "--reps", "1",
                            "--max-tokens", "160", "--loss-tokens", "512", "--threads", "1", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -127,7 +128,7 @@ def test_bench_step_prints_ours_against_plain_pytorch_per_attention_and_packing(
 
 @pytest.mark.slow  # imports torch and megatron-core, profiles two tiny models' steps
 def test_profile_step_counts_operators_and_host_syncs_per_depth() -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "profile_step.py"), "--layers", "1,3", "--samples", "4",
+    proc = subprocess.run([*tool("profile_step.py"), "--layers", "1,3", "--samples", "4",
                            "--response-max", "32", "--threads", "1", "--top", "5"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -141,7 +142,7 @@ def test_profile_step_counts_operators_and_host_syncs_per_depth() -> None:
 @pytest.mark.slow  # two short runs of the quickstart task (one rank, then three)
 def test_bench_collocated_prints_the_switches_and_each_ranks_peak_memory(tmp_path: Path) -> None:
     toy = tmp_path / "toy"
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_toy_files.py"), str(toy), "--max-operand", "4"],
+    subprocess.run([*tool("make_toy_files.py"), str(toy), "--max-operand", "4"],
                    check=True, capture_output=True, timeout=120)
     row = _run("bench_collocated.py", "--shapes", "quickstart", "--iterations", "2", "--toy", str(toy))
     assert row["shape"] == "quickstart" and row["device"] == "cpu" and row["iterations"] == 2

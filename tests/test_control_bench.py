@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_command import tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_bench_control_plane_prints_its_figures(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_control_plane.py"), "--ranks", "3",
+    proc = subprocess.run([*tool("bench_control_plane.py"), "--ranks", "3",
                            "--epochs", "3", "--idle-s", "1.5", "--run-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

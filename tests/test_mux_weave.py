@@ -7,6 +7,8 @@ import statistics
 
 import pytest
 
+from cli_command import tool
+
 from slurm_rl.mux.trace_weave import (BUDGETS, MEAN_GENERATED, WEAVE_SIZES, WeaveSpec, capped_mean,
                                       generate_weave, generated_tokens, mu_for_capped_mean, statistics_table)
 
@@ -51,23 +53,22 @@ def test_weave_trace_is_deterministic_per_seed(jobs) -> None:
 def test_bench_mux_weave_prints_ratios_mix_and_the_arrival_table() -> None:
     import json
     import subprocess
-    import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(repo / "tools" / "bench_mux.py"), "--trace", "weave", "--jobs", "3",
+    proc = subprocess.run([*tool("bench_mux.py"), "--trace", "weave", "--jobs", "3",
                            "--seeds", "0"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     run = json.loads(proc.stdout)["runs"][0]
     assert {"mux/solo", "mux/colocated", "mux/gavel_plus", "hybrid/colocated"} <= set(run["ratios"])
     assert sum(run["placement_mix"]["mux"].values()) == 3 and run["placement_mix"]["mux"]["new"] >= 1
     assert run["usd_per_h_over_solo_span"]["solo"] > 0 and "mean generated tokens" in proc.stderr
-    proc = subprocess.run([sys.executable, str(repo / "tools" / "bench_mux.py"), "--jobs", "3", "--seeds", "0",
+    proc = subprocess.run([*tool("bench_mux.py"), "--jobs", "3", "--seeds", "0",
                            "--arrivals", "mux"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[1].split()[:3] == ["job", "t_h", "kind"] and lines[2].split()[0] == "job000"
     assert "no group" in lines[2] and "decision -> binding constraint" in proc.stdout
-    bad = subprocess.run([sys.executable, str(repo / "tools" / "bench_mux.py"), "--arrivals", "nope"], cwd=repo,
+    bad = subprocess.run([*tool("bench_mux.py"), "--arrivals", "nope"], cwd=repo,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--arrivals: got 'nope'" in bad.stderr

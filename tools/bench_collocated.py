@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -74,9 +75,12 @@ def toy_overrides(toy: Path) -> list[str]:
 
 def launch(run_dir: Path, placement: dict[str, int], overrides: list[str]) -> float:
     """Run the quickstart config with ``overrides`` on ``placement``; its wall seconds (exit on failure)."""
-    cmd = [sys.executable, "-m", "slurm_rl.cli", "run", "configs/quickstart.yaml", f"runtime.run_dir={run_dir}",
-           f"cluster.gpus_per_node={len(set(placement.values()))}",
-           f"cluster.component_placement={json.dumps(placement)}", *BATCH, *overrides, "--no-inspect"]
+    from slurm_rl.launch import zygote
+
+    args = ["run", "configs/quickstart.yaml", f"runtime.run_dir={run_dir}",
+            f"cluster.gpus_per_node={len(set(placement.values()))}",
+            f"cluster.component_placement={json.dumps(placement)}", *BATCH, *overrides, "--no-inspect"]
+    cmd = zygote.command("slurm_rl.cli", args, "cpu", dict(os.environ))  # forked where a zygote serves (SLURM_RL_ZYGOTE)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -30,7 +30,8 @@ zygote keeps the code it imported: restart it after changing ``slurm_rl``.
 ``python -m slurm_rl.launch.zygote exec [--device D] MODULE ARGS...`` (:func:`exec_module`) is
 ``python -m MODULE ARGS`` through a zygote for a caller that only runs commands (a test suite
 running ``slurm-rl``): it relays the signals it gets, its SIGKILL kills the module (the zygote sees
-its end of the connection close), and it exits as the module did.
+its end of the connection close), and it exits as the module did. A MODULE ending in ``.py`` is a
+script: ``python SCRIPT.py ARGS`` (``sys.path[0]`` the script's directory), e.g. one of ``tools/``.
 
 Each zygote appends a JSON line per child it reaped to ``DIR/<device>.usage.jsonl`` (module, exit
 code, CPU seconds with what the child reaped, wall seconds, and the caller's
@@ -448,9 +449,14 @@ def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoRet
                 os.close(fd)
         os.chdir(request["cwd"])
         become_fresh(request["env"], frozenset(request.get("ignored", ())))
-        sys.argv = [request["module"], *request["argv"]]
+        target = request["module"]
+        sys.argv = [target, *request["argv"]]
+        if is_script(target):  # as `python SCRIPT.py`: the script's directory first on the path
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+            return 0
         warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package", category=RuntimeWarning)
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
         return 0
 
     exit_like_an_interpreter(run)
@@ -459,8 +465,13 @@ def _child(request: dict[str, Any], fds: list[int], own_fds: list[int]) -> NoRet
 RELAYED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def is_script(module: str) -> bool:
+    """Whether what a caller asks to run is a script's path (``python SCRIPT.py``), not a module's name."""
+    return module.endswith(".py")
+
+
 def exec_module(module: str, args: list[str], device: str = "cpu") -> NoReturn:
-    """Become ``python -m MODULE ARGS``: forked by the zygote of ``device`` where one serves this
+    """Become ``python -m MODULE ARGS`` (``python MODULE ARGS`` for a script, :func:`is_script`): forked by the zygote of ``device`` where one serves this
     process (with its fds, environment and working directory; tied to it: SIGKILL this process and
     the zygote kills the child; the signals a user or Slurm sends are relayed; this process exits as
     the child did), else ``exec`` of a fresh interpreter (silently: the output is the module's alone)."""
@@ -470,7 +481,7 @@ def exec_module(module: str, args: list[str], device: str = "cpu") -> NoReturn:
     proc = _forked(module, args, device, dict(os.environ), None, None, None, new_session=True, tie=True, quiet=True)
     if proc is None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED_SIGNALS)
-        os.execv(sys.executable, [sys.executable, "-m", module, *args])
+        os.execv(sys.executable, [sys.executable, *([module] if is_script(module) else ["-m", module]), *args])
     for sig in RELAYED_SIGNALS:
         signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED_SIGNALS)
@@ -490,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest[:1] == ["--device"] and len(rest) > 1:
             rest, device = rest[2:], rest[1]
         if not rest:
-            print("usage: python -m slurm_rl.launch.zygote exec [--device DEVICE] MODULE ARGS...", file=sys.stderr)
+            print("usage: python -m slurm_rl.launch.zygote exec [--device DEVICE] MODULE|SCRIPT.py ARGS...", file=sys.stderr)
             return 2
         exec_module(rest[0], rest[1:], device)
     parser = argparse.ArgumentParser(prog="python -m slurm_rl.launch.zygote", description=__doc__.split("\n\n")[0])
