@@ -67,7 +67,7 @@ def test_submitit_local_executor(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "run"
     job = submit(write_config(tmp_path / "c.yaml", emulated_config(run_dir)), executor="local")
-    assert job.results() == [0] * 8
+    assert job.results() == [0]  # one task: it forks the node's 8 ranks
     _check_run(run_dir, 8)
 
 
@@ -118,7 +118,7 @@ def test_submitit_slurm_executor(slurm_cluster, tmp_path: Path, monkeypatch: pyt
     # Submitting happens outside the allocation, so the config states the slots per node.
     config = write_config(tmp_path / "c.yaml", emulated_config(run_dir, nodes=2, gpus_per_node=4))
     job = submit(config, executor="slurm", slurm_params={"gres": "gpu:4"})
-    assert job.results() == [0] * 8
+    assert job.results() == [0] * 2  # a task per node, each forking its node's 4 ranks
     _check_run(run_dir, 8, nodes=2)
     if slurm_cluster.accounting:
         assert slurm_cluster.wait_sacct_state(str(job.job_id)) == "COMPLETED"

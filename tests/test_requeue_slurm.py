@@ -127,7 +127,7 @@ def test_submitit_job_preempted_checkpoints_requeues_and_resumes(slurm_cluster, 
     job = submit(config, executor="slurm", slurm_params={"gres": "gpu:4"})
     wait_until("iteration 0 to start", lambda: _in_iteration(run_dir, 0), timeout=JOB_TIMEOUT_S)
     slurm_cluster.run("scancel", "--signal=USR2", str(job.job_id))  # submitit's preemption / time-limit signal
-    assert job.results() == [0] * 4
+    assert job.results() == [0]  # one node: its task forked the 4 ranks
     kinds = [e["kind"] for e in read_events(RunPaths(run_dir))]
     assert kinds.count("stopped") == 1 and kinds.count("resumed") == 1
     assert_same_outcome(run_dir, reference("emulated"))

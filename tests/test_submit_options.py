@@ -95,14 +95,15 @@ def test_partition_account_time_reach_the_sbatch_script(tmp_path: Path, fake_sba
                "--slurm", "mem=64G", "--slurm", "reservation=rl-week", "--slurm", "requeue="])
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert "submitted slurm job 4242 with 8 tasks" in out.out
+    assert "submitted slurm job 4242 with 2 tasks for 8 ranks" in out.out  # a task per node forks its ranks
     text = _sbatch_text(run_dir / "logs" / "submitit")
     assert text == _sbatch_text(fake_sbatch, "*.sh")  # the script sbatch was given
     lines = _sbatch_lines(text)
     for line in ["#SBATCH --partition=p", "#SBATCH --account=a", "#SBATCH --time=10", "#SBATCH --qos=q",
                  "#SBATCH --constraint='h100|a100'", "#SBATCH --exclusive", "#SBATCH --mem=64G",
                  "#SBATCH --reservation=rl-week", "#SBATCH --requeue", "#SBATCH --nodes=2",
-                 "#SBATCH --ntasks-per-node=4", "#SBATCH --signal=USR2@60", "#SBATCH --job-name=slurm-rl"]:
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=4", "#SBATCH --signal=USR2@60",
+                 "#SBATCH --job-name=slurm-rl"]:
         assert line in lines, (line, lines)
     assert not any("gres" in line for line in lines)  # an emulated run asks for no GPUs
 
@@ -128,8 +129,24 @@ def test_gpus_per_node_fills_in_the_config(tmp_path: Path, fake_sbatch: Path, mo
     assert main(["submit", str(config), "--nodes", "2", "--gpus-per-node", "4", "--time", "1-0"]) == 0
     assert "EMULATING" not in capsys.readouterr().err  # an emulated run asks for no GPUs: nothing to warn about
     lines = _sbatch_lines(_sbatch_text(run_dir / "logs" / "submitit"))
-    assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --time=1440"} <= set(lines), lines
+    assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=4",
+            "#SBATCH --time=1440"} <= set(lines), lines
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["cluster"]["gpus_per_node"] == 4
+
+
+@pytest.mark.parametrize("forkserver, tasks, per_node, cpus", [("1", 2, 1, 8), ("0", 8, 4, 2)])
+def test_a_task_per_node_forks_its_ranks_with_their_cpus(tmp_path: Path, fake_sbatch: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                         forkserver: str, tasks: int, per_node: int, cpus: int) -> None:
+    """A task per node by default (``--slurm cpus-per-task`` counts per rank: the task gets its 4 ranks'); a task
+    per rank with ``SLURM_RL_FORKSERVER=0``."""
+    monkeypatch.setenv("SLURM_RL_FORKSERVER", forkserver)
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "c.yaml", emulated_config(run_dir, nodes=2, gpus_per_node=4))
+    assert main(["submit", str(config), "--slurm", "cpus-per-task=2"]) == 0
+    assert f"with {tasks} tasks for 8 ranks" in capsys.readouterr().out
+    lines = _sbatch_lines(_sbatch_text(run_dir / "logs" / "submitit"))
+    assert {"#SBATCH --nodes=2", f"#SBATCH --ntasks-per-node={per_node}", f"#SBATCH --cpus-per-task={cpus}"} <= set(lines)
 
 
 def test_a_config_without_gpus_per_node_names_the_option(tmp_path: Path, fake_sbatch: Path,
@@ -217,8 +234,8 @@ def test_options_on_real_slurm(slurm_cluster, tmp_path: Path, monkeypatch: pytes
     out = capsys.readouterr()
     assert rc == 0, out.err
     job_id = out.out.split("submitted slurm job ")[1].split()[0]
-    job = submitit.SlurmJob(folder=run_dir / "logs" / "submitit", job_id=job_id, tasks=tuple(range(8)))
-    assert job.results() == [0] * 8
+    job = submitit.SlurmJob(folder=run_dir / "logs" / "submitit", job_id=job_id, tasks=(0, 1))
+    assert job.results() == [0] * 2  # a task per node
     lines = _sbatch_lines(_sbatch_text(run_dir / "logs" / "submitit"))
     assert {"#SBATCH --partition=debug", "#SBATCH --account=root", "#SBATCH --time=10",
             "#SBATCH --comment=slurm-rl-options-test"} <= set(lines), lines

@@ -38,7 +38,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from slurm_rl.fsio import remove_temp_files_of
 from slurm_rl.launch import forkserver
@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from slurm_rl.config import ReusableConfig
 
     loaded = ReusableConfig.load(Path(run_dir) / "config.yaml")
-    cfg = loaded.config
-    placement, device = cfg.placement, cfg.runtime.device
+    placement = loaded.config.placement
     node_of_rank = [placement.node_of_rank(r) for r in range(placement.world_size)]
     if len(args) == 3:  # the step's layout, not the placement's nodes (a group's job: its slots span the allocation)
         try:
@@ -202,6 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     become_subreaper()
     environ = dict(os.environ)
     envs = {r: rank_env(environ, r, i, placement.world_size, node) for i, r in enumerate(ranks)}
+    return serve_ranks(run_dir, loaded, node, envs, ignored)
+
+
+def serve_ranks(run_dir: str, loaded: ReusableConfig, node: int, envs: dict[int, dict[str, str]],
+                ignored: frozenset[int], started: Callable[[set[int]], None] = lambda pids: None) -> int:
+    """Import what a rank of the run's device needs, start each rank of ``envs`` (rank -> its environment)
+    forked from here (fresh where an import loaded the CUDA driver), tell ``started`` their pids, reap them
+    (:func:`wait_for_ranks`), then SIGKILL what is left below this process. ``ignored``: the signals a rank
+    keeps ignored. The first failing rank's exit code, else 0."""
+    device = loaded.config.runtime.device
+    ranks = list(envs)
+    environ = dict(os.environ)
     warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
     cpu0, wall0 = time.process_time(), time.monotonic()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's OpenBLAS starts no threads here
@@ -224,14 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         procs = {_fork_rank(run_dir, envs[r], ignored, loaded): r for r in ranks}
     rank_pids = set(procs)
-    code = wait_for_ranks(procs)
-    left = kill_descendants()
-    if left:
-        _log(f"killed {len(left)} processes left below this task (as Slurm does at a step's end)")
-    if code != 0:  # what a killed rank (or its coordinator) was writing: the temp files named by their pids
-        remove_temp_files_of(run_dir, left | rank_pids)
+    started(rank_pids)
+    code = 1
+    try:
+        code = wait_for_ranks(procs)
+    finally:  # also when a signal handler ends this process (submitit's requeue exits from one)
+        left = kill_descendants()
+        if left:
+            _log(f"killed {len(left)} processes left below this task (as Slurm does at a step's end)")
+        if code != 0:  # what a killed rank (or its coordinator) was writing: the temp files named by their pids
+            remove_temp_files_of(run_dir, left | rank_pids)
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -219,22 +219,55 @@ STOP_WAIT_S = 50.0  # within submitit's signal_delay_s (60): the run reaches its
 
 
 class RankTask(submitit.helpers.Checkpointable):
-    """What each submitit task runs: one rank of the run, as a child process.
+    """What each submitit task runs: the ranks of its node (``per_node``, one task per node: forked
+    from the task once it imported what they need, as :mod:`slurm_rl.launch.node` under ``srun``), or
+    one rank (one task per rank), as child processes.
 
     Checkpointable the submitit way: when Slurm signals the job ahead of its time limit or a
     preemption (submitit's USR2), submitit calls :meth:`checkpoint` on task 0, which asks the
     run to checkpoint at its next gate, waits for it to stop, prepares the run dir for the next
-    incarnation and hands submitit the same task to requeue. The rank runs in a child process
-    so that this handler can wait while the rank works.
+    incarnation and hands submitit the same task to requeue. The ranks run in child processes
+    so that this handler can wait while they work.
     """
 
+    def __init__(self, per_node: bool = False) -> None:
+        self.per_node = per_node
+        self.ranks: set[int] = set()
+
     def __call__(self, run_dir: str) -> int:
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        self.child = subprocess.Popen([sys.executable, "-m", "slurm_rl.worker", run_dir], env=env)
-        code = self.child.wait()
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if self.per_node:
+            code = self._serve_node(run_dir)
+        else:
+            self.child = subprocess.Popen([sys.executable, "-m", "slurm_rl.worker", run_dir], env=dict(os.environ))
+            code = self.child.wait()
         if code != 0:
             raise LaunchError(f"rank failed with exit code {code}; see {run_dir}/logs")
         return code
+
+    def _serve_node(self, run_dir: str) -> int:
+        from slurm_rl.config import ReusableConfig
+        from slurm_rl.launch import node as node_task
+        from slurm_rl.launch.forkserver import ignored_signals
+
+        job = submitit.JobEnvironment()
+        loaded = ReusableConfig.load(Path(run_dir) / "config.yaml")
+        placement = loaded.config.placement
+        node = job.node  # one task per node: task k serves the placement's node k, where Slurm put it
+        ranks = [r for r in range(placement.world_size) if placement.node_of_rank(r) == node]
+        local = job.cluster != "slurm"
+        environ = dict(os.environ)
+        envs = {r: submitit_rank_env(environ, r, i, placement.world_size, node, local) for i, r in enumerate(ranks)}
+        node_task.become_subreaper()
+        return node_task.serve_ranks(run_dir, loaded, node, envs, ignored_signals(), started=self.ranks.update)
+
+    def _ranks_ended(self) -> bool:
+        child = getattr(self, "child", None)
+        if child is not None:
+            return child.poll() is not None
+        from slurm_rl.launch.zygote import running
+
+        return not any(running(pid) for pid in self.ranks)
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
         """Stop the run at its next gate with a checkpoint, then requeue this task."""
@@ -246,18 +279,38 @@ class RankTask(submitit.helpers.Checkpointable):
         root = Path(run_dir)
         request_stop(root, "submitit checkpoint (time limit or preemption)")
         deadline = time.monotonic() + STOP_WAIT_S
-        child = getattr(self, "child", None)
         while time.monotonic() < deadline:
             status = read_coordinator_status(RunPaths(root))
             stopped = status is not None and status.state == "stopped"
-            if stopped and (child is None or child.poll() is not None):
+            if stopped and self._ranks_ended():
                 break
             time.sleep(0.2)
         else:
             print(f"slurm_rl: the run did not stop within {STOP_WAIT_S:.0f}s; it resumes from its last checkpoint",
                   file=sys.stderr, flush=True)
         prepare_resume(root, log=lambda m: print(f"slurm_rl: {m}", flush=True))
-        return submitit.helpers.DelayedSubmission(RankTask(), run_dir)
+        return submitit.helpers.DelayedSubmission(RankTask(self.per_node), run_dir)
+
+
+def submitit_rank_env(environ: Mapping[str, str], rank: int, local_rank: int, world_size: int, node: int,
+                      local: bool) -> dict[str, str]:
+    """The environment of a rank forked by a submitit task that serves its node: what
+    ``submitit.JobEnvironment`` reads (``SUBMITIT_LOCAL_*`` for the local executor, else srun's
+    variables) made the rank's, as if it were a task of its own."""
+    if not local:
+        from slurm_rl.launch.node import rank_env
+
+        return rank_env(dict(environ), rank, local_rank, world_size, node)
+    return dict(environ, SUBMITIT_LOCAL_GLOBALID=str(rank), SUBMITIT_LOCAL_LOCALID=str(local_rank),
+                SUBMITIT_LOCAL_NTASKS=str(world_size), SUBMITIT_LOCAL_NODEID=str(node))
+
+
+def tasks_per_node(cfg: Config, environ: Mapping[str, str] | None = None) -> int:
+    """Submitit tasks per node: 1 (a task forks its node's ranks), or one per rank with ``SLURM_RL_FORKSERVER=0``."""
+    from slurm_rl.launch.forkserver import enabled
+
+    ranks = max(cfg.placement.ranks_per_node())
+    return 1 if enabled(None if environ is None else dict(environ)) else ranks
 
 
 def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[str, Any] | None = None,
@@ -275,7 +328,7 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
                                                  // 60) + 1)
     if executor == "local":
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(nodes=1, tasks_per_node=world, timeout_min=timeout_min)
+        ex.update_parameters(nodes=1, tasks_per_node=tasks_per_node(cfg), timeout_min=timeout_min)
         return ex
     nodes = cfg.cluster.num_nodes
     per_node = cfg.placement.ranks_per_node()
@@ -283,9 +336,10 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
         raise SubmitError(f"cluster.component_placement: got {list(per_node)} ranks per node; allowed: the same "
                           "number on every node with submitit (sbatch/train.sh starts any layout)")
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=3)  # time limits requeue (RankTask.checkpoint)
+    per_task = 1 if tasks_per_node(cfg) > 1 else world // nodes  # ranks each task serves
     params: dict[str, Any] = dict(
         nodes=nodes,
-        ntasks_per_node=world // nodes,
+        ntasks_per_node=world // nodes // per_task,
         time=timeout_min,
         job_name="slurm-rl",
         signal_delay_s=60,
@@ -294,6 +348,8 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
         params["gres"] = f"gpu:{max(cfg.placement.slots_per_node)}"
     params.update(options.params())
     params.update(slurm_params or {})
+    if per_task > 1:  # a task serves its node's ranks: the CPUs of all of them (cpus_per_task given: per rank)
+        params["cpus_per_task"] = int(params.get("cpus_per_task") or 1) * per_task
     ex.update_parameters(**params)
     return ex
 
@@ -337,7 +393,10 @@ def submit(
                   if i.key == "cluster.gpus_per_node" and i.value is None else i for i in err.issues]
         raise ConfigError(hinted) from err
     ex = make_executor(cfg, run_dir, executor, slurm_params, options)
-    job = ex.submit(RankTask(), str(run_dir))
+    per_node = tasks_per_node(cfg) == 1
+    job = ex.submit(RankTask(per_node), str(run_dir))
+    world = cfg.placement.world_size
+    tasks = (1 if executor == "local" else cfg.cluster.num_nodes) if per_node else world
     print(f"run dir: {run_dir}", flush=True)
-    print(f"submitted {executor} job {job.job_id} with {cfg.placement.world_size} tasks", flush=True)
+    print(f"submitted {executor} job {job.job_id} with {tasks} tasks for {world} ranks", flush=True)
     return job
