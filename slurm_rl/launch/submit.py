@@ -315,7 +315,7 @@ def tasks_per_node(cfg: Config, environ: Mapping[str, str] | None = None) -> int
 
 def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[str, Any] | None = None,
                   options: SlurmOptions | None = None) -> Any:
-    """A submitit executor with one task per accelerator slot; ``options`` (the Slurm options of
+    """A submitit executor with a task per node (:func:`tasks_per_node`); ``options`` (the Slurm options of
     the command line) go on top of the shape taken from the config, ``slurm_params`` on top of both."""
     import submitit
 
@@ -378,7 +378,7 @@ def submit(
     slurm_params: dict[str, Any] | None = None,
     options: SlurmOptions | None = None,
 ) -> Any:
-    """Validate, prepare the run dir, submit one task per slot; returns the ``submitit.Job``.
+    """Validate, prepare the run dir, submit a task per node (each forks its node's ranks); returns the ``submitit.Job``.
 
     ``options``: the command line's Slurm options; ``--nodes``/``--gpus-per-node`` are checked
     against the config before anything is created (``SubmitError``, exit 2)."""
