@@ -305,17 +305,17 @@ def submitit_rank_env(environ: Mapping[str, str], rank: int, local_rank: int, wo
                 SUBMITIT_LOCAL_NTASKS=str(world_size), SUBMITIT_LOCAL_NODEID=str(node))
 
 
-def tasks_per_node(cfg: Config, environ: Mapping[str, str] | None = None) -> int:
-    """Submitit tasks per node: 1 (a task forks its node's ranks), or one per rank with ``SLURM_RL_FORKSERVER=0``."""
+def task_per_node() -> bool:
+    """Whether a submitit job has a task per node that forks the node's ranks (default), or a task per rank
+    (``SLURM_RL_FORKSERVER=0``)."""
     from slurm_rl.launch.forkserver import enabled
 
-    ranks = max(cfg.placement.ranks_per_node())
-    return 1 if enabled(None if environ is None else dict(environ)) else ranks
+    return enabled()
 
 
 def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[str, Any] | None = None,
                   options: SlurmOptions | None = None) -> Any:
-    """A submitit executor with a task per node (:func:`tasks_per_node`); ``options`` (the Slurm options of
+    """A submitit executor with a task per node (:func:`task_per_node`); ``options`` (the Slurm options of
     the command line) go on top of the shape taken from the config, ``slurm_params`` on top of both."""
     import submitit
 
@@ -328,7 +328,7 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
                                                  // 60) + 1)
     if executor == "local":
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(nodes=1, tasks_per_node=tasks_per_node(cfg), timeout_min=timeout_min)
+        ex.update_parameters(nodes=1, tasks_per_node=1 if task_per_node() else world, timeout_min=timeout_min)
         return ex
     nodes = cfg.cluster.num_nodes
     per_node = cfg.placement.ranks_per_node()
@@ -336,7 +336,7 @@ def make_executor(cfg: Config, run_dir: Path, executor: str, slurm_params: dict[
         raise SubmitError(f"cluster.component_placement: got {list(per_node)} ranks per node; allowed: the same "
                           "number on every node with submitit (sbatch/train.sh starts any layout)")
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=3)  # time limits requeue (RankTask.checkpoint)
-    per_task = 1 if tasks_per_node(cfg) > 1 else world // nodes  # ranks each task serves
+    per_task = world // nodes if task_per_node() else 1  # ranks each task serves
     params: dict[str, Any] = dict(
         nodes=nodes,
         ntasks_per_node=world // nodes // per_task,
@@ -393,7 +393,7 @@ def submit(
                   if i.key == "cluster.gpus_per_node" and i.value is None else i for i in err.issues]
         raise ConfigError(hinted) from err
     ex = make_executor(cfg, run_dir, executor, slurm_params, options)
-    per_node = tasks_per_node(cfg) == 1
+    per_node = task_per_node()
     job = ex.submit(RankTask(per_node), str(run_dir))
     world = cfg.placement.world_size
     tasks = (1 if executor == "local" else cfg.cluster.num_nodes) if per_node else world
