@@ -471,7 +471,8 @@ def is_script(module: str) -> bool:
 
 
 def exec_module(module: str, args: list[str], device: str = "cpu") -> NoReturn:
-    """Become ``python -m MODULE ARGS`` (``python MODULE ARGS`` for a script, :func:`is_script`): forked by the zygote of ``device`` where one serves this
+    """Become ``python -m MODULE ARGS`` (``python MODULE ARGS`` for a script, :func:`is_script`): forked by
+    the zygote of ``device`` where one serves this
     process (with its fds, environment and working directory; tied to it: SIGKILL this process and
     the zygote kills the child; the signals a user or Slurm sends are relayed; this process exits as
     the child did), else ``exec`` of a fresh interpreter (silently: the output is the module's alone)."""
