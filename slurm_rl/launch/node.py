@@ -11,6 +11,11 @@ the environment ``srun`` would have given it as a task of its own: ``SLURM_PROCI
 placement's node; the rest is the task's (``CUDA_VISIBLE_DEVICES`` of the node, which the rank
 narrows to its own as before). A node of 8 ranks imports once instead of 8 times.
 
+``sbatch/mux.sh`` starts a group's job the same way, with ``--ranks-per-node N,N,...``: task ``k``
+serves the ranks srun's block distribution would have put on the allocation's ``k``-th node (a job's
+placement names the group's slots, not the allocation's nodes). A ``slurm-rl submit`` task calls
+:func:`serve_ranks` for its node from inside submitit (:class:`slurm_rl.launch.submit.RankTask`).
+
 The ranks stay in the task's process group and share its stdout and stderr (the job log). Slurm
 signals every process of a step (``scancel``, the preemption's SIGTERM, ``srun`` forwarding the
 batch script's USR1), so the ranks get them as before; this process ignores the polite ones. It
