@@ -423,6 +423,7 @@ class RolloutSection:
     enable_prefix_caching: bool = True  # reuse the KV cache of a shared prompt (a GRPO group's)
     max_num_seqs: Optional[int] = None  # sequences decoded together per engine; null: vLLM's default
     max_num_batched_tokens: Optional[int] = None  # tokens per engine step; null: vLLM's default
+    max_head_offpolicyness: Optional[int] = None  # AReaL's name of algorithm.max_staleness (null: that key's value)
 
 
 @dataclass
@@ -483,9 +484,12 @@ class AlgorithmSection:
     # behav_imp_weight_cap (null: none) are left out
     use_decoupled_loss: bool = False
     behav_imp_weight_cap: Optional[float] = None  # > 1 (AReaL's actor.behav_imp_weight_cap)
-    # policy versions (iterations) a rollout may run ahead of the actor (AReaL's rollout.max_head_offpolicyness);
-    # 0: on-policy. The live runtime runs 0; slurm-rl simulate --compare-modes simulates 1 and 2
+    # policy versions (iterations) a rollout may run ahead of the actor (AReaL's rollout.max_head_offpolicyness):
+    # the rollout of iteration j + k starts with the weights of iteration j while the actor trains j; 0: on-policy
     max_staleness: int = 0
+    # what happens to a sample older than max_staleness: wait (the rollout waits for the weights; verl's wait).
+    # A sample belongs to the iteration it trains in from its first token, so none can be older (nothing to drop)
+    staleness_policy: str = "wait"
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     lam: float = 1.0  # gae's lambda (bias/variance trade-off of the advantage; 1: Monte Carlo returns less the value)
 
@@ -868,6 +872,12 @@ def _resolve_switches(root: RootSchema, env: Mapping[str, str], issues: list[Con
     from slurm_rl.devices import resolve_device
 
     root.runtime.device = resolve_device(root.runtime.device, env)
+    offpolicy, al = root.rollout.max_head_offpolicyness, root.algorithm
+    if offpolicy is not None:  # AReaL's key for the same bound
+        if al.max_staleness not in (0, offpolicy):
+            issues.append(ConfigIssue("rollout.max_head_offpolicyness", offpolicy, (
+                f"null, or algorithm.max_staleness's value ({al.max_staleness}): both name the same bound")))
+        al.max_staleness = offpolicy
     c, s = root.cluster, root.scheduler
     if s.policy is None:
         s.policy = DYNAMIC_POLICIES[0] if c.auto_scheduler else POLICY
@@ -1146,10 +1156,12 @@ def _validate_algorithm(al: AlgorithmSection, issues: list[ConfigIssue]) -> None
     _choice(issues, "algorithm.rollout_is", al.rollout_is, ROLLOUT_IS)
     if not al.rollout_is_cap > 0.0:
         issues.append(ConfigIssue("algorithm.rollout_is_cap", al.rollout_is_cap, "a number > 0"))
-    if al.max_staleness != 0:
-        issues.append(ConfigIssue("algorithm.max_staleness", al.max_staleness, (
-            "0: the live runtime trains on-policy so far (slurm-rl simulate --compare-modes simulates staleness "
-            "1 and 2)")))
+    if al.max_staleness < 0:
+        issues.append(ConfigIssue("algorithm.max_staleness", al.max_staleness, "an integer >= 0 (0: on-policy)"))
+    if al.staleness_policy != "wait":
+        issues.append(ConfigIssue("algorithm.staleness_policy", al.staleness_policy, (
+            "wait: a sample is drawn for the iteration that trains it, at most algorithm.max_staleness policy "
+            "versions ahead, so none is ever older than the bound (drop would have nothing to drop)")))
     cap = al.behav_imp_weight_cap
     if cap is not None and not (cap > 1.0 and al.use_decoupled_loss):
         issues.append(ConfigIssue("algorithm.behav_imp_weight_cap", cap, (
@@ -1195,6 +1207,38 @@ def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[Config
             f"false where the actor's ranks are shared (ranks {compress_ranks(sorted(actor & set(shared)))}): "
             "pre-process lends the actor's ranks to the rollout until the actor starts, and auto keeps a shared "
             "rank's components in place")))
+    return issues
+
+
+def _async_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]:
+    """What an asynchronous run (``algorithm.max_staleness`` >= 1) needs: the rollout on ranks of its own under a
+    static placement, outside a co-execution group, without dynamic sampling."""
+    k = root.algorithm.max_staleness
+    if k < 1:
+        return []
+    issues = []
+    if root.scheduler.policy != "static":
+        issues.append(ConfigIssue("scheduler.policy", root.scheduler.policy, (
+            f"static with algorithm.max_staleness {k} (cluster.auto_scheduler: false): auto and plan move ranks "
+            "inside a synchronous iteration; slurm-rl simulate --compare-modes chooses a placement for an async run")))
+    rollout = set(placement.components["rollout"].ranks) if "rollout" in placement.components else set()
+    others = {r for name, comp in placement.components.items() if name != "rollout" for r in comp.ranks}
+    others |= set(placement.critic_ranks) | set(placement.reward_ranks)
+    if rollout & others:
+        from slurm_rl.rules import compress_ranks
+
+        issues.append(ConfigIssue("cluster.component_placement", dict(root.cluster.component_placement), (
+            f"the rollout on ranks of its own with algorithm.max_staleness {k} (ranks "
+            f"{compress_ranks(sorted(rollout & others))} are shared): it decodes the next iterations while the "
+            "actor trains, which a rank time-sliced between them cannot")))
+    if root.mux.group_dir is not None:
+        issues.append(ConfigIssue("algorithm.max_staleness", k, (
+            "0 inside a co-execution group: its round-robin hands a job's slots over between on-policy "
+            "iterations (RollMux)")))
+    if root.algorithm.filter_groups.enable:
+        issues.append(ConfigIssue("algorithm.filter_groups.enable", True, (
+            f"false with algorithm.max_staleness {k}: dynamic sampling opens generation batches as the actor "
+            "sees its groups, which an iteration generated ahead has finished before")))
     return issues
 
 
@@ -1588,6 +1632,7 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
             typed.algorithm.old_logprobs = "actor" if "inference" in placement.components else "rollout"
         issues.extend(_old_logprobs_problems(typed.algorithm, placement))
         issues.extend(_shared_rank_problems(typed, placement))
+        issues.extend(_async_problems(typed, placement))
     if issues:
         raise ConfigError(_dedupe(issues, loading_issues))
     assert placement is not None

@@ -6,7 +6,8 @@ LR schedule position by consumed samples, RNG, data state; written by the actor'
 ``run.json``, the manifest: iteration, the epoch in force, the coordinator generation, the number
 of metrics rows, and every file with its size and xxh3-64 digest. The data plane is not saved:
 iteration ``N`` is re-run from its start (requests and sampling seeds are functions of the
-seed and the iteration, so the re-run is the same run).
+seed and the iteration, so the re-run is the same run), but for the samples an asynchronous run
+drew ahead of the gate with weights it no longer has (``replay/``: :mod:`slurm_rl.resume.replay`).
 
 Atomic: the files are written into ``.iter-NNNNNN.tmp-<generation>``, fsynced, the manifest is
 written last, then the directory is renamed into place and its parent fsynced. A directory

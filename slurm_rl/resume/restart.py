@@ -39,6 +39,7 @@ from slurm_rl.data.layout import iteration_dir
 from slurm_rl.fsio import replace_symlink
 from slurm_rl.metrics import METRICS_FILE, read_metrics
 from slurm_rl.resume.checkpoints import RunCheckpoint, latest_valid, remove_staging
+from slurm_rl.resume.replay import restore_replay
 from slurm_rl.resume.stop import clear_stop
 
 RESUME_FILE = "resume.json"
@@ -161,6 +162,8 @@ def prepare_resume(run_dir: str | Path, overrides: Sequence[str] = (),
     for it in list_iterations(root):
         if it >= k:
             shutil.rmtree(iteration_dir(root, it), ignore_errors=True)
+    # ... but the samples an asynchronous run drew ahead of the checkpoint's gate (its replay buffer)
+    replayed = restore_replay(checkpoint.path, root) if checkpoint is not None else []
     rows = _truncate_metrics(root, k)
     for directory in (paths.progress_dir, paths.heartbeats_dir):
         _clear_dir(directory)
@@ -178,7 +181,7 @@ def prepare_resume(run_dir: str | Path, overrides: Sequence[str] = (),
                                      "generation": status.generation if status is not None else 0, "time": time.time()})
     append_event(paths, "resumed", {"iteration": k, "checkpoint": point.checkpoint, "incarnation": point.incarnation,
                                     "previous_state": previous_state, "metrics_rows": rows,
-                                    "overrides": list(overrides)})
+                                    "overrides": list(overrides), "replayed_iterations": replayed})
     log(f"resuming {root} at iteration {k} (" + (f"checkpoint {point.checkpoint}" if checkpoint else "no checkpoint: "
                                                   "from the start") + f", incarnation {point.incarnation})")
     return cfg, root, point

@@ -39,19 +39,20 @@ def iteration_lengths(model: LengthModel, seed: int, iteration: int, n: int) -> 
 class EmulatedDecoder:
     """Continuous batching in virtual time: per-request decode steps (``DecodeBatch``)."""
 
-    def __init__(self, compute: "EmulatedCompute", k: int) -> None:
-        self.c, self.k = compute, k
+    def __init__(self, compute: "EmulatedCompute", k: int, j: int | None = None) -> None:
+        self.c, self.k = compute, k  # the weights' version
+        self.j = k if j is None else j  # the iteration whose samples it decodes
         self.batch = DecodeBatch(compute.cost, compute.rollout_tp, compute.max_running)
         self.rows: dict[int, pa.Table] = {}  # running sample id -> its request row
-        self.lengths = iteration_lengths(compute.lengths, compute.scheduler_seed, k, compute.samples)
+        self.lengths = iteration_lengths(compute.lengths, compute.scheduler_seed, self.j, compute.samples)
         self.more: dict[int, np.ndarray] = {}  # dynamic sampling's later generation batches: their own draws
 
     def _length(self, sid: int) -> int:
-        block, i = divmod(sid - self.k * ID_STRIDE, len(self.lengths))
+        block, i = divmod(sid - self.j * ID_STRIDE, len(self.lengths))
         if block == 0:
             return int(self.lengths[i])
         if block not in self.more:
-            rng = random.Random(f"{self.c.scheduler_seed}/{self.k}/{block}")
+            rng = random.Random(f"{self.c.scheduler_seed}/{self.j}/{block}")
             self.more[block] = np.asarray(self.c.lengths.sample(rng, len(self.lengths)), dtype=np.int64)
         return int(self.more[block][i])
 
@@ -75,7 +76,7 @@ class EmulatedDecoder:
         if not done:
             return None
         targets = np.asarray([self._length(s) for s in done], dtype=np.int64)
-        out = fake.finish_requests(self._take(done), targets, seed=self.c.seed + self.k,
+        out = fake.finish_requests(self._take(done), targets, seed=self.c.seed + self.j,
                                    weight_version=self.k, rollout_rank=self.c.rank)
         if self.c.reward_apart:  # the reward ranks score them (EmulatedCompute.reward)
             out = out.set_column(out.schema.get_field_index("reward"), "reward",
@@ -130,8 +131,8 @@ class EmulatedCompute:
         prompts = fake.make_fake_prompts(k, n, cfg.emulated.prompt_len, cfg.runtime.seed, first_index=batch * n)
         return fake.make_fake_requests(prompts, cfg.train.group_size, seed=cfg.runtime.seed, weight_version=k)
 
-    def decoder(self, k: int) -> EmulatedDecoder:
-        return EmulatedDecoder(self, k)
+    def decoder(self, k: int, j: int | None = None) -> EmulatedDecoder:
+        return EmulatedDecoder(self, k, j)
 
     def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
         rewards = fake.sample_rewards(rollouts.column("sample_id").to_numpy(), self.seed + k)  # as the rollout's

@@ -63,6 +63,8 @@ from slurm_rl.faults import fault_point
 from slurm_rl.fsio import stat_key
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.metrics import append_metrics, read_metrics, reward_faults
+from slurm_rl.resume.replay import save_replay
+from slurm_rl.resume.restart import read_resume_point
 from slurm_rl.rl.advantages import needs_critic
 from slurm_rl.rl.evaluation import eval_due, eval_path, write_eval
 from slurm_rl.rl.filter_groups import (DRAWN_KEY, group_metric, keeps, prompts_before, prompts_per_batch,
@@ -194,8 +196,29 @@ class IterationProtocol:
         self.critic_tp = critic_tp(cfg)  # its TP size there (critic.tensor_parallel)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
+        # asynchronous RL: the rollout runs up to this many policy versions ahead of the actor
+        self.max_staleness = int(cfg.algorithm.max_staleness)
+        self.num_iterations = int(cfg.train.num_iterations)
+        # the iterations ahead whose samples exist when this incarnation starts (a resumed async run's replay
+        # buffer): read before the first gate, while no rank generates
+        point = read_resume_point(self.run_dir)
+        first = point.iteration if point is not None else 0
+        self.first_iteration = first
+        self.generated_before = {j for j in range(first, min(first + self.max_staleness, self.num_iterations))
+                                 if rollout_complete(self.run_dir, j, self.samples_per_iteration)}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
         self.gate: PhaseGate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else PhaseGate()
+
+    def generated_in(self, k: int) -> list[int]:
+        """The iterations whose samples the rollout of iteration ``k`` draws, in order: ``k`` itself in a synchronous
+        run; with staleness ``s`` the iteration ``k + s`` (the weights of version ``k`` start it while the actor
+        trains ``k``), and in an incarnation's first iteration also every one before it whose samples are not there
+        yet (``k .. k + s``: a run's start, or a resume without them)."""
+        s = self.max_staleness
+        if s == 0:
+            return [k]
+        first = range(k, k + s + 1) if k == self.first_iteration else range(k + s, k + s + 1)
+        return [j for j in first if j < self.num_iterations and j not in self.generated_before]
 
     def epoch(self, n: int, rt: WorkerRuntime) -> Epoch:
         """Epoch ``n`` (cached; the one in force comes from the runtime)."""
@@ -297,10 +320,13 @@ class IterationProtocol:
     def save_checkpoint(self, directory: Path, iteration: int) -> None:
         """This rank's part of the run checkpoint at the gate of ``iteration`` (the actor's state
         by its DP rank 0, the critic's by its; the data plane is not saved: a resumed run re-runs the
-        iteration)."""
+        iteration), and on rank 0 the samples an asynchronous run drew ahead of the gate (the replay buffer)."""
         fault_point("rank_checkpoint", rank=self.info.rank, iteration=iteration)
         with collective(f"checkpoint of the actor into {directory}", self.info, None, iteration):
             self.compute.save_state(directory, iteration)
+        if self.max_staleness and self.info.rank == 0:  # the samples drawn ahead of this gate: its replay buffer
+            save_replay(self.run_dir, directory, range(iteration, min(iteration + self.max_staleness,
+                                                                      self.num_iterations)))
 
     def restore(self, directory: Path) -> None:
         """Load the state of a run checkpoint (before the first epoch of a resumed incarnation)."""
@@ -314,8 +340,9 @@ class _Requests:
     """The requests of one iteration, generation batch by generation batch, as every rank builds them alike
     (the data order is a function of the seed and the prompts drawn before)."""
 
-    def __init__(self, it: "_Iteration") -> None:
+    def __init__(self, it: "_Iteration", j: int | None = None) -> None:
         self.it, self.p = it, it.p
+        self.j = it.k if j is None else j  # the iteration whose requests (it trains them)
         self._batches: list[pa.Table] = []  # the requests of each generation batch fetched so far
         self._position: int | None = None  # dynamic sampling: stream position of the iteration's first prompt
 
@@ -323,7 +350,7 @@ class _Requests:
         """Dynamic sampling: where iteration ``k``'s prompts start (the prompts the iterations before
         drew, from their metrics rows: written by their leaders before this iteration began)."""
         if self._position is None:
-            k, run_dir, per = self.it.k, self.p.run_dir, self.p.cfg.train.rollout_batch_size
+            k, run_dir, per = self.j, self.p.run_dir, self.p.cfg.train.rollout_batch_size
             if k > 0:
                 self.it.rt.wait_for(lambda: any(r.get("iteration") == k - 1 for r in read_metrics(run_dir)),
                                     f"iteration {k - 1}'s row of {run_dir / 'metrics.jsonl'} (the prompts it drew)")
@@ -335,7 +362,7 @@ class _Requests:
         while len(self._batches) <= b:
             n = len(self._batches)
             position = self._stream_position() + n * self.p.batch_prompts if self.p.filtering else None
-            self._batches.append(self.p.compute.requests(self.it.k, n, position))
+            self._batches.append(self.p.compute.requests(self.j, n, position))
         return self._batches[b]
 
     def of_samples(self, sample_ids: list[int]) -> pa.Table:
@@ -350,11 +377,16 @@ class _Requests:
 
 
 class _Rollout:
-    """Rollout work of one rank in one iteration (only instance head ranks decode)."""
+    """Rollout work of one rank in one iteration (only instance head ranks decode): the samples of iteration
+    ``j``, decoded with the weights of the running iteration (``j`` is that iteration but in an asynchronous run,
+    where it runs up to ``algorithm.max_staleness`` ahead: :func:`generated_in`)."""
 
-    def __init__(self, it: "_Iteration") -> None:
+    def __init__(self, it: "_Iteration", j: int | None = None) -> None:
         self.it = it
         self.p = it.p
+        self.j = it.k if j is None else j
+        self.claims_dir = stage_dir(self.p.run_dir, self.j, REQUESTS_STAGE)
+        os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
         self.decoder: Decoder | None = None
         self.queue: list[pa.Table] = []  # claimed, not admitted yet
         self.queued = 0
@@ -371,7 +403,7 @@ class _Rollout:
         self.next_done_check = 0.0
         self.ticket_rows = max(1, self.p.max_running // 8)
         self.cursor = 0  # next chunk of the iteration's requests to try to claim
-        self.requests = _Requests(it)
+        self.requests = _Requests(it, self.j)
         self.batch_rows = self.p.batch_prompts * self.p.cfg.train.group_size
         self.chunks_per_batch = math.ceil(self.batch_rows / self.ticket_rows)
         self.opened, self.closed = 1, not self.p.filtering  # generation batches open; no more to come
@@ -383,7 +415,7 @@ class _Rollout:
 
     def _writer(self) -> StageWriter:
         if self.writer is None:
-            self.writer = StageWriter(self.p.run_dir, self.it.k, ROLLOUTS_STAGE, self.it.rank, ROLLOUTS)
+            self.writer = StageWriter(self.p.run_dir, self.j, ROLLOUTS_STAGE, self.it.rank, ROLLOUTS)
         return self.writer
 
     def _take(self, got: pa.Table) -> None:
@@ -408,7 +440,7 @@ class _Rollout:
         if self.closed or now < self.next_rounds_check:
             return False
         self.next_rounds_check = now + CLAIM_EVERY_S
-        self.opened, self.closed = read_rounds(self.p.run_dir, self.it.k)
+        self.opened, self.closed = read_rounds(self.p.run_dir, self.j)
         return b < self.opened
 
     def _claim_initial(self, want: int, now: float) -> int:
@@ -423,7 +455,7 @@ class _Rollout:
                 break
             self.cursor += 1
             try:
-                fd = os.open(self.it.claims_dir / f"claim-{c:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                fd = os.open(self.claims_dir / f"claim-{c:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileExistsError:
                 continue
             os.write(fd, str(self.it.rank).encode())
@@ -440,7 +472,7 @@ class _Rollout:
         want -= self._claim_initial(want, now)
         if want <= 0 or now < self.next_claim:
             return
-        got = claim_pending(self.p.run_dir, self.it.k, self.it.rank, max_rows=want)  # migrated requests
+        got = claim_pending(self.p.run_dir, self.j, self.it.rank, max_rows=want)  # migrated requests
         self.next_claim = now + (CLAIM_EVERY_S if got.num_rows == 0 else 0.0)
         self._take(got)
 
@@ -463,7 +495,7 @@ class _Rollout:
             self.out.append(finished)
 
     def _all_finished(self) -> bool:
-        return generation_complete(self.p.run_dir, self.it.k, self.it.samples, self.p.filtering, self.batch_rows)
+        return generation_complete(self.p.run_dir, self.j, self.it.samples, self.p.filtering, self.batch_rows)
 
     def skip(self) -> None:
         """Nothing left to do here (the iteration's rollout ended elsewhere): an empty manifest."""
@@ -476,7 +508,7 @@ class _Rollout:
             return None
         self._writer()
         if self.decoder is None:
-            self.decoder = self.p.compute.decoder(self.it.k)
+            self.decoder = self.p.compute.decoder(self.it.k, self.j)
         self._collect(self.decoder.advance(now), now)
         now = time.time()  # a real engine spent time in advance()
         self._admit(now)
@@ -517,7 +549,7 @@ class _Rollout:
         migrated = 0
         if unfinished:
             rest = pa.concat_tables([t.cast(PENDING) for t in unfinished]).combine_chunks()
-            write_pending(self.p.run_dir, self.it.k, self.it.rank, rest, tag=epoch,
+            write_pending(self.p.run_dir, self.j, self.it.rank, rest, tag=epoch,
                           num_chunks=math.ceil(rest.num_rows / self.ticket_rows))
             migrated = rest.num_rows
         self._writer().close()
@@ -1035,11 +1067,14 @@ class _Iteration:
         self.training_phase = False
         rt.counters.update({"rollout_finished": 0, "rollout_running": 0, "migrated_out": 0, "inference_done": 0,
                             "actor_minibatches_done": 0, "actor_busy": False, "boundary_at": None})
-        self.claims_dir = stage_dir(p.run_dir, k, REQUESTS_STAGE)
-        os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
+        # the iterations whose samples this iteration's rollout draws (in order): k itself, or, with
+        # algorithm.max_staleness, the ones ahead that the weights of version k may start
+        self.generates = p.generated_in(k)
         # Parts of the iteration-start roles exist from the start, so a rank released before its
         # first pass still completes its (empty) manifests.
-        self.rollout: _Rollout | None = _Rollout(self) if self._is_rollout_head(start) else None
+        heads = self._is_rollout_head(start)
+        self.rollouts = [_Rollout(self, j) for j in self.generates] if heads else []
+        self.rollout: _Rollout | None = self.rollouts.pop(0) if self.rollouts else None
         # the rollouts reach inference and the actor with their rewards: scored beside the rollout, or by the
         # reward's own ranks into the rewards stage (placement.reward_ranks)
         self.upstream = REWARDS_STAGE if p.reward_ranks else ROLLOUTS_STAGE
@@ -1053,7 +1088,8 @@ class _Iteration:
         self.last_doc: dict[str, Any] = {}
         self.report_due: float | None = None  # a throttled change is written at this time
         if self.start_rollout and self.rank == self.start_rollout[0]:
-            write_expected(p.run_dir, k, ROLLOUTS_STAGE, rollout_heads(self.start_rollout, p.rollout_tp))
+            for j in self.generates:
+                write_expected(p.run_dir, j, ROLLOUTS_STAGE, rollout_heads(self.start_rollout, p.rollout_tp))
         if self.start_inference and self.rank == self.start_inference[0]:
             write_expected(p.run_dir, k, INFERENCE_STAGE, self.start_inference)
         if p.reward_ranks and self.rank == p.reward_ranks[0]:
@@ -1068,6 +1104,8 @@ class _Iteration:
         was = old is not None and self._is_rollout_head(old)
         if was and not self._is_rollout_head(new) and self.rollout is not None:
             out["migrated_requests"] = self.rollout.release(new.epoch, time.time())
+            for ahead in self.rollouts:  # not started: their manifests close empty
+                ahead.skip()
         return out
 
     def _progress(self, now: float) -> dict[str, Any]:
@@ -1117,6 +1155,7 @@ class _Iteration:
 
     def _finished(self) -> bool:
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
+                and not self.rollouts
                 and all(part is None or part.done for part in (self.rollout, self.reward, self.inference, self.critic)))
 
     def enter_training(self) -> None:
@@ -1142,6 +1181,9 @@ class _Iteration:
             wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
                 wakes.append(self.rollout.step(now) or wakes[0])
+            if self.rollout is not None and self.rollout.done and self.rollouts:  # the next iteration's samples
+                self.rollout = self.rollouts.pop(0)
+                wakes.append(now)
             if self.reward is not None and not self.reward.done:
                 self.reward.step()  # synchronous: its next shard is polled at the loop's pace
             if self.inference is not None and not self.inference.done:
@@ -1188,7 +1230,8 @@ class _Iteration:
 
     def _waiting_for(self) -> str:
         if self.rollout is not None and not self.rollout.done:
-            return f"rollout requests of iteration {self.k} ({self.rollout.held} held, {self.rollout.finished} finished)"
+            return (f"rollout requests of iteration {self.rollout.j} ({self.rollout.held} held, "
+                    f"{self.rollout.finished} finished)")
         if self.reward is not None and not self.reward.done:
             return f"rollouts shards of iteration {self.k} to reward ({self.reward.done_rows} rewarded)"
         if self.inference is not None and not self.inference.done:

@@ -129,13 +129,14 @@ class RealDecoder:
     Nothing is ever half-generated between calls, so an eviction hands back whole requests.
     """
 
-    def __init__(self, compute: "RealCompute", k: int, sub_batch: int) -> None:
+    def __init__(self, compute: "RealCompute", k: int, sub_batch: int, j: int | None = None) -> None:
         if compute.engine is None:
             raise ProtocolError(f"rank {compute.rank}: rollout in iteration {k} without a rollout engine")
         if compute.engine.weight_version != k:
             raise ProtocolError(f"rank {compute.rank}: rollout engine holds weights v{compute.engine.weight_version}, "
                                 f"iteration {k} needs v{k} (on-policy)")
         self.c, self.k, self.sub_batch = compute, k, sub_batch
+        self.j = k if j is None else j  # the iteration whose samples it draws (ahead of k: asynchronous RL)
         self.admitted: pa.Table | None = None
 
     def free_slots(self) -> int:
@@ -151,7 +152,7 @@ class RealDecoder:
         if self.admitted is None:
             return None
         rows, self.admitted = self.admitted.to_pylist(), None
-        return self.c.generate(self.k, rows)
+        return self.c.generate(self.j, rows)
 
     def next_event_at(self) -> float | None:
         return None if self.admitted is None else time.time()
@@ -344,8 +345,8 @@ class RealCompute:
                 })
         return pa.Table.from_pylist(rows, schema=PENDING)
 
-    def decoder(self, k: int) -> RealDecoder:
-        return RealDecoder(self, k, self.sub_batch)
+    def decoder(self, k: int, j: int | None = None) -> RealDecoder:
+        return RealDecoder(self, k, self.sub_batch, j)
 
     def generate(self, k: int, rows: list[dict[str, Any]]) -> pa.Table:
         """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards."""
