@@ -73,15 +73,19 @@ def test_math_rl_async_on_its_best_split_beats_the_synchronous_static_run() -> N
     assert sorted(r for ranks in one.placement.values() for r in ranks) == list(range(8))
 
 
-def test_a_run_with_staleness_is_refused_naming_the_simulator() -> None:
+def test_a_run_with_staleness_on_a_dynamic_policy_is_refused_naming_the_simulator() -> None:
+    """``plan`` and ``auto`` move ranks inside a synchronous iteration: an async run is static, and the
+    message says where a placement for it is chosen."""
     from slurm_rl.config import config_from_mapping
     from slurm_rl.placement import ConfigError
 
     doc = math_rl(8, num_iterations=1)
     doc["algorithm"] = {"max_staleness": 1}
+    doc["scheduler"]["policy"] = "plan"
+    doc["cluster"]["auto_scheduler"] = True
     with pytest.raises(ConfigError) as err:
         config_from_mapping(doc)
-    assert any(i.key == "algorithm.max_staleness" and "simulate --compare-modes" in i.allowed for i in err.value.issues)
+    assert any(i.key == "scheduler.policy" and "simulate --compare-modes" in i.allowed for i in err.value.issues)
 
 
 def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:

@@ -1,0 +1,139 @@
+"""Asynchronous RL live (``algorithm.max_staleness: k``): the rollout draws the samples of iteration ``j + k``
+with the weights of iteration ``j`` while the actor trains ``j``, over the emulated and the real cpu compute;
+what a config must give it, and a stopped async run resumed from its checkpoint's replay buffer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from resume_helpers import (BACKENDS, ITERATIONS, RESUME_PLACEMENT, assert_same_outcome, cli, run_config,
+                            run_until_stopped)
+from shared_runs import launch, shared_root, shared_run
+from slurm_rl.metrics import read_metrics
+from slurm_rl.resume import checkpoints
+
+STALENESS = 1
+
+
+def async_config(backend: str, run_dir: Path) -> dict:
+    """The resume tests' run (4 ranks: actor DP 2 | rollout | inference, static) with staleness 1."""
+    cfg = run_config(backend, run_dir)
+    cfg.setdefault("algorithm", {})["max_staleness"] = STALENESS
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def async_reference(tmp_path_factory: pytest.TempPathFactory):
+    """One uninterrupted async run per backend (once per session, across xdist workers)."""
+    root = shared_root(tmp_path_factory)
+
+    def get(backend: str) -> Path:
+        return shared_run(root, f"async-{backend}", lambda base: (
+            base / "run", launch(base / "c.yaml", async_config(backend, base / "run"), "--no-inspect")))[0]
+
+    return get
+
+
+def _rollout_versions(run_dir: Path, j: int) -> tuple[set[int], set[int]]:
+    """The ``weight_version`` and ``weight_version_last`` values of iteration ``j``'s rollouts rows."""
+    first, last = set(), set()
+    shards = sorted((run_dir / "data" / f"iter-{j:06d}" / "rollouts").glob("shard-*.arrow"))
+    assert shards, f"no rollouts shard kept for iteration {j} under {run_dir}/data"
+    for shard in shards:
+        with pa.memory_map(str(shard)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        first |= set(table.column("weight_version").to_pylist())
+        last |= set(table.column("weight_version_last").to_pylist())
+    return first, last
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_async_run_trains_each_iteration_on_samples_drawn_k_versions_before(backend: str, async_reference) -> None:
+    """Staleness 1: iteration 0's samples come from the initial weights (the rollout draws iterations 0 and 1
+    with them), every later iteration's from the weights of the iteration before; asserted over the actor
+    batches (the metrics rows count the versions the cutter saw) and over the rollouts rows kept, and shown by
+    ``inspect``."""
+    run_dir = async_reference(backend)
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == list(range(ITERATIONS))
+    for r in rows:
+        assert r["samples"] > 0 and sum(r["staleness/counts"].values()) == r["samples"], r
+        assert r["staleness/max"] <= STALENESS, r
+        want = 0 if r["iteration"] == 0 else STALENESS
+        assert r["staleness/counts"] == {str(want): r["samples"]}, r
+    last = rows[-1]["iteration"]
+    assert _rollout_versions(run_dir, last) == ({last - STALENESS}, {last - STALENESS})
+    report = json.loads(cli("inspect", str(run_dir), "--json").stdout)
+    assert report["staleness"]["max"] == STALENESS
+    assert report["staleness"]["per_iteration"]["0"] == {"0": rows[0]["samples"]}
+    if backend == "cpu":  # the rollout's and the actor's log-probs differ by the version between them
+        assert all(r["mismatch/kl"] > 0 for r in rows[1:]), [r.get("mismatch/kl") for r in rows]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stopped_async_run_resumes_from_its_replay_buffer_as_the_uninterrupted_one(
+        backend: str, async_reference, tmp_path: Path) -> None:
+    """Stopped at the gate of iteration 2, the checkpoint holds iteration 2's samples (drawn in iteration 1 with
+    weights of version 1) in ``replay/``; resumed at another actor DP size, the run trains on them and ends as the
+    uninterrupted async run: the same samples, rewards, versions, losses and final weights."""
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(async_config(backend, run_dir)))
+    run_until_stopped(config, run_dir, at_iteration=2)
+    ckpt = checkpoints.verify(run_dir / "checkpoints" / "iter-000002")
+    replay = sorted(f for f in ckpt.manifest["files"] if f.startswith("replay/"))
+    assert replay and all(f.startswith("replay/iter-000002/rollouts/") for f in replay), replay
+    resumed = cli("run", "--resume", str(run_dir), RESUME_PLACEMENT, "--no-inspect")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "at iteration 2" in resumed.stdout
+    assert_same_outcome(run_dir, async_reference(backend))
+
+
+BASE = {"cluster": {"num_nodes": 1, "gpus_per_node": 4,
+                    "component_placement": {"actor": "0", "rollout": "1-2", "inference": "3"}},
+        "runtime": {"device": "emulated"}, "scheduler": {"policy": "static"},
+        "train": {"num_iterations": 2, "rollout_batch_size": 4, "group_size": 4, "global_batch_size": 8,
+                  "micro_batch_size": 4},
+        "algorithm": {"max_staleness": 1}}
+
+
+@pytest.mark.parametrize(("change", "key", "says"), [
+    ({"cluster": {"auto_scheduler": True}, "scheduler": {"policy": "auto"}}, "scheduler.policy", "static with"),
+    ({"cluster": {"component_placement": {"actor,rollout": "0-1", "inference": "2-3"}}},
+     "cluster.component_placement", "ranks of its own"),
+    ({"algorithm": {"max_staleness": 1, "filter_groups": {"enable": True}}}, "algorithm.filter_groups.enable",
+     "generated ahead"),
+    ({"algorithm": {"max_staleness": 1, "staleness_policy": "drop"}}, "algorithm.staleness_policy", "nothing to drop"),
+    ({"algorithm": {"max_staleness": -1}}, "algorithm.max_staleness", ">= 0"),
+    ({"rollout": {"max_head_offpolicyness": 2}}, "rollout.max_head_offpolicyness", "the same bound"),
+], ids=["auto", "shared-rollout", "dynamic-sampling", "drop", "negative", "areal-key-conflict"])
+def test_an_async_config_the_runtime_cannot_run_is_refused_naming_the_key(
+        tmp_path: Path, change: dict, key: str, says: str) -> None:
+    doc = json.loads(json.dumps(BASE))
+    for section, values in change.items():
+        doc[section] = {**doc.get(section, {}), **values}
+    doc["runtime"]["run_dir"] = str(tmp_path / "run")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = cli("validate", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert key in proc.stderr and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_areal_key_sets_the_staleness(tmp_path: Path) -> None:
+    """AReaL's ``rollout.max_head_offpolicyness`` is ``algorithm.max_staleness``."""
+    from slurm_rl.config import config_from_mapping
+
+    doc = json.loads(json.dumps(BASE))
+    doc["algorithm"] = {}
+    doc["rollout"] = {"max_head_offpolicyness": 2}
+    doc["runtime"]["run_dir"] = str(tmp_path / "run")
+    assert config_from_mapping(doc).algorithm.max_staleness == 2
