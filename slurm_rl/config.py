@@ -484,8 +484,9 @@ class AlgorithmSection:
     # behav_imp_weight_cap (null: none) are left out
     use_decoupled_loss: bool = False
     behav_imp_weight_cap: Optional[float] = None  # > 1 (AReaL's actor.behav_imp_weight_cap)
-    # policy versions (iterations) a rollout may run ahead of the actor (AReaL's rollout.max_head_offpolicyness):
-    # the rollout of iteration j + k starts with the weights of iteration j while the actor trains j; 0: on-policy
+    # policy versions (iterations) a rollout may run ahead of the actor (AReaL's rollout.max_head_offpolicyness);
+    # 0: on-policy. >= 1: the rollout of iteration j + 1 draws with the weights of iteration j while the actor
+    # trains j (one version ahead under any bound: it must end inside iteration j, so further would overlap no more)
     max_staleness: int = 0
     # what happens to a sample older than max_staleness: wait (the rollout waits for the weights; verl's wait).
     # A sample belongs to the iteration it trains in from its first token, so none can be older (nothing to drop)

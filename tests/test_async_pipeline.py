@@ -111,4 +111,4 @@ def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
 
     print_modes(json.loads(proc.stdout))
     text = capsys.readouterr().out
-    assert "asynchronous, staleness 1:" in text and "simulated only" in text
+    assert "asynchronous, staleness 1:" in text and "algorithm.max_staleness=1 'cluster.component_placement={actor: " in text

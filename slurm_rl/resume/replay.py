@@ -1,7 +1,7 @@
 """The replay buffer of an asynchronous run's checkpoint: the samples generated ahead of the actor.
 
-With ``algorithm.max_staleness: s`` the rollout of iteration ``j`` runs in iteration ``j - s``, with that
-iteration's weights. At the gate of iteration ``N`` the samples of ``N .. N + s - 1`` therefore exist already,
+With ``algorithm.max_staleness`` >= 1 the rollout of iteration ``j`` runs in iteration ``j - 1``, with that
+iteration's weights. At the gate of iteration ``N`` the samples of ``N`` therefore exist already,
 drawn by weights a resumed run no longer has: the checkpoint keeps their ``rollouts`` stage (Arrow shards,
 producer manifests, the expected producers) under ``replay/``, and a resume puts them back before the ranks
 start, so the resumed run trains on the samples the uninterrupted one trained on.

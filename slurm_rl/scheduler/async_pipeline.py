@@ -8,18 +8,22 @@ while the actor trains the iterations before it. A policy version here is an ite
 the gate hands the rollout); a sample's staleness is its iteration less the version it was generated from.
 
 :func:`pipeline` replays a synchronous simulation (:func:`~slurm_rl.scheduler.simulate.simulate`, static
-placement) with that freedom, per iteration ``j`` (its rollout decodes for ``G_j``, the rollout's end in the
-synchronous run; the scoring and training after the last sample take ``tail_j``; the actor's and the
-inference's busy time is ``A_j``, the larger of the two per GPU of each):
+placement) as the live protocol runs it (:meth:`slurm_rl.worker.protocol.IterationProtocol.generated_in`). Per
+iteration ``j`` of the synchronous run: its rollout decodes for ``G_j`` (the rollout's end), the scoring and
+training after the last sample take ``tail_j``, the rollout's GPUs are busy ``B_j`` per GPU (at most ``G_j``: the
+GPU-seconds its instances had requests running; an instance with one request left counts as busy, so ``B_j``
+errs long), the actor's and the inference's busy time is ``A_j`` (the larger per GPU of each), and scoring all
+its samples takes the inference ranks ``F_j`` (0 without them). Iteration ``p`` runs from its gate ``T_p``:
 
-- the rollout of ``j`` starts when the rollout ranks are free and the weights of version ``j - k`` exist:
-  ``start_j = max(free_{j-1}, end_train_{j-k-1})``, ``end_gen_j = start_j + G_j``; the rollout's GPUs take the
-  next iteration's requests as the long tail frees them (continuous batching across iterations), so they are free
-  once the iteration's decoding work is done: ``free_j = start_j + B_j``, ``B_j`` the GPU-seconds its instances
-  had requests running, per rollout GPU (at most ``G_j``; an instance with one request left counts as busy, so
-  ``B_j`` errs long);
-- its training ends after its last sample's tail, and after the actor trained the iteration before:
-  ``end_train_j = max(end_gen_j + tail_j, end_train_{j-1} + A_j)``.
+- its rollout draws the samples of iteration ``p + k`` with the weights of version ``p`` (in the first iteration
+  those of ``0 .. k`` one after the other, each starting as the one before frees the GPUs: ``B``), from ``T_p``;
+- its actor trains iteration ``p`` (``p = 0``: as the synchronous run, its samples drawn meanwhile; later ones
+  were drawn before the gate: ``T_p + F_p + A_p``, since the first mini-batch is whole groups, and a group's samples
+  come from many rollout shards that the inference ranks share by hash, so its groups complete with the last
+  shards: measured live, the first mini-batch started as the scoring ended);
+- the next gate ``T_{p+1}`` is when both are done. The rollout of ``p + k`` ends inside iteration ``p``, so a bound
+  ``k >= 2`` would only make the first iteration draw ``k + 1`` batches and overlap no more training: the live
+  protocol runs one version ahead under any bound >= 1, and so does this model (staleness at most 1).
 
 With ``k = 0`` this is the synchronous run, iteration by iteration. Where the rollout shares ranks with the
 actor (co-located, or a hybrid placement with shared rollout ranks) it cannot decode while they train: no
@@ -84,29 +88,40 @@ def _actor_side_s(it: Any, gpus: Mapping[str, int]) -> float:
     return max(it.busy_gpu_s.get(c, 0.0) / n for c, n in gpus.items() if c in ("actor", "inference") and n)
 
 
+def _scoring_s(it: Any, gpus: Mapping[str, int]) -> float:
+    """Seconds the inference ranks take to score an iteration's samples (per GPU; 0 without inference ranks)."""
+    n = gpus.get("inference", 0)
+    return it.busy_gpu_s.get("inference", 0.0) / n if n else 0.0
+
+
 def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], overlap: bool = True) -> AsyncReport:
     """``report`` (a synchronous run) replayed with the rollout up to ``max_staleness`` versions ahead (module
     docstring); ``gpus``: the GPUs of each component; ``overlap`` False: the rollout shares the actor's ranks."""
     if max_staleness < 0:
         raise ValueError(f"max_staleness {max_staleness}: expected >= 0")
-    k = max_staleness if overlap else 0
-    free, train_end, out = 0.0, [], []
-    for j, it in enumerate(report.iterations):
-        g = it.phases.get("rollout_end_s", it.time_s)
-        tail = it.time_s - g
-        ready = train_end[j - k - 1] if j - k - 1 >= 0 else 0.0
-        start = max(free, ready) if j else 0.0
-        gen_end = start + g
-        # the rollout's GPUs take the next iteration's requests as this one's tail frees them: they are free once
-        # its decoding work is done (the GPU-seconds its instances had requests running, per GPU)
-        rollout_gpus = max(1, gpus.get("rollout", 1))
-        free = start + min(g, it.busy_gpu_s.get("rollout", g * rollout_gpus) / rollout_gpus)
-        before = train_end[-1] if train_end else 0.0
-        train_end.append(max(gen_end + tail, before + _actor_side_s(it, gpus)) if j else gen_end + tail)
-        version = sum(1 for t in train_end[:j] if t <= start)
-        out.append(AsyncIteration(j, start, gen_end, train_end[-1], version, j - version))
-    total = train_end[-1] if train_end else 0.0
-    return AsyncReport(max_staleness, total, report.total_time_s, bool(overlap and k), {}, out)
+    k = min(max_staleness, 1) if overlap else 0  # one version ahead under any bound >= 1 (module docstring)
+    its = report.iterations
+    n = len(its)
+    rollout_gpus = max(1, gpus.get("rollout", 1))
+    gen_start, gen_end, train_end = [0.0] * n, [0.0] * n, [0.0] * n
+    gate = 0.0
+    for p in range(n):
+        drawn = range(p, min(n, p + k + 1)) if p == 0 else range(p + k, min(n, p + k + 1))
+        t, rollout_end = gate, gate
+        for j in drawn:  # one after the other: the next takes the GPUs as the tail of the one before frees them
+            g = its[j].phases.get("rollout_end_s", its[j].time_s)
+            gen_start[j], gen_end[j] = t, t + g
+            t += min(g, its[j].busy_gpu_s.get("rollout", g * rollout_gpus) / rollout_gpus)
+            rollout_end = max(rollout_end, gen_end[j])
+        it = its[p]
+        tail = it.time_s - it.phases.get("rollout_end_s", it.time_s)
+        if p == 0 or k == 0:  # trained as its samples arrive, as in the synchronous run
+            train_end[p] = gen_end[p] + tail
+        else:
+            train_end[p] = max(gen_end[p] + tail, gate + _scoring_s(it, gpus) + _actor_side_s(it, gpus))
+        gate = max(train_end[p], rollout_end)
+    out = [AsyncIteration(j, gen_start[j], gen_end[j], train_end[j], max(0, j - k), min(j, k)) for j in range(n)]
+    return AsyncReport(max_staleness, gate if n else 0.0, report.total_time_s, bool(overlap and k), {}, out)
 
 
 def _split(n: int, actor_share: float, inference_share: float, unit: int) -> dict[str, str] | None:

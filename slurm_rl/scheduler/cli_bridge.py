@@ -56,4 +56,6 @@ def print_modes(result: dict[str, Any]) -> None:
     for row in asynchronous.get("rows", []):
         split = ", ".join(f"{c} {n}" for c, n in row["gpus"].items())
         print(f"asynchronous, staleness {row['max_staleness']}: {row['mean_iteration_s']:.1f} s/iteration, "
-              f"{row['vs_fastest_mode']:.2f}x the fastest mode, on {split} GPUs ({asynchronous['why']})")
+              f"{row['vs_fastest_mode']:.2f}x the fastest mode, on {split} GPUs ({asynchronous['why']}):")
+        where = ", ".join(f"{c}: \"{r}\"" for c, r in row.get("placement", {}).items())
+        print(f"  algorithm.max_staleness={row['max_staleness']} 'cluster.component_placement={{{where}}}'")

@@ -27,6 +27,7 @@ from slurm_rl.scheduler.policies import POLICIES, make_policy
 from slurm_rl.scheduler.report import SimReport
 from slurm_rl.scheduler.simulator import Simulation, SimulationSetupError, SimSetup
 from slurm_rl.scheduler.state import BatchSpec, PolicyConfig, RankMap, normalize_placement
+from slurm_rl.rules import compress_ranks
 
 __all__ = ["MODES", "POLICY_OPTIONS", "SimulationSetupError", "build_setup", "compare_modes", "parse_policy",
            "scale_placement", "simulate"]
@@ -255,7 +256,7 @@ ASYNC_STALENESS = (1, 2)
 
 def _async_rows(cfg: Config, gpus: int | None, seed: int | None, fastest_s: float) -> dict[str, object]:
     """The config run asynchronously (:mod:`~slurm_rl.scheduler.async_pipeline`) with each of :data:`ASYNC_STALENESS`
-    on the best disaggregated split: simulated only (the live runtime trains on-policy)."""
+    on the best disaggregated split (a live run takes it with that placement and ``scheduler.policy: static``)."""
     from omegaconf import OmegaConf
 
     from slurm_rl.scheduler.async_pipeline import simulate_async
@@ -266,5 +267,6 @@ def _async_rows(cfg: Config, gpus: int | None, seed: int | None, fastest_s: floa
     rows = [{"max_staleness": k, "mean_iteration_s": round(r.mean_iteration_s, 3),
              "vs_fastest_mode": round(fastest_s / r.mean_iteration_s, 3) if r.mean_iteration_s else None,
              "gpus": {c: len(ranks) for c, ranks in r.placement.items()},
+             "placement": {c: compress_ranks(sorted(ranks)) for c, ranks in r.placement.items()},
              "staleness": [it.staleness for it in r.iterations]} for k, r in sorted(reports.items())]
-    return {"rows": rows, "why": "simulated only: the live runtime trains on-policy (algorithm.max_staleness 0)"}
+    return {"rows": rows, "why": "live: the row's overrides, under scheduler.policy static"}

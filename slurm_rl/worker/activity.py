@@ -92,8 +92,8 @@ class RecordingCompute:
             announce_phase(self.paths, self.rank, self.host, f"{what} ({roles})")
         return self.inner.on_roles(old, new)
 
-    def decoder(self, k: int, j: int | None = None) -> Decoder:
-        return RecordingDecoder(self.inner.decoder(k, j), self, k)
+    def decoder(self, k: int) -> Decoder:
+        return RecordingDecoder(self.inner.decoder(k), self, k)
 
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         table, ready = self.inner.score(k, rollouts, now, share_ranks)

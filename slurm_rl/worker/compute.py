@@ -62,9 +62,9 @@ class Compute(Protocol):
         on every rank), its first prompt at stream position ``position`` (None: ``k *
         train.rollout_batch_size``); batches after the first only under ``algorithm.filter_groups``."""
 
-    def decoder(self, k: int, j: int | None = None) -> Decoder:
-        """This rank's rollout engine in iteration ``k`` (weights of version ``k``) drawing the samples of iteration
-        ``j`` (default ``k``; ahead of it in an asynchronous run)."""
+    def decoder(self, k: int) -> Decoder:
+        """This rank's rollout engine in iteration ``k`` (weights of version ``k``); the requests it takes may be of
+        iterations ahead of ``k`` (an asynchronous run): each row's sample id says which."""
 
     def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
         """``rollouts`` with their ``reward`` column filled (ROLLOUTS rows), scored in this rank's reward worker

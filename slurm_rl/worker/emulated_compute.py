@@ -39,22 +39,25 @@ def iteration_lengths(model: LengthModel, seed: int, iteration: int, n: int) -> 
 class EmulatedDecoder:
     """Continuous batching in virtual time: per-request decode steps (``DecodeBatch``)."""
 
-    def __init__(self, compute: "EmulatedCompute", k: int, j: int | None = None) -> None:
-        self.c, self.k = compute, k  # the weights' version
-        self.j = k if j is None else j  # the iteration whose samples it decodes
+    def __init__(self, compute: "EmulatedCompute", k: int) -> None:
+        self.c, self.k = compute, k  # the weights' version (the samples may be of iterations ahead: async RL)
         self.batch = DecodeBatch(compute.cost, compute.rollout_tp, compute.max_running)
         self.rows: dict[int, pa.Table] = {}  # running sample id -> its request row
-        self.lengths = iteration_lengths(compute.lengths, compute.scheduler_seed, self.j, compute.samples)
-        self.more: dict[int, np.ndarray] = {}  # dynamic sampling's later generation batches: their own draws
+        # per (iteration, generation batch) the response lengths: the first batch's as the simulator draws them,
+        # dynamic sampling's later ones their own draws
+        self.drawn: dict[tuple[int, int], np.ndarray] = {}
 
     def _length(self, sid: int) -> int:
-        block, i = divmod(sid - self.j * ID_STRIDE, len(self.lengths))
-        if block == 0:
-            return int(self.lengths[i])
-        if block not in self.more:
-            rng = random.Random(f"{self.c.scheduler_seed}/{self.j}/{block}")
-            self.more[block] = np.asarray(self.c.lengths.sample(rng, len(self.lengths)), dtype=np.int64)
-        return int(self.more[block][i])
+        j, index = divmod(sid, ID_STRIDE)
+        block, i = divmod(index, self.c.samples)
+        if (j, block) not in self.drawn:
+            if block == 0:
+                lengths = iteration_lengths(self.c.lengths, self.c.scheduler_seed, j, self.c.samples)
+            else:
+                rng = random.Random(f"{self.c.scheduler_seed}/{j}/{block}")
+                lengths = self.c.lengths.sample(rng, self.c.samples)
+            self.drawn[j, block] = np.asarray(lengths, dtype=np.int64)
+        return int(self.drawn[j, block][i])
 
     def free_slots(self) -> int:
         return self.batch.free_slots
@@ -75,9 +78,13 @@ class EmulatedDecoder:
         done = self.batch.advance(now)
         if not done:
             return None
-        targets = np.asarray([self._length(s) for s in done], dtype=np.int64)
-        out = fake.finish_requests(self._take(done), targets, seed=self.c.seed + self.j,
-                                   weight_version=self.k, rollout_rank=self.c.rank)
+        parts = []
+        for j in sorted({s // ID_STRIDE for s in done}):  # each iteration's samples seeded by it, whatever the version
+            sids = [s for s in done if s // ID_STRIDE == j]
+            targets = np.asarray([self._length(s) for s in sids], dtype=np.int64)
+            parts.append(fake.finish_requests(self._take(sids), targets, seed=self.c.seed + j,
+                                              weight_version=self.k, rollout_rank=self.c.rank))
+        out = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if self.c.reward_apart:  # the reward ranks score them (EmulatedCompute.reward)
             out = out.set_column(out.schema.get_field_index("reward"), "reward",
                                  pa.array(np.full(out.num_rows, np.nan, np.float32)))
@@ -131,8 +138,8 @@ class EmulatedCompute:
         prompts = fake.make_fake_prompts(k, n, cfg.emulated.prompt_len, cfg.runtime.seed, first_index=batch * n)
         return fake.make_fake_requests(prompts, cfg.train.group_size, seed=cfg.runtime.seed, weight_version=k)
 
-    def decoder(self, k: int, j: int | None = None) -> EmulatedDecoder:
-        return EmulatedDecoder(self, k, j)
+    def decoder(self, k: int) -> EmulatedDecoder:
+        return EmulatedDecoder(self, k)
 
     def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
         rewards = fake.sample_rewards(rollouts.column("sample_id").to_numpy(), self.seed + k)  # as the rollout's

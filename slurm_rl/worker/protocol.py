@@ -196,25 +196,31 @@ class IterationProtocol:
         self.critic_tp = critic_tp(cfg)  # its TP size there (critic.tensor_parallel)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
-        # asynchronous RL: the rollout runs up to this many policy versions ahead of the actor
+        # asynchronous RL: the rollout runs this many policy versions ahead of the actor (at most one:
+        # generated_in)
         self.max_staleness = int(cfg.algorithm.max_staleness)
+        self.lead = min(self.max_staleness, 1)
         self.num_iterations = int(cfg.train.num_iterations)
         # the iterations ahead whose samples exist when this incarnation starts (a resumed async run's replay
         # buffer): read before the first gate, while no rank generates
         point = read_resume_point(self.run_dir)
         first = point.iteration if point is not None else 0
         self.first_iteration = first
-        self.generated_before = {j for j in range(first, min(first + self.max_staleness, self.num_iterations))
+        self.generated_before = {j for j in range(first, min(first + self.lead, self.num_iterations))
                                  if rollout_complete(self.run_dir, j, self.samples_per_iteration)}
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
         self.gate: PhaseGate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else PhaseGate()
 
     def generated_in(self, k: int) -> list[int]:
         """The iterations whose samples the rollout of iteration ``k`` draws, in order: ``k`` itself in a synchronous
-        run; with staleness ``s`` the iteration ``k + s`` (the weights of version ``k`` start it while the actor
-        trains ``k``), and in an incarnation's first iteration also every one before it whose samples are not there
-        yet (``k .. k + s``: a run's start, or a resume without them)."""
-        s = self.max_staleness
+        run; with ``algorithm.max_staleness`` >= 1 the iteration ``k + 1`` (the weights of version ``k`` draw it while
+        the actor trains ``k``), and in an incarnation's first iteration ``k`` too where its samples are not there
+        yet (a run's start, or a resume without them).
+
+        The rollout of iteration ``k`` ends inside iteration ``k`` (the next gate waits for it), so drawing further
+        ahead would take the rollout's GPUs longer in some iteration and overlap no more training: a larger bound is
+        honoured by running one version ahead (scheduler.async_pipeline models the same)."""
+        s = self.lead
         if s == 0:
             return [k]
         first = range(k, k + s + 1) if k == self.first_iteration else range(k + s, k + s + 1)
@@ -325,8 +331,7 @@ class IterationProtocol:
         with collective(f"checkpoint of the actor into {directory}", self.info, None, iteration):
             self.compute.save_state(directory, iteration)
         if self.max_staleness and self.info.rank == 0:  # the samples drawn ahead of this gate: its replay buffer
-            save_replay(self.run_dir, directory, range(iteration, min(iteration + self.max_staleness,
-                                                                      self.num_iterations)))
+            save_replay(self.run_dir, directory, range(iteration, min(iteration + self.lead, self.num_iterations)))
 
     def restore(self, directory: Path) -> None:
         """Load the state of a run checkpoint (before the first epoch of a resumed incarnation)."""
@@ -376,23 +381,65 @@ class _Requests:
         return pa.concat_tables([wanted[sid] for sid in sample_ids]) if sample_ids else self.of_batch(0).slice(0, 0)
 
 
-class _Rollout:
-    """Rollout work of one rank in one iteration (only instance head ranks decode): the samples of iteration
-    ``j``, decoded with the weights of the running iteration (``j`` is that iteration but in an asynchronous run,
-    where it runs up to ``algorithm.max_staleness`` ahead: :func:`generated_in`)."""
+class _Draw:
+    """What one rank draws of the samples of one iteration ``j``: its claims, its writer, its rows in flight."""
 
-    def __init__(self, it: "_Iteration", j: int | None = None) -> None:
+    def __init__(self, it: "_Iteration", j: int) -> None:
+        self.it, self.p, self.j = it, it.p, j
+        self.claims_dir = stage_dir(self.p.run_dir, j, REQUESTS_STAGE)
+        os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
+        self.requests = _Requests(it, j)
+        self.cursor = 0  # next chunk of the iteration's requests to try to claim
+        self.opened, self.closed = 1, not self.p.filtering  # generation batches open; no more to come
+        self.next_rounds_check = 0.0
+        self.in_flight = 0  # rows claimed by this rank and not written (nor handed back) yet
+        self.writer: StageWriter | None = None
+        self.ended = False  # this rank's manifest of the iteration is complete
+
+    def stage_writer(self) -> StageWriter:
+        if self.writer is None:
+            self.writer = StageWriter(self.p.run_dir, self.j, ROLLOUTS_STAGE, self.it.rank, ROLLOUTS)
+        return self.writer
+
+    def batch_open(self, b: int, now: float) -> bool:
+        """Whether generation batch ``b`` is open (batch 0 always; later ones once the leader opens them)."""
+        if b < self.opened:
+            return True
+        if self.closed or now < self.next_rounds_check:
+            return False
+        self.next_rounds_check = now + CLAIM_EVERY_S
+        self.opened, self.closed = read_rounds(self.p.run_dir, self.j)
+        return b < self.opened
+
+    def end(self) -> None:
+        self.stage_writer().close()
+        self.ended = True
+
+
+def _by_iteration(table: pa.Table) -> dict[int, pa.Table]:
+    """``table``'s rows per iteration of their sample ids (in order)."""
+    its = pc.divide(table.column("sample_id"), pa.scalar(ID_STRIDE, pa.int64()))
+    return {int(j): table.filter(pc.equal(its, j)) for j in pc.unique(its).to_pylist()}
+
+
+class _Rollout:
+    """Rollout work of one rank in one iteration (only instance head ranks decode): the samples of the
+    iterations ``js`` (:meth:`IterationProtocol.generated_in`: the running iteration ``k``, or in an asynchronous
+    run those up to ``algorithm.max_staleness`` ahead), decoded by one engine with the weights of version ``k``.
+    The rank claims the requests of each iteration in turn and takes the next one's as soon as the last chunk of
+    the one before is claimed (continuous batching across iterations); a rank's manifest of iteration ``j`` is
+    complete once every sample of ``j`` is written somewhere and it holds none of them."""
+
+    def __init__(self, it: "_Iteration", js: list[int] | None = None) -> None:
         self.it = it
         self.p = it.p
-        self.j = it.k if j is None else j
-        self.claims_dir = stage_dir(self.p.run_dir, self.j, REQUESTS_STAGE)
-        os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
+        self.draws = [_Draw(it, j) for j in (js if js is not None else [it.k])]
+        self.current = 0  # the draw whose requests this rank claims now
         self.decoder: Decoder | None = None
         self.queue: list[pa.Table] = []  # claimed, not admitted yet
         self.queued = 0
         self.out: list[pa.Table] = []  # finished, not written yet
         self.out_since = 0.0
-        self.writer: StageWriter | None = None
         self.finished = 0
         self.migrated_out = 0
         self.length_hist: dict[int, int] = {}  # finished responses per length bucket (for the scheduler)
@@ -402,26 +449,22 @@ class _Rollout:
         self.next_claim = 0.0
         self.next_done_check = 0.0
         self.ticket_rows = max(1, self.p.max_running // 8)
-        self.cursor = 0  # next chunk of the iteration's requests to try to claim
-        self.requests = _Requests(it, self.j)
         self.batch_rows = self.p.batch_prompts * self.p.cfg.train.group_size
         self.chunks_per_batch = math.ceil(self.batch_rows / self.ticket_rows)
-        self.opened, self.closed = 1, not self.p.filtering  # generation batches open; no more to come
-        self.next_rounds_check = 0.0
 
     @property
     def held(self) -> int:
         return (self.decoder.held() if self.decoder else 0) + self.queued
 
-    def _writer(self) -> StageWriter:
-        if self.writer is None:
-            self.writer = StageWriter(self.p.run_dir, self.j, ROLLOUTS_STAGE, self.it.rank, ROLLOUTS)
-        return self.writer
+    def _draw(self, j: int) -> _Draw:
+        return next(d for d in self.draws if d.j == j)
 
     def _take(self, got: pa.Table) -> None:
         if got.num_rows:
             self.queue.append(got)
             self.queued += got.num_rows
+            for j, rows in _by_iteration(got).items():
+                self._draw(j).in_flight += rows.num_rows
 
     def _admit(self, now: float) -> None:
         assert self.decoder is not None
@@ -433,34 +476,28 @@ class _Rollout:
         rest = merged.slice(n)
         self.queue, self.queued = ([rest] if rest.num_rows else []), rest.num_rows
 
-    def _batch_open(self, b: int, now: float) -> bool:
-        """Whether generation batch ``b`` is open (batch 0 always; later ones once the leader opens them)."""
-        if b < self.opened:
-            return True
-        if self.closed or now < self.next_rounds_check:
-            return False
-        self.next_rounds_check = now + CLAIM_EVERY_S
-        self.opened, self.closed = read_rounds(self.p.run_dir, self.j)
-        return b < self.opened
-
     def _claim_initial(self, want: int, now: float) -> int:
-        """Claim chunks of the iteration's requests (one exclusive marker file per chunk:
-        exactly one rank wins each chunk, and every rank tries each chunk in order, so none is
-        skipped), generation batch by generation batch as they open; returns the rows claimed."""
+        """Claim chunks of the requests (one exclusive marker file per chunk: exactly one rank wins each chunk,
+        and every rank tries each chunk in order, so none is skipped), generation batch by generation batch as
+        they open, iteration by iteration; returns the rows claimed."""
         got = 0
-        while got < want:
-            c = self.cursor
+        while got < want and self.current < len(self.draws):
+            d = self.draws[self.current]
+            c = d.cursor
             b, i = divmod(c, self.chunks_per_batch)
-            if not self._batch_open(b, now):
+            if not d.batch_open(b, now):
+                if d.closed and b >= d.opened:  # every chunk of this iteration is claimed: the next one's
+                    self.current += 1
+                    continue
                 break
-            self.cursor += 1
+            d.cursor += 1
             try:
-                fd = os.open(self.claims_dir / f"claim-{c:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                fd = os.open(d.claims_dir / f"claim-{c:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileExistsError:
                 continue
             os.write(fd, str(self.it.rank).encode())
             os.close(fd)
-            chunk = self.requests.of_batch(b).slice(i * self.ticket_rows, self.ticket_rows)
+            chunk = d.requests.of_batch(b).slice(i * self.ticket_rows, self.ticket_rows)
             self._take(chunk)
             got += chunk.num_rows
         return got
@@ -472,15 +509,24 @@ class _Rollout:
         want -= self._claim_initial(want, now)
         if want <= 0 or now < self.next_claim:
             return
-        got = claim_pending(self.p.run_dir, self.j, self.it.rank, max_rows=want)  # migrated requests
-        self.next_claim = now + (CLAIM_EVERY_S if got.num_rows == 0 else 0.0)
-        self._take(got)
+        got_any = False
+        for d in self.draws[:self.current + 1]:  # migrated requests
+            if d.ended or want <= 0:
+                continue
+            got = claim_pending(self.p.run_dir, d.j, self.it.rank, max_rows=want)
+            self._take(got)
+            want -= got.num_rows
+            got_any = got_any or got.num_rows > 0
+        self.next_claim = now + (0.0 if got_any else CLAIM_EVERY_S)
 
     def _flush(self) -> None:
         if not self.out:
             return
         table = pa.concat_tables([t.cast(ROLLOUTS) for t in self.out]).combine_chunks()
-        self._writer().write(table)
+        for j, rows in _by_iteration(table).items():
+            d = self._draw(j)
+            d.stage_writer().write(rows)
+            d.in_flight -= rows.num_rows
         self.finished += table.num_rows
         for n in pc.list_value_length(table.column("response_ids")).to_pylist():
             b = length_bucket(int(n or 0))
@@ -494,21 +540,33 @@ class _Rollout:
                 self.out_since = now
             self.out.append(finished)
 
-    def _all_finished(self) -> bool:
-        return generation_complete(self.p.run_dir, self.j, self.it.samples, self.p.filtering, self.batch_rows)
+    def _end_finished(self, now: float) -> None:
+        """Complete this rank's manifest of each iteration it has nothing left of, once every sample of that
+        iteration is written (a rank released elsewhere may still hand requests back until then)."""
+        if now < self.next_done_check:
+            return
+        self.next_done_check = now + DONE_CHECK_EVERY_S
+        for i, d in enumerate(self.draws):
+            if d.ended or i >= self.current or d.in_flight > 0:
+                continue
+            if generation_complete(self.p.run_dir, d.j, self.it.samples, self.p.filtering, self.batch_rows):
+                d.end()
 
     def skip(self) -> None:
-        """Nothing left to do here (the iteration's rollout ended elsewhere): an empty manifest."""
-        self._writer().close()
+        """Nothing left to do here (the iteration's rollout ended elsewhere): empty manifests."""
+        for d in self.draws:
+            if not d.ended:
+                d.end()
         self.done = True
 
     def step(self, now: float) -> float | None:
         """Decode up to ``now``, refill, publish; the wall time of the next event."""
         if self.done:
             return None
-        self._writer()
+        for d in self.draws:
+            d.stage_writer()
         if self.decoder is None:
-            self.decoder = self.p.compute.decoder(self.it.k, self.j)
+            self.decoder = self.p.compute.decoder(self.it.k)
         self._collect(self.decoder.advance(now), now)
         now = time.time()  # a real engine spent time in advance()
         self._admit(now)
@@ -517,15 +575,16 @@ class _Rollout:
         out_rows = sum(t.num_rows for t in self.out)
         if self.out and (out_rows >= self.ticket_rows or now - self.out_since >= FLUSH_EVERY_S or not self.held):
             self._flush()
-        if not self.held and not self.out and now >= self.next_done_check:
-            self.next_done_check = now + DONE_CHECK_EVERY_S
-            if self._all_finished():
-                self._writer().close()
-                self.done = True
-                return None
+        if not self.out:
+            self._end_finished(now)
+        if all(d.ended for d in self.draws):
+            self.done = True
+            return None
         wakes = [t for t in (self.decoder.next_event_at(), self.out_since + FLUSH_EVERY_S if self.out else None) if t]
         if self.held <= self.p.max_running:
             wakes.append(max(now, self.next_claim))
+        if not self.held and not self.out:
+            wakes.append(self.next_done_check)
         return min(wakes) if wakes else None
 
     def hand_back(self, grant: int) -> int:
@@ -549,11 +608,12 @@ class _Rollout:
         migrated = 0
         if unfinished:
             rest = pa.concat_tables([t.cast(PENDING) for t in unfinished]).combine_chunks()
-            write_pending(self.p.run_dir, self.j, self.it.rank, rest, tag=epoch,
-                          num_chunks=math.ceil(rest.num_rows / self.ticket_rows))
+            for j, rows in _by_iteration(rest).items():
+                write_pending(self.p.run_dir, j, self.it.rank, rows, tag=epoch,
+                              num_chunks=math.ceil(rows.num_rows / self.ticket_rows))
+                self._draw(j).in_flight -= rows.num_rows
             migrated = rest.num_rows
-        self._writer().close()
-        self.done = True
+        self.skip()
         self.migrated_out += migrated
         return migrated
 
@@ -1072,9 +1132,8 @@ class _Iteration:
         self.generates = p.generated_in(k)
         # Parts of the iteration-start roles exist from the start, so a rank released before its
         # first pass still completes its (empty) manifests.
-        heads = self._is_rollout_head(start)
-        self.rollouts = [_Rollout(self, j) for j in self.generates] if heads else []
-        self.rollout: _Rollout | None = self.rollouts.pop(0) if self.rollouts else None
+        self.rollout: _Rollout | None = (_Rollout(self, self.generates) if self._is_rollout_head(start)
+                                         and self.generates else None)
         # the rollouts reach inference and the actor with their rewards: scored beside the rollout, or by the
         # reward's own ranks into the rewards stage (placement.reward_ranks)
         self.upstream = REWARDS_STAGE if p.reward_ranks else ROLLOUTS_STAGE
@@ -1104,8 +1163,6 @@ class _Iteration:
         was = old is not None and self._is_rollout_head(old)
         if was and not self._is_rollout_head(new) and self.rollout is not None:
             out["migrated_requests"] = self.rollout.release(new.epoch, time.time())
-            for ahead in self.rollouts:  # not started: their manifests close empty
-                ahead.skip()
         return out
 
     def _progress(self, now: float) -> dict[str, Any]:
@@ -1155,7 +1212,6 @@ class _Iteration:
 
     def _finished(self) -> bool:
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
-                and not self.rollouts
                 and all(part is None or part.done for part in (self.rollout, self.reward, self.inference, self.critic)))
 
     def enter_training(self) -> None:
@@ -1181,9 +1237,6 @@ class _Iteration:
             wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
                 wakes.append(self.rollout.step(now) or wakes[0])
-            if self.rollout is not None and self.rollout.done and self.rollouts:  # the next iteration's samples
-                self.rollout = self.rollouts.pop(0)
-                wakes.append(now)
             if self.reward is not None and not self.reward.done:
                 self.reward.step()  # synchronous: its next shard is polled at the loop's pace
             if self.inference is not None and not self.inference.done:
@@ -1230,7 +1283,8 @@ class _Iteration:
 
     def _waiting_for(self) -> str:
         if self.rollout is not None and not self.rollout.done:
-            return (f"rollout requests of iteration {self.rollout.j} ({self.rollout.held} held, "
+            js = [d.j for d in self.rollout.draws if not d.ended]
+            return (f"rollout requests of iteration {', '.join(map(str, js))} ({self.rollout.held} held, "
                     f"{self.rollout.finished} finished)")
         if self.reward is not None and not self.reward.done:
             return f"rollouts shards of iteration {self.k} to reward ({self.reward.done_rows} rewarded)"

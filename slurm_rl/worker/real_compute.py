@@ -34,7 +34,7 @@ import pyarrow as pa
 from slurm_rl.config import Config, actor_offloads, actor_precision, critic_tp
 from slurm_rl.control.epochs import Epoch
 from slurm_rl.control.paths import RunPaths
-from slurm_rl.data.schemas import PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
+from slurm_rl.data.schemas import ID_STRIDE, PENDING, ROLLOUTS, inference_table, make_group_id, make_sample_id
 from slurm_rl.launch.rank_env import RankInfo
 from slurm_rl.resume.checkpoints import ACTOR_DIR, CRITIC_DIR
 from slurm_rl.rl.advantages import needs_critic
@@ -129,14 +129,13 @@ class RealDecoder:
     Nothing is ever half-generated between calls, so an eviction hands back whole requests.
     """
 
-    def __init__(self, compute: "RealCompute", k: int, sub_batch: int, j: int | None = None) -> None:
+    def __init__(self, compute: "RealCompute", k: int, sub_batch: int) -> None:
         if compute.engine is None:
             raise ProtocolError(f"rank {compute.rank}: rollout in iteration {k} without a rollout engine")
         if compute.engine.weight_version != k:
             raise ProtocolError(f"rank {compute.rank}: rollout engine holds weights v{compute.engine.weight_version}, "
                                 f"iteration {k} needs v{k} (on-policy)")
         self.c, self.k, self.sub_batch = compute, k, sub_batch
-        self.j = k if j is None else j  # the iteration whose samples it draws (ahead of k: asynchronous RL)
         self.admitted: pa.Table | None = None
 
     def free_slots(self) -> int:
@@ -152,7 +151,10 @@ class RealDecoder:
         if self.admitted is None:
             return None
         rows, self.admitted = self.admitted.to_pylist(), None
-        return self.c.generate(self.j, rows)
+        # the samples of the iteration each row trains in (ahead of k in an asynchronous run), scored as its
+        its = sorted({int(r["sample_id"]) // ID_STRIDE for r in rows})
+        parts = [self.c.generate(j, [r for r in rows if int(r["sample_id"]) // ID_STRIDE == j]) for j in its]
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
     def next_event_at(self) -> float | None:
         return None if self.admitted is None else time.time()
@@ -345,8 +347,8 @@ class RealCompute:
                 })
         return pa.Table.from_pylist(rows, schema=PENDING)
 
-    def decoder(self, k: int, j: int | None = None) -> RealDecoder:
-        return RealDecoder(self, k, self.sub_batch, j)
+    def decoder(self, k: int) -> RealDecoder:
+        return RealDecoder(self, k, self.sub_batch)
 
     def generate(self, k: int, rows: list[dict[str, Any]]) -> pa.Table:
         """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards."""
