@@ -161,6 +161,7 @@ def test_a_live_async_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     live = sum(iteration_times(_run(tmp_path, "async", cfg)))
     report = simulate(sync, policy="static")
     gpus = {name: len(p.slots) for name, p in sync.placement.components.items()}
-    predicted = pipeline(report, STALENESS, gpus).total_time_s
+    predicted = pipeline(report, STALENESS, gpus, samples=sync.train.rollout_batch_size * sync.train.group_size,
+                         batch=sync.train.global_batch_size).total_time_s
     assert abs(live / predicted - 1) < 0.10, (live, predicted)
     assert live < report.total_time_s, (live, report.total_time_s)

@@ -12,15 +12,15 @@ placement) as the live protocol runs it (:meth:`slurm_rl.worker.protocol.Iterati
 iteration ``j`` of the synchronous run: its rollout decodes for ``G_j`` (the rollout's end), the scoring and
 training after the last sample take ``tail_j``, the rollout's GPUs are busy ``B_j`` per GPU (at most ``G_j``: the
 GPU-seconds its instances had requests running; an instance with one request left counts as busy, so ``B_j``
-errs long), the actor's and the inference's busy time is ``A_j`` (the larger per GPU of each), and scoring all
-its samples takes the inference ranks ``F_j`` (0 without them). Iteration ``p`` runs from its gate ``T_p``:
+errs long), the actor's and the inference's busy time is ``A_j`` (the larger per GPU of each). Iteration ``p``
+runs from its gate ``T_p``:
 
 - its rollout draws the samples of iteration ``p + k`` with the weights of version ``p`` (in the first iteration
   those of ``0 .. k`` one after the other, each starting as the one before frees the GPUs: ``B``), from ``T_p``;
 - its actor trains iteration ``p`` (``p = 0``: as the synchronous run, its samples drawn meanwhile; later ones
-  were drawn before the gate: ``T_p + F_p + A_p``, since the first mini-batch is whole groups, and a group's samples
-  come from many rollout shards that the inference ranks share by hash, so its groups complete with the last
-  shards: measured live, the first mini-batch started as the scoring ended);
+  were drawn before the gate: ``T_p + F_p + A_p``, ``F_p`` the scoring of one batch of ``train.global_batch_size``
+  samples per inference rank: the inference ranks score their hash shares of the shards in sample order, so the
+  lowest groups, which the first mini-batch takes whole, complete after one batch each);
 - the next gate ``T_{p+1}`` is when both are done. The rollout of ``p + k`` ends inside iteration ``p``, so a bound
   ``k >= 2`` would only make the first iteration draw ``k + 1`` batches and overlap no more training: the live
   protocol runs one version ahead under any bound >= 1, and so does this model (staleness at most 1).
@@ -88,15 +88,23 @@ def _actor_side_s(it: Any, gpus: Mapping[str, int]) -> float:
     return max(it.busy_gpu_s.get(c, 0.0) / n for c, n in gpus.items() if c in ("actor", "inference") and n)
 
 
-def _scoring_s(it: Any, gpus: Mapping[str, int]) -> float:
-    """Seconds the inference ranks take to score an iteration's samples (per GPU; 0 without inference ranks)."""
+def _first_scoring_s(it: Any, gpus: Mapping[str, int], samples: int, batch: int) -> float:
+    """Seconds the inference ranks take to score the first mini-batch of an iteration whose samples all exist: each
+    scores its share in sample order, ``batch`` (``train.global_batch_size``) at a time, so the lowest groups
+    complete after one batch (0 without inference ranks)."""
     n = gpus.get("inference", 0)
-    return it.busy_gpu_s.get("inference", 0.0) / n if n else 0.0
+    if not n:
+        return 0.0
+    share = max(1.0, samples / n)
+    return it.busy_gpu_s.get("inference", 0.0) / n * min(1.0, batch / share)
 
 
-def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], overlap: bool = True) -> AsyncReport:
+def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], overlap: bool = True,
+             samples: int = 0, batch: int = 0) -> AsyncReport:
     """``report`` (a synchronous run) replayed with the rollout up to ``max_staleness`` versions ahead (module
-    docstring); ``gpus``: the GPUs of each component; ``overlap`` False: the rollout shares the actor's ranks."""
+    docstring); ``gpus``: the GPUs of each component; ``overlap`` False: the rollout shares the actor's ranks;
+    ``samples`` and ``batch``: an iteration's samples and ``train.global_batch_size`` (0: all scored before the
+    first mini-batch)."""
     if max_staleness < 0:
         raise ValueError(f"max_staleness {max_staleness}: expected >= 0")
     k = min(max_staleness, 1) if overlap else 0  # one version ahead under any bound >= 1 (module docstring)
@@ -118,7 +126,8 @@ def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], ove
         if p == 0 or k == 0:  # trained as its samples arrive, as in the synchronous run
             train_end[p] = gen_end[p] + tail
         else:
-            train_end[p] = max(gen_end[p] + tail, gate + _scoring_s(it, gpus) + _actor_side_s(it, gpus))
+            first = _first_scoring_s(it, gpus, samples, batch or samples)
+            train_end[p] = max(gen_end[p] + tail, gate + first + _actor_side_s(it, gpus))
         gate = max(train_end[p], rollout_end)
     out = [AsyncIteration(j, gen_start[j], gen_end[j], train_end[j], max(0, j - k), min(j, k)) for j in range(n)]
     return AsyncReport(max_staleness, gate if n else 0.0, report.total_time_s, bool(overlap and k), {}, out)
@@ -166,7 +175,8 @@ def simulate_async(doc: Mapping[str, Any], max_staleness: Sequence[int], seed: i
         gpus = {c: len(p.slots) for c, p in comps.items()}
         overlap = not (comps["rollout"].shared_with if "rollout" in comps else ())  # its own ranks: it decodes on
         for k in max_staleness:
-            report = pipeline(sync, k, gpus, overlap=overlap)
+            report = pipeline(sync, k, gpus, overlap=overlap, samples=cfg.train.rollout_batch_size
+                              * cfg.train.group_size, batch=cfg.train.global_batch_size)
             report.placement = {c: list(p.ranks) for c, p in comps.items()}
             if k not in best or report.total_time_s < best[k].total_time_s:
                 best[k] = report

@@ -661,6 +661,9 @@ class _Inference:
         self.done_rows = 0
         self.busy_s = 0.0  # seconds this rank spent scoring (for the scheduler's forecast)
         self.done = False
+        # the iteration's samples were drawn before it (an asynchronous run): its share is scored in sample order,
+        # so every inference rank completes the lowest groups first and the first mini-batch is ready early
+        self.in_order = it.k not in it.generates
 
     def _land(self, now: float) -> None:
         if self.inflight is not None and now >= self.inflight[0]:
@@ -681,12 +684,18 @@ class _Inference:
         self._land(now)
         if self.inflight is None and self.queue:
             # One batch of up to global_batch_size samples at a time, as the simulator does.
-            tables, rows = [], 0
             gbs = self.it.p.cfg.train.global_batch_size
-            while self.queue and (not tables or rows + self.queue[0].num_rows <= gbs):
-                tables.append(self.queue.pop(0))
-                rows += tables[-1].num_rows
-            batch = pa.concat_tables(tables).combine_chunks()
+            if self.in_order:
+                merged = pa.concat_tables(self.queue).combine_chunks()
+                merged = merged.take(pc.sort_indices(merged, [("sample_id", "ascending")]))
+                batch, rest = merged.slice(0, gbs), merged.slice(gbs)
+                self.queue = [rest] if rest.num_rows else []
+            else:
+                tables, rows = [], 0
+                while self.queue and (not tables or rows + self.queue[0].num_rows <= gbs):
+                    tables.append(self.queue.pop(0))
+                    rows += tables[-1].num_rows
+                batch = pa.concat_tables(tables).combine_chunks()
             self.inflight = self.it.p.compute.score(self.it.k, batch, now, len(self.ranks))[::-1]
             self.busy_s += max(0.0, self.inflight[0] - now)
             self._land(time.time())
