@@ -144,9 +144,9 @@ def test_areal_key_sets_the_staleness(tmp_path: Path) -> None:
 def test_a_live_async_run_agrees_with_the_simulator(tmp_path: Path) -> None:
     """Calibration: 3 iterations of the live-scheduling config (8 emulated ranks, actor 0-1 | rollout 2-5 |
     inference 6-7, its costs x3: ~5 s iterations) with staleness 1 take the time ``async_pipeline`` predicts from
-    the synchronous simulation, within 10 %, and less than the synchronous run's. Measured 1.048 and 1.055 (bound
-    1 and 2) of the model; at the unscaled costs (~2 s iterations) 1.17: ~0.1 s of gate and polling per iteration
-    that the model leaves out."""
+    the synchronous simulation, within 10 %, and less than the synchronous run's. Measured 1.052 of the model; at
+    the unscaled costs (~2 s iterations) 1.10: ~0.1 s of gate and polling per iteration that the model leaves
+    out."""
     from test_live_scheduling import _run, iteration_times, live_config
 
     from slurm_rl.config import config_from_mapping
