@@ -65,6 +65,12 @@ def shared_run(root: Path, key: str, make: Callable[[Path], tuple[Path, str]]) -
         return run_dir, stdout
 
 
+def launched_run(root: Path, key: str, make_cfg: Callable[[Path], dict], *extra: str) -> Path:
+    """The run dir of the run ``key`` (:func:`shared_run`): the config ``make_cfg(run_dir)`` launched with
+    ``slurm-rl run`` (``extra`` appended)."""
+    return shared_run(root, key, lambda base: (base / "run", launch(base / "c.yaml", make_cfg(base / "run"), *extra)))[0]
+
+
 @pytest.fixture(scope="session")
 def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The finished 8-rank emulated run of ``emulated_config`` (scripted: two placement changes, three

@@ -15,7 +15,7 @@ import yaml
 
 from resume_helpers import (BACKENDS, ITERATIONS, RESUME_PLACEMENT, assert_same_outcome, cli, run_config,
                             run_until_stopped)
-from shared_runs import launch, shared_root, shared_run
+from shared_runs import launched_run, shared_root
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 
@@ -35,8 +35,7 @@ def async_reference(tmp_path_factory: pytest.TempPathFactory):
     root = shared_root(tmp_path_factory)
 
     def get(backend: str) -> Path:
-        return shared_run(root, f"async-{backend}", lambda base: (
-            base / "run", launch(base / "c.yaml", async_config(backend, base / "run"), "--no-inspect")))[0]
+        return launched_run(root, f"async-{backend}", lambda run_dir: async_config(backend, run_dir), "--no-inspect")
 
     return get
 
@@ -128,15 +127,21 @@ def test_an_async_config_the_runtime_cannot_run_is_refused_naming_the_key(
     assert not (tmp_path / "run").exists()
 
 
-def test_areal_key_sets_the_staleness(tmp_path: Path) -> None:
-    """AReaL's ``rollout.max_head_offpolicyness`` is ``algorithm.max_staleness``."""
+def test_areal_key_sets_the_staleness_and_a_bound_above_one_is_named(tmp_path: Path) -> None:
+    """AReaL's ``rollout.max_head_offpolicyness`` is ``algorithm.max_staleness``; a bound above 1 runs as 1, and
+    the config's warnings say so."""
     from slurm_rl.config import config_from_mapping
+    from slurm_rl.config_warnings import config_warnings
 
     doc = json.loads(json.dumps(BASE))
     doc["algorithm"] = {}
     doc["rollout"] = {"max_head_offpolicyness": 2}
     doc["runtime"]["run_dir"] = str(tmp_path / "run")
-    assert config_from_mapping(doc).algorithm.max_staleness == 2
+    cfg = config_from_mapping(doc)
+    assert cfg.algorithm.max_staleness == 2
+    assert any(w.startswith("algorithm.max_staleness: 2 runs as 1") for w in config_warnings(cfg, env={}))
+    doc["rollout"] = {"max_head_offpolicyness": 1}
+    assert not any("max_staleness" in w for w in config_warnings(config_from_mapping(doc), env={}))
 
 
 @pytest.mark.slow

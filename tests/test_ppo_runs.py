@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from identity import assert_losses_match
-from resume_helpers import (BACKENDS, assert_same_outcome, cli, launch, outcome, run_config, run_until_stopped, shared_root,
-                            shared_run)
+from resume_helpers import (BACKENDS, assert_same_outcome, cli, launch, outcome, run_config, run_until_stopped, shared_root)
+from shared_runs import launched_run
 from slurm_rl.control.activity import read_spans
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.actor_batch import kl_per_token
@@ -45,8 +45,7 @@ def ppo_reference(tmp_path_factory: pytest.TempPathFactory):
     root = shared_root(tmp_path_factory)
 
     def get(backend: str) -> Path:
-        return shared_run(root, f"ppo-{backend}", lambda base: (
-            base / "run", launch(base / "c.yaml", ppo_config(backend, base / "run"), "--no-inspect")))[0]
+        return launched_run(root, f"ppo-{backend}", lambda run_dir: ppo_config(backend, run_dir), "--no-inspect")
 
     return get
 
