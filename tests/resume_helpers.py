@@ -13,7 +13,7 @@ import pytest
 
 from emulated_configs import emulated_config
 from identity import assert_losses_match, assert_params_match
-from shared_runs import cli, launch, launched_run, shared_root, shared_run  # noqa: F401 (re-exported for the resume tests)
+from shared_runs import cli, launch, runs_per_backend, shared_root, shared_run  # noqa: F401 (re-exported for the resume tests)
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume.stop import request_stop
 from toy_data import TOY_DATA, TOY_REWARD, TOY_REWARD_WORKERS
@@ -114,9 +114,4 @@ def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS, para
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory):
     """One uninterrupted run per backend, made on first use (once per session, across xdist workers)."""
-    root = shared_root(tmp_path_factory)
-
-    def get(backend: str) -> Path:
-        return launched_run(root, f"reference-{backend}", lambda run_dir: run_config(backend, run_dir), "--no-inspect")
-
-    return get
+    return runs_per_backend(tmp_path_factory, "reference", run_config)

@@ -71,6 +71,15 @@ def launched_run(root: Path, key: str, make_cfg: Callable[[Path], dict], *extra:
     return shared_run(root, key, lambda base: (base / "run", launch(base / "c.yaml", make_cfg(base / "run"), *extra)))[0]
 
 
+def runs_per_backend(tmp_path_factory: pytest.TempPathFactory, prefix: str,
+                     make_cfg: Callable[[str, Path], dict]) -> Callable[[str], Path]:
+    """A session fixture's getter: ``get(backend)`` is the run dir of ``make_cfg(backend, run_dir)`` launched once per
+    session (across xdist workers) as the run ``PREFIX-BACKEND``."""
+    root = shared_root(tmp_path_factory)
+    return lambda backend: launched_run(root, f"{prefix}-{backend}", lambda run_dir: make_cfg(backend, run_dir),
+                                        "--no-inspect")
+
+
 @pytest.fixture(scope="session")
 def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The finished 8-rank emulated run of ``emulated_config`` (scripted: two placement changes, three

@@ -15,7 +15,7 @@ import yaml
 
 from resume_helpers import (BACKENDS, ITERATIONS, RESUME_PLACEMENT, assert_same_outcome, cli, run_config,
                             run_until_stopped)
-from shared_runs import launched_run, shared_root
+from shared_runs import runs_per_backend
 from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 
@@ -32,12 +32,7 @@ def async_config(backend: str, run_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def async_reference(tmp_path_factory: pytest.TempPathFactory):
     """One uninterrupted async run per backend (once per session, across xdist workers)."""
-    root = shared_root(tmp_path_factory)
-
-    def get(backend: str) -> Path:
-        return launched_run(root, f"async-{backend}", lambda run_dir: async_config(backend, run_dir), "--no-inspect")
-
-    return get
+    return runs_per_backend(tmp_path_factory, "async", async_config)
 
 
 def _rollout_versions(run_dir: Path, j: int) -> tuple[set[int], set[int]]:

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from identity import assert_losses_match
-from resume_helpers import (BACKENDS, assert_same_outcome, cli, launch, outcome, run_config, run_until_stopped, shared_root)
-from shared_runs import launched_run
+from resume_helpers import BACKENDS, assert_same_outcome, cli, launch, outcome, run_config, run_until_stopped
+from shared_runs import runs_per_backend
 from slurm_rl.control.activity import read_spans
 from slurm_rl.control.paths import RunPaths
 from slurm_rl.data.actor_batch import kl_per_token
@@ -42,12 +42,7 @@ def ppo_config(backend: str, run_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def ppo_reference(tmp_path_factory: pytest.TempPathFactory):
     """One uninterrupted PPO run per backend, made on first use (once per session, across xdist workers)."""
-    root = shared_root(tmp_path_factory)
-
-    def get(backend: str) -> Path:
-        return launched_run(root, f"ppo-{backend}", lambda run_dir: ppo_config(backend, run_dir), "--no-inspect")
-
-    return get
+    return runs_per_backend(tmp_path_factory, "ppo", ppo_config)
 
 
 @pytest.mark.slow  # whole runs: the suite's, not the quick loop's (the keys check below is quick)

@@ -171,8 +171,8 @@ TABLE: tuple[Key, ...] = (
     Key(f"{R}.name", "the rollout engine", "rollout.backend", lambda v: "hf" if v == "hf" else "vllm",
         refuse=_one_of("vllm", "hf")),
     Key(f"{R}.mode", "sync | async", ignored="the rollout generates in the iteration protocol here; "
-        "algorithm.max_staleness is the asynchronous mode (the rollout up to k policy versions ahead, static "
-        "disaggregated placements)",
+        "algorithm.max_staleness is the asynchronous mode (the rollout draws the next iteration while the actor "
+        "trains, static disaggregated placements)",
         benign=lambda v: v in ("sync", "async")),
     Key(f"{R}.n", "responses per prompt", "train.group_size", int),
     Key(f"{R}.temperature", "sampling temperature", "algorithm.temperature", float),
