@@ -161,12 +161,12 @@ def _scheduler_problems(ro: Any, max_prompt_length: Optional[int], context: Opti
 
 def rollout_placement_problems(ro: Any, placement: Placement, key: str, spec: Any,
                                ranks_per_instance: int, node_of: Any, straddling: Any,
-                               device: str = "emulated") -> list[ConfigIssue]:
+                               device: str = "emulated", policy: str = "static") -> list[ConfigIssue]:
     """The rollout's ranks split into whole engines of :func:`processes_per_engine` consecutive ranks, each
     inside one node; a process owning several slots runs an engine of that TP size by itself;
     ``scheduler.rollout_ranks_per_instance`` is 1 (follows the engine) or the engine's rank count (a null
-    TP size follows it). On cpu / cuda an engine is one process (the worker does not yet run engines
-    across ranks: docs/gpu_jobs.md)."""
+    TP size follows it). On cpu / cuda an engine over several ranks is a vLLM one (``tp_host``) under the
+    static policy (its hosts do not move between ranks yet: docs/gpu_jobs.md)."""
     comp = placement.components.get("rollout")
     if comp is None:
         return []
@@ -177,11 +177,16 @@ def rollout_placement_problems(ro: Any, placement: Placement, key: str, spec: An
             f"{slots} or null: the placement {key}: {spec!r} gives each rollout process {slots} slots, one TP-{slots} "
             "engine per process; for engines of one process per GPU give each process one slot"))]
     per = processes_per_engine(ro, placement, ranks_per_instance)
-    if per > 1 and device in ("cpu", "cuda") and ro.tensor_model_parallel_size is not None:
-        return [ConfigIssue("rollout.tensor_model_parallel_size", tp, (
-            f"{slots} on runtime.device {device}: the slots each rollout process owns (give a process {tp} slots "
-            f"with the \"resources:processes\" form, e.g. \"0-{tp * 2 - 1}:0-1\"); engines over {per} ranks of one "
-            "GPU each run on the emulated device only so far (docs/gpu_jobs.md)"))]
+    if per > 1 and device != "emulated" and ro.tensor_model_parallel_size is not None:
+        if ro.backend != "vllm":
+            return [ConfigIssue("rollout.tensor_model_parallel_size", tp, (
+                f"{slots} with rollout.backend {ro.backend} on runtime.device {device}: its engine is one process; "
+                f"an engine over {per} ranks of one GPU each is vLLM's (rollout.backend vllm)"))]
+        if policy != "static":
+            return [ConfigIssue("scheduler.policy", policy, (
+                f"static with rollout engines over {per} ranks on runtime.device {device} (each rank's part of the "
+                "engine lives in a process of its own that does not move between ranks yet: docs/gpu_jobs.md), "
+                f"or rollout.tensor_model_parallel_size {slots} (the slots each rollout process owns)"))]
     out = []
     if len(comp.ranks) % per:
         out.append(ConfigIssue(key, spec, (

@@ -70,9 +70,11 @@ def _plain_ops_agree(cfg: ModelConfig) -> dict[str, float]:
         for plain in (True, False):
             model = build_gpt_model(cfg, seed=6, precision=precision)
             out["plain_linears"] = sum("_forward_impl" in m.__dict__ for m in model.modules())
+            out["plain_swiglu"] = sum("forward" in m.__dict__ for m in model.modules())
             if not plain:
                 for m in model.modules():
                     m.__dict__.pop("_forward_impl", None)
+                    m.__dict__.pop("forward", None)
             attention.apply_rotary_pos_emb = plain_ops.apply_rotary_pos_emb if plain else rope_utils.apply_rotary_pos_emb
             try:
                 lp = token_logprobs(model, ids, mask)
@@ -129,7 +131,7 @@ def test_gpt_model_on_cpu() -> None:
     assert att["fp32_logprob"] < 1e-5 and att["fp32_grad"] < 1e-4, att
     assert att["bf16_logprob"] < 0.05 and att["bf16_grad"] < 0.05, att  # bf16 rounds differently per kernel (seen: 4e-3, 8e-3)
     plain = out["plain_ops"]  # 2 layers x (qkv, proj, fc1, fc2) + the output layer
-    assert plain["plain_linears"] == 9, plain
+    assert plain["plain_linears"] == 9 and plain["plain_swiglu"] == 2, plain
     assert plain["fp32_logprob"] < 1e-6 and plain["fp32_grad"] < 1e-6, plain
     assert plain["bf16_logprob"] < 0.05 and plain["bf16_grad"] < 0.05, plain
 

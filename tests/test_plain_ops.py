@@ -1,6 +1,7 @@
-"""megatron-core's RoPE computed as ``transformers`` computes it (slurm_rl.engines.actor.plain_ops): the same values
-bitwise, forward and backward, with ``cos``/``sin`` computed once per frequency tensor. The plain TP 1 linears are
-compared with megatron-core's on a whole model in tests/test_actor_model.py (they need a process group)."""
+"""megatron-core's RoPE and SwiGLU computed without their concatenations (slurm_rl.engines.actor.plain_ops): the
+same values bitwise, forward and backward, with ``cos``/``sin`` computed once per frequency tensor. The plain TP 1
+linears and MLPs are compared with megatron-core's on a whole model in tests/test_actor_model.py (they need a
+process group)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,23 @@ def test_mm_of_bf16_cpu_operands_in_every_layout_the_loss_uses() -> None:
         out = plain_ops.mm(left, right)
         assert out.dtype == torch.bfloat16 and float((out.float() - ref).abs().max() / ref.abs().max()) < 1e-2
     assert torch.equal(plain_ops.mm(a.float(), w.float().t()), a.float() @ w.float().t())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_equals_megatrons_bitwise_forward_and_backward(dtype: torch.dtype) -> None:
+    x0 = torch.randn(7, 2, 2 * 48, generator=torch.Generator().manual_seed(4)).to(dtype)
+    upstream = torch.randn(7, 2, 48, generator=torch.Generator().manual_seed(5)).to(dtype)
+
+    def megatrons(x: torch.Tensor) -> torch.Tensor:  # MLP.forward's unfused glu
+        x_glu, x_linear = torch.chunk(x, 2, dim=-1)
+        return torch.nn.functional.silu(x_glu) * x_linear
+
+    outs, grads = [], []
+    for fn in (plain_ops._SwiGLU.apply, megatrons):
+        x = x0.clone().requires_grad_(True)
+        out = fn(x)
+        (out * upstream).sum().backward()
+        outs.append(out.detach())
+        grads.append(x.grad)
+    assert outs[0].dtype == dtype and grads[0].shape == x0.shape
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])

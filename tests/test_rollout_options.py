@@ -85,10 +85,16 @@ def test_values_vllm_refuses(overrides: list[str], key: str, value: Any, allowed
 EMULATED = ONE_NODE.replace("device: cpu", "device: emulated")
 
 
-def test_tp_engines_over_rollout_ranks_on_cpu_are_refused() -> None:
-    """The worker builds one engine per process so far: an engine over ranks is the emulated device's."""
-    line = issue_line(["rollout.tensor_model_parallel_size=2"], "rollout.tensor_model_parallel_size", 2)
-    assert '1 on runtime.device cpu' in line and '"0-3:0-1"' in line and "emulated device only" in line
+def test_tp_engines_over_rollout_ranks_on_cpu() -> None:
+    """An engine over ranks on cpu/cuda is vLLM's (each rank's shard in a host process of its own), static."""
+    cfg = load("rollout.tensor_model_parallel_size=2", "scheduler.policy=static")
+    assert processes_per_engine(cfg.rollout, cfg.placement) == cfg.scheduler.rollout_ranks_per_instance == 2
+    line = issue_line(["rollout.tensor_model_parallel_size=2", "rollout.backend=hf"],
+                      "rollout.tensor_model_parallel_size", 2)
+    assert "1 with rollout.backend hf" in line and "rollout.backend vllm" in line
+    line = issue_line(["rollout.tensor_model_parallel_size=2", "cluster.auto_scheduler=true", "scheduler.policy=auto"],
+                      "scheduler.policy", "auto")
+    assert "static with rollout engines over 2 ranks on runtime.device cpu" in line
 
 
 def test_tp_engines_over_rollout_ranks() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -94,3 +95,41 @@ def test_each_rank_receives_only_its_shard(ranks: list[dict[str, Any]]) -> None:
     assert sender["bytes_sent"] == receiver["bytes_received"] == receiver["bytes_own_shard"]
     # the split tensors travel halved; norms and the one KV head (replicated on both ranks) whole
     assert receiver["bytes_received"] < 0.6 * receiver["bytes_full"]
+
+
+def test_a_run_decodes_with_a_tp2_engine_over_two_rollout_ranks(tmp_path: Path) -> None:
+    """Inside a cpu run (static: actor 0 | rollout 1-2 as one TP-2 vLLM engine): each rollout rank hosts its shard
+    in a process of its own (tp_host), the first drives the engine, every iteration's samples are drawn with that
+    iteration's weights (a weight sync reached both shards), and the run ends with its hosts gone."""
+    import pyarrow as pa
+
+    from resume_helpers import cli, run_config
+    from emulated_configs import write_config
+    from slurm_rl.control.acks import read_ack
+    from slurm_rl.control.paths import RunPaths
+    from slurm_rl.metrics import read_metrics
+
+    run_dir = tmp_path / "run"
+    cfg = run_config("cpu", run_dir, keep_iterations=3)
+    cfg["cluster"].update(gpus_per_node=3, component_placement={"actor": "0", "rollout": "1-2"})
+    cfg["train"]["num_iterations"] = 3
+    cfg["rollout"].update(backend="vllm", tensor_model_parallel_size=2)
+    proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    per_iteration = cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]
+    assert [m["samples"] for m in read_metrics(run_dir)] == [per_iteration] * 3
+    acks = {r: read_ack(RunPaths(run_dir), 0, r)["figures"] for r in (1, 2)}
+    assert [acks[r].get("rollout_engine_shard") for r in (1, 2)] == [[0, 2], [1, 2]], acks
+    assert {acks[r].get("rollout_engine_executor") for r in (1, 2)} == {"external_launcher"}, acks
+    for k in range(3):
+        shards = sorted((run_dir / "data" / f"iter-{k:06d}" / "rollouts").glob("shard-*.arrow"))
+        producers, versions = set(), set()
+        for shard in shards:
+            with pa.memory_map(str(shard)) as source:
+                table = pa.ipc.open_file(source).read_all()
+            versions |= set(table.column("weight_version").to_pylist())
+            producers.add(shard.name)
+        assert versions == {k}, (k, versions)  # drawn by the engine holding weights v{k}
+        assert shards and all("0001" in name for name in producers), producers  # the engine's first rank decodes
+    hosts = subprocess.run(["pgrep", "-af", "slurm_rl.engines.rollout.tp_host"], capture_output=True, text=True)
+    assert str(run_dir) not in hosts.stdout

@@ -123,8 +123,9 @@ def timed(fn, device: str) -> float:
     return time.perf_counter() - t0
 
 
-def best_of(fn, reps: int, device: str) -> float:
-    fn()  # warm-up
+def best_of(fn, reps: int, device: str, warm_up: bool = True) -> float:
+    if warm_up:
+        fn()
     return min(timed(fn, device) for _ in range(reps))
 
 
@@ -181,10 +182,12 @@ def ours(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, precis
             lp, _ = batch_logprobs(model, b, device)
             (pg_loss(lp, b) * b["loss_mask"].to(device)).sum().backward()
 
-    pieces = min(reps, 2)  # the breakdown is a guide: fewer runs than the step's figure
-    fwd_s = best_of(forward, pieces, device)
-    fb_s = best_of(forward_backward, pieces, device)
-    opt_s = best_of(lambda: trainer.optimizer.step(1e-6), pieces, device)
+    # the breakdown is a guide: fewer runs than the step's figure, and none to warm up where a step is long (the
+    # steps above warmed the model up)
+    pieces, warm = min(reps, 2), reps > 1
+    fwd_s = best_of(forward, pieces, device, warm)
+    fb_s = best_of(forward_backward, pieces, device, warm)
+    opt_s = best_of(lambda: trainer.optimizer.step(1e-6), pieces, device, warm)
     return {"step_s": step_s, "reference_step_s": ref_s, "reference_peak_bytes": ref_peak,
             "params": sum(p.numel() for p in model.parameters()), "peak_bytes": peak,
             "micro_batches": len(batches), "padding_fraction": padding_fraction(batches),
@@ -274,11 +277,32 @@ def loss_peak_in_subprocess(name: str, args: argparse.Namespace, precision: str,
     return int(proc.stdout.strip().splitlines()[-1])
 
 
+def precisions(given: str | None, model: str, device: str) -> list[str]:
+    """The precisions of ``model``'s rows: ``--precision``, else fp32 and bf16 (the Qwen2.5 shape on cpu: fp32; its
+    bf16 reference takes ~3 s a token there, so a default run would take well over ten minutes)."""
+    if given:
+        return given.split(",")
+    if model.startswith("qwen") and device == "cpu":
+        print(f"{model}: bf16 left out of the default cpu run (--precision bf16 runs it: ~7 min for 47 tokens)",
+              file=sys.stderr)
+        return ["fp32"]
+    return ["fp32", "bf16"]
+
+
+def default_reps(model: str, device: str) -> int:
+    """Timed steps per row: many of the quickstart's ~0.1 s steps (best of 10 is steady on a shared host), one of
+    the Qwen2.5 shape's on cpu (10-25 s each), 3 otherwise."""
+    if model == "quickstart":
+        return 10
+    return 1 if model.startswith("qwen") and device == "cpu" else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--models", default="quickstart,qwen2.5-0.5b")
-    p.add_argument("--precision", default="fp32,bf16")
+    p.add_argument("--precision", default=None, help="default fp32,bf16 (on cpu the Qwen2.5 shape in fp32 only: its "
+                   "reference's bf16 steps take minutes, see the module's docstring)")
     p.add_argument("--attention", default="sdpa", help="sdpa and/or local (megatron-core's unfused attention)")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=2)
@@ -288,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--response-median", type=int, default=96)
     p.add_argument("--response-max", type=int, default=512)
     p.add_argument("--cpu-layers", type=int, default=2)
-    p.add_argument("--reps", type=int, default=None, help="default: 3, 1 for the Qwen2.5 shape on cpu")
+    p.add_argument("--reps", type=int, default=None,
+                   help="default: 10 for the quickstart shape (a step of ~0.1 s), 3 else, 1 for the Qwen2.5 shape on cpu")
     p.add_argument("--loss-tokens", type=int, default=4096, help="tokens of the peak_loss_bytes measurement (0: skip)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense peak for the precision")
@@ -307,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = make_samples(args.samples, cfg.vocab_size, args.prompt_len, args.response_median,
                                args.response_max, seed=1)
         real = sum(sum(s["loss_mask"]) for s in samples)
-        for precision in args.precision.split(","):
+        for precision in precisions(args.precision, name, args.device):
             peaks = {}
             # bf16 matmuls of 4K tokens x 152K vocabulary take many minutes on a cpu without bf16 units: there the
             # memory figure is fp32's only (bf16's logits are half its size; the chunk bound is the same)
@@ -320,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                     if packing and attention == "local":
                         continue  # megatron-core's local attention has no packed form (validate refuses it)
                     t_row = time.perf_counter()
-                    reps = args.reps or (1 if name.startswith("qwen") and args.device == "cpu" else 3)
+                    reps = args.reps or default_reps(name, args.device)
                     got = ours(cfg, samples, batch_cfg, precision, attention, args.device, reps, ref_step)
                     ref = {"step_s": got["reference_step_s"], "peak_bytes": got["reference_peak_bytes"]}
                     row = {"device": args.device, "model": name, "layers": cfg.num_layers, "params": got["params"],

@@ -256,12 +256,11 @@ class RealCompute:
         t0 = time.perf_counter()
         if "rollout" in roles:
             if self.engine is None:
-                from slurm_rl.engines.rollout import make_rollout_engine
-
-                vllm = self._vllm_options() if self.backend == "vllm" else {}
-                self.engine = make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
-                                                  pad_id=self.pad_id, checkpoint=self.checkpoint, **vllm)
+                self.engine = self._rollout_engine(new)
                 figures["rollout_engine"] = "built"
+                if hasattr(self.engine, "world"):  # this rank's part of a TP engine over ranks (tp_host)
+                    figures["rollout_engine_shard"] = [self.engine.index, self.engine.world]
+                    figures["rollout_engine_executor"] = self.engine.options.get("distributed_executor_backend")
             elif self.engine.released:
                 self.engine.resume()
                 figures["rollout_engine"] = "woken"
@@ -280,6 +279,28 @@ class RealCompute:
         if figures:
             figures["engine_seconds"] = time.perf_counter() - t0
         return figures
+
+    def _rollout_engine(self, epoch: Epoch) -> Any:
+        """This rank's rollout engine: its own, or its part of a TP vLLM engine over several ranks
+        (``slurm_rl.engines.rollout.tp_host``: the epoch's rollout ranks in consecutive engines of
+        ``scheduler.rollout_ranks_per_instance``, the first of each driving it)."""
+        from slurm_rl.engines.rollout import make_rollout_engine
+        from slurm_rl.engines.rollout.tp_host import TPEngineRank
+
+        vllm = self._vllm_options() if self.backend == "vllm" else {}
+        per = int(self.cfg.scheduler.rollout_ranks_per_instance)
+        if self.backend != "vllm" or per == 1:
+            return make_rollout_engine(self.backend, self.model_cfg, device=self.device, seed=self.seed,
+                                       pad_id=self.pad_id, checkpoint=self.checkpoint, **vllm)
+        ranks = sorted(epoch.ranks_of("rollout"))
+        at = ranks.index(self.rank)
+        group = ranks[at - at % per: at - at % per + per]
+        store = self.run_dir / "control" / "engines" / f"port{self.info.master_port}-e{epoch.epoch}-r{group[0]}.store"
+        store.parent.mkdir(parents=True, exist_ok=True)
+        return TPEngineRank(self.model_cfg, group.index(self.rank), per, store, device=self.device,
+                            timeout_s=self.cfg.runtime.wait_timeout_s,
+                            engine_kwargs=dict(vllm, seed=self.seed, pad_id=self.pad_id, checkpoint=self.checkpoint,
+                                               tensor_parallel_size=per))
 
     def _vllm_options(self) -> dict[str, Any]:
         """The rollout section's vLLM options on this rank's device (nulls resolved)."""

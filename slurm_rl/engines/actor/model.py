@@ -196,7 +196,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
     if not device.startswith("cpu"):
         ensure_cuda_rng_tracker(seed, tp_group.rank() if tp_group is not None else 0)
     from .attention import use_attention
-    from .plain_ops import use_fast_rope, use_plain_linears
+    from .plain_ops import use_fast_rope, use_plain_linears, use_plain_swiglu
 
     use_fast_rope()
     spec = use_attention(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.qk_norm), attention)
@@ -219,6 +219,7 @@ def build_gpt_model(cfg: ModelConfig, seed: int, device: str = "cpu",
         )
     if tp_size == 1:
         use_plain_linears(model)
+    use_plain_swiglu(model)
     if initialize and tp_size > 1:
         _copy_tp_shard(model, build_gpt_model(cfg, seed, "cpu", attention=attention), tp_size, tp_group.rank())
     if cfg.rope_scaling:

@@ -50,8 +50,67 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, config: Any, cu_s
 
         return rope_utils.apply_rotary_pos_emb(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
     cos, sin = _cos_sin(freqs, t.dtype, mscale)
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    return (t * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
+    return _Rope.apply(t, cos, sin)
+
+
+class _Rope(torch.autograd.Function):
+    """``t * cos + rotate_half(t) * sin`` (``rotate_half(t) = cat(-t2, t1)`` of the halves of the last dimension)
+    and its gradient ``g * cos + cat(g2 * sin2, -g1 * sin1)``, each half written into its place: the values of
+    the concatenating form bit for bit (the same products and sums), without its full-size copies and the
+    autograd graph of five operations per call."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        h = t.shape[-1] // 2
+        t1, t2 = t[..., :h], t[..., h:]
+        out = torch.empty_like(t)
+        torch.sub(t1 * cos[..., :h], t2 * sin[..., :h], out=out[..., :h])
+        torch.add(t2 * cos[..., h:], t1 * sin[..., h:], out=out[..., h:])
+        ctx.save_for_backward(cos, sin)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        h = g.shape[-1] // 2
+        g1, g2 = g[..., :h], g[..., h:]
+        out = torch.empty_like(g)
+        torch.add(g1 * cos[..., :h], g2 * sin[..., h:], out=out[..., :h])
+        torch.sub(g2 * cos[..., h:], g1 * sin[..., :h], out=out[..., h:])
+        return out, None, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """``silu(x1) * x2`` of the halves of ``x``'s last dimension (megatron-core's gated MLP activation) with
+    the gradient of each half written into its place: megatron-core's values bit for bit, without the
+    concatenation its ``torch.chunk`` costs in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        a, b = torch.chunk(x, 2, dim=-1)
+        ctx.save_for_backward(x)
+        return torch.nn.functional.silu(a) * b
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        a, b = torch.chunk(x, 2, dim=-1)
+        out = torch.empty_like(x)
+        ga, gb = torch.chunk(out, 2, dim=-1)
+        torch.mul(g, torch.nn.functional.silu(a), out=gb)
+        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=ga)
+        return out
+
+
+def _swiglu_mlp_forward(mlp: Any, hidden_states: torch.Tensor, per_token_scale: Any = None,
+                        **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """megatron-core's ``MLP.forward`` for a SwiGLU MLP (its unfused path) with :class:`_SwiGLU`."""
+    if per_token_scale is not None:
+        return type(mlp).forward(mlp, hidden_states, per_token_scale=per_token_scale, **kwargs)
+    x, bias = mlp.linear_fc1(hidden_states)
+    if bias is not None:
+        x = x + bias
+    return mlp.linear_fc2(_SwiGLU.apply(x))
 
 
 def _cpu_bf16(*tensors: torch.Tensor) -> bool:
@@ -109,6 +168,25 @@ def use_plain_linears(model: torch.nn.Module) -> int:
                              "gradient accumulation; the plain linear computes none of that")
         m._forward_impl = _plain_linear
     return len(linears)
+
+
+def use_plain_swiglu(model: torch.nn.Module) -> int:
+    """Give every SwiGLU MLP of ``model`` that megatron-core computes unfused (``silu``, gated, no fused
+    bias-activation, no clamp or offset) :func:`_swiglu_mlp_forward` (an attribute of each module); the number
+    changed."""
+    import functools
+
+    from megatron.core.transformer.mlp import MLP
+
+    changed = 0
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if (type(m) is MLP and c.gated_linear_unit and c.activation_func is torch.nn.functional.silu
+                and not c.bias_activation_fusion and not c.use_te_activation_func
+                and c.activation_func_clamp_value is None and not c.glu_linear_offset):
+            m.forward = functools.partial(_swiglu_mlp_forward, m)
+            changed += 1
+    return changed
 
 
 def use_fast_rope() -> None:
