@@ -7,7 +7,9 @@ Ours: :class:`slurm_rl.engines.actor.trainer.ActorTrainer` (megatron-core GPT, o
 the fp32 master, grad-norm clip, bf16 refresh), one DP rank, ``train.micro_batch_size`` micro-batches padded
 to their longest row, the GRPO-style token-mean loss of the actor. Reference: ``transformers``' model of the
 same configuration (SDPA attention) with ``torch.optim.AdamW`` (``fused`` on cuda, ``foreach`` on cpu) and
-``clip_grad_norm_``, the same samples, micro-batches and loss, parameters in the same precision (a bf16
+``clip_grad_norm_``, the same samples, micro-batches and loss, each step collating its samples into micro-batches
+with the same collation as ours (a training loop's data step; ours collates inside ``train_step``), parameters
+in the same precision (a bf16
 reference trains its bf16 parameters directly, with no fp32 master: the usual plain-PyTorch baseline).
 
 Samples: a prompt of ``--prompt-len`` tokens and a long-tailed response length (log-normal, median
@@ -206,8 +208,6 @@ def reference(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, p
     model = AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation="sdpa").to(device=device, dtype=dtype)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, **({"fused": True} if device == "cuda" else {"foreach": True}))
-    batches = micro_batches(samples, batch_cfg)
-    tokens = sum(float(b["loss_mask"].sum()) for b in batches)
 
     def inputs(b: dict[str, Any]) -> dict[str, Any]:
         if "position_ids" in b:  # a packed row: positions restart per sample, no cache
@@ -215,7 +215,9 @@ def reference(cfg: ModelConfig, samples: list[dict[str, Any]], batch_cfg: Any, p
                     "use_cache": False}
         return {"input_ids": b["input_ids"].to(device), "attention_mask": b["attention_mask"].to(device)}
 
-    def step() -> None:
+    def step() -> None:  # a training loop's step: the samples collated into micro-batches (the same collation as
+        batches = micro_batches(samples, batch_cfg)  # ours), forward and backward of each, clip, AdamW
+        tokens = sum(float(b["loss_mask"].sum()) for b in batches)
         opt.zero_grad(set_to_none=True)
         for b in batches:
             ids = b["input_ids"].to(device)

@@ -31,12 +31,15 @@ _COS_SIN = "_slurm_rl_cos_sin"  # attribute of a frequency tensor: {(dtype, msca
 
 
 def _cos_sin(freqs: torch.Tensor, dtype: torch.dtype, mscale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` of ``freqs`` (scaled by ``mscale``, in ``dtype``), computed once per tensor."""
+    """``cos`` and ``sin`` of ``freqs`` (scaled by ``mscale``, in ``dtype``; ``sin``'s first half of the last
+    dimension negated), computed once per tensor."""
     cache: dict[tuple[torch.dtype, float], tuple[torch.Tensor, torch.Tensor]] = getattr(freqs, _COS_SIN, None) or {}
     key = (dtype, float(mscale))
     if key not in cache:
         with torch.no_grad():
-            cache[key] = ((torch.cos(freqs) * mscale).to(dtype), (torch.sin(freqs) * mscale).to(dtype))
+            sin = (torch.sin(freqs) * mscale).to(dtype)
+            h = sin.shape[-1] // 2
+            cache[key] = ((torch.cos(freqs) * mscale).to(dtype), torch.cat((-sin[..., :h], sin[..., h:]), dim=-1))
         setattr(freqs, _COS_SIN, cache)
     return cache[key]
 
@@ -49,55 +52,33 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, config: Any, cu_s
         from megatron.core.models.common.embeddings import rope_utils
 
         return rope_utils.apply_rotary_pos_emb(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
-    cos, sin = _cos_sin(freqs, t.dtype, mscale)
-    return _Rope.apply(t, cos, sin)
-
-
-class _Rope(torch.autograd.Function):
-    """``t * cos + rotate_half(t) * sin`` (``rotate_half(t) = cat(-t2, t1)`` of the halves of the last dimension)
-    and its gradient ``g * cos + cat(g2 * sin2, -g1 * sin1)``, each half written into its place: the values of
-    the concatenating form bit for bit (the same products and sums), without its full-size copies and the
-    autograd graph of five operations per call."""
-
-    @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        h = t.shape[-1] // 2
-        t1, t2 = t[..., :h], t[..., h:]
-        out = torch.empty_like(t)
-        torch.sub(t1 * cos[..., :h], t2 * sin[..., :h], out=out[..., :h])
-        torch.add(t2 * cos[..., h:], t1 * sin[..., h:], out=out[..., h:])
-        ctx.save_for_backward(cos, sin)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        h = g.shape[-1] // 2
-        g1, g2 = g[..., :h], g[..., h:]
-        out = torch.empty_like(g)
-        torch.add(g1 * cos[..., :h], g2 * sin[..., h:], out=out[..., :h])
-        torch.sub(g2 * cos[..., h:], g1 * sin[..., :h], out=out[..., h:])
-        return out, None, None
+    cos, sin_signed = _cos_sin(freqs, t.dtype, mscale)
+    h = t.shape[-1] // 2
+    # rotate_half(t) * sin = cat(-t2, t1) * sin = cat(t2, t1) * cat(-sin1, sin2): the same products bit for bit
+    # ((-a) * b == a * (-b)), with the sign folded into the cached sin instead of negating t every call
+    return (t * cos) + (torch.cat((t[..., h:], t[..., :h]), dim=-1) * sin_signed)
 
 
 class _SwiGLU(torch.autograd.Function):
     """``silu(x1) * x2`` of the halves of ``x``'s last dimension (megatron-core's gated MLP activation) with
-    the gradient of each half written into its place: megatron-core's values bit for bit, without the
-    concatenation its ``torch.chunk`` costs in the backward."""
+    the gradient of each half written into its place: megatron-core's values bit for bit (it keeps what
+    autograd keeps: ``x`` and ``silu(x1)``), without the concatenation its ``torch.chunk`` costs in the
+    backward."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         a, b = torch.chunk(x, 2, dim=-1)
-        ctx.save_for_backward(x)
-        return torch.nn.functional.silu(a) * b
+        s = torch.nn.functional.silu(a)
+        ctx.save_for_backward(x, s)
+        return s * b
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
+        x, s = ctx.saved_tensors
         a, b = torch.chunk(x, 2, dim=-1)
         out = torch.empty_like(x)
         ga, gb = torch.chunk(out, 2, dim=-1)
-        torch.mul(g, torch.nn.functional.silu(a), out=gb)
+        torch.mul(g, s, out=gb)
         torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=ga)
         return out
 
