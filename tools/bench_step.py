@@ -21,9 +21,9 @@ trains the same bins as packed rows too (``position_ids`` restarting per sample,
 attention inside each sample).
 
 Figures per line: ``ours_tokens_per_s`` / ``reference_tokens_per_s`` (real tokens, not padding, per second
-of a whole step, best of ``--reps`` (default 3; 1 for the Qwen2.5 shape on cpu, whose step takes 10-25 s
-there) after a warm-up step, ours and the reference's steps alternating so that
-both see the same load on a shared host), ``ratio`` = ours / reference, ``breakdown_s`` of
+of a whole step, best of ``--reps`` (default 10 for the quickstart shape, whose step takes ~0.1 s; 3 otherwise;
+1 for the Qwen2.5 shape on cpu, whose step takes 25-40 s there) after a warm-up step, ours and the reference's
+steps alternating so that both see the same load on a shared host), ``ratio`` = ours / reference, ``breakdown_s`` of
 our step measured piece by piece on the same model (``forward``, ``backward``: forward+backward less
 forward; ``optimizer``: clip + AdamW + refresh; ``host_syncs``: the step less the three), and on cuda
 ``mfu`` (6 x parameters x real tokens per second / the GPU's dense bf16 or fp32 peak, ``--peak-tflops``) and
@@ -34,7 +34,9 @@ set, ``VmHWM`` reset through ``/proc/self/clear_refs``), ours from chunked logit
 fp32 rows only (bf16 matmuls at that size take many minutes without bf16 units). The
 ``qwen2.5-0.5b`` shapes keep Qwen2.5-0.5B's widths (896 hidden, 14 heads, 2 KV groups,
 4864 FFN, 151936 vocabulary) with ``--cpu-layers`` layers on cpu (24 on cuda): a 24-layer cpu step takes
-minutes.
+minutes. On cpu the default run leaves out that shape's bf16 rows: the reference's bf16 products of its output
+layer fall to a scalar GEMM on a cpu without bf16 units (measured: 158 s a step for 47 tokens, ours 17.9 s;
+``--precision bf16`` runs them).
 """
 
 from __future__ import annotations
