@@ -99,13 +99,15 @@ def test_each_rank_receives_only_its_shard(ranks: list[dict[str, Any]]) -> None:
 
 def test_a_run_decodes_with_a_tp2_engine_over_two_rollout_ranks(tmp_path: Path) -> None:
     """Inside a cpu run (static: actor 0 | rollout 1-2 as one TP-2 vLLM engine): each rollout rank hosts its shard
-    in a process of its own (tp_host), the first drives the engine, every iteration's samples are drawn with that
-    iteration's weights (a weight sync reached both shards), and the run ends with its hosts gone."""
+    in a process of its own (tp_host), the first drives the engine, each weight sync sends each rank only its
+    shard, every iteration's samples are drawn with that iteration's weights, and the run ends with its hosts
+    gone."""
     import pyarrow as pa
 
     from resume_helpers import cli, run_config
     from emulated_configs import write_config
     from slurm_rl.control.acks import read_ack
+    from slurm_rl.control.activity import read_spans
     from slurm_rl.control.paths import RunPaths
     from slurm_rl.metrics import read_metrics
 
@@ -117,7 +119,14 @@ def test_a_run_decodes_with_a_tp2_engine_over_two_rollout_ranks(tmp_path: Path) 
     proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     per_iteration = cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]
-    assert [m["samples"] for m in read_metrics(run_dir)] == [per_iteration] * 3
+    metrics = read_metrics(run_dir)
+    assert [m["samples"] for m in metrics] == [per_iteration] * 3
+    for m in metrics:  # the source sent each rank its shard (q/k/v, MLP and vocabulary halved; norms whole)
+        received = [[s["bytes"] for s in read_spans(RunPaths(run_dir), r)
+                     if s["kind"] == "sync" and s.get("iteration") == m["iteration"]] for r in (1, 2)]
+        assert all(len(b) == 1 for b in received), received
+        assert received[0][0] + received[1][0] == m["sync_bytes"], (received, m["sync_bytes"])
+        assert max(received[0][0], received[1][0]) < 0.6 * m["sync_bytes"], (received, m["sync_bytes"])
     acks = {r: read_ack(RunPaths(run_dir), 0, r)["figures"] for r in (1, 2)}
     assert [acks[r].get("rollout_engine_shard") for r in (1, 2)] == [[0, 2], [1, 2]], acks
     assert {acks[r].get("rollout_engine_executor") for r in (1, 2)} == {"external_launcher"}, acks

@@ -139,10 +139,11 @@ class RecordingCompute:
             self.span("reshard", called, called + seconds, epoch=epoch)
 
     def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
-                     in_place: bool = False) -> dict[str, Any]:
+                     in_place: bool = False, sharded: list[list[int]] | None = None) -> dict[str, Any]:
         start = time.time()
-        figures = self.inner.sync_weights(k, src, ranks, gather, in_place=in_place)
-        self.span("sync", start, time.time(), iteration=k)
+        figures = self.inner.sync_weights(k, src, ranks, gather, in_place=in_place, sharded=sharded)
+        self.span("sync", start, time.time(), iteration=k,
+                  **({"bytes": int(figures.get("bytes") or 0)} if sharded else {}))
         return figures
 
     def switch_phase(self, phase: str) -> dict[str, Any]:

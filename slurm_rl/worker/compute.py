@@ -82,10 +82,12 @@ class Compute(Protocol):
         place (called by their union)."""
 
     def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
-                     in_place: bool = False) -> dict[str, Any]:
+                     in_place: bool = False, sharded: list[list[int]] | None = None) -> dict[str, Any]:
         """Weights of version ``k`` from actor rank ``src`` to the rollout ranks (called by ``ranks`` and
         by ``gather``: the TP group of ``src``, whose shards ``src`` gathers first); ``in_place``: a
-        collocated actor rank's engines take its own full replica instead (no collective)."""
+        collocated actor rank's engines take its own full replica instead (no collective); ``sharded``: the
+        ranks of TP engines (in TP order) that ``src`` sends only their shards, point to point (called by them
+        too)."""
 
     def switch_phase(self, phase: str) -> dict[str, Any]:
         """A rank the actor shares with rollout or inference enters ``phase`` of an iteration:

@@ -160,7 +160,7 @@ class EmulatedCompute:
         return {"bytes_moved": nbytes, "bytes_received": received, "seconds": self.cost.transfer_seconds(nbytes)}
 
     def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
-                     in_place: bool = False) -> dict[str, Any]:
+                     in_place: bool = False, sharded: list[list[int]] | None = None) -> dict[str, Any]:
         return {}
 
     def switch_phase(self, phase: str) -> dict[str, Any]:

@@ -281,16 +281,21 @@ class IterationProtocol:
         # place, and the broadcast goes from the source to the ranks outside the actor only.
         local = set(self.actor_ranks) if self.actor_tp == 1 else {self.actor_ranks[0]}
         receivers = {*rollout, *scorers} if rollout else set()
-        ranks = sorted({self.actor_ranks[0], *(receivers - local)}) if rollout else []
-        in_place = self.info.rank in receivers and self.info.rank not in ranks
+        # TP vLLM engines over rollout ranks take their shards point to point instead of the broadcast
+        sharded = self._sharded_engines(rollout, local | {self.actor_ranks[0], *scorers}) if rollout else []
+        shard_ranks = {r for engine in sharded for r in engine}
+        ranks = sorted({self.actor_ranks[0], *(receivers - local - shard_ranks)}) if rollout else []
+        in_place = self.info.rank in receivers and self.info.rank not in ranks and self.info.rank not in shard_ranks
         gather = self.actor_ranks[:self.actor_tp] if rollout else []  # the source's TP group
-        if self.info.rank in ranks or in_place:
+        if self.info.rank in ranks or in_place or self.info.rank in shard_ranks:
             fault_point("weight_sync", rank=self.info.rank, iteration=iteration)
         sync = {}
-        if self.info.rank in ranks or self.info.rank in gather or in_place:
-            with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {ranks}", self.info,
+        if self.info.rank in ranks or self.info.rank in gather or in_place or self.info.rank in shard_ranks:
+            to = f"{ranks}" + (f" and the shards of engines {sharded}" if sharded else "")
+            with collective(f"weight sync v{iteration} from rank {self.actor_ranks[0]} to {to}", self.info,
                             start.epoch, iteration):
-                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks, gather, in_place=in_place)
+                sync = self.compute.sync_weights(iteration, self.actor_ranks[0], ranks, gather, in_place=in_place,
+                                                 sharded=sharded)
         if self.critic_ranks:
             sync = self._sync_critic(iteration, start, sync)
         if rollout and self.info.rank == rollout[0] and eval_due(self.cfg.eval.every, iteration):
@@ -307,6 +312,16 @@ class IterationProtocol:
         finally:
             self._iteration = None
         self.gate.after_iteration()
+
+    def _sharded_engines(self, rollout: list[int], full: set[int]) -> list[list[int]]:
+        """The TP vLLM engines over rollout ranks (``slurm_rl.engines.rollout.tp_host``) that receive only their
+        shards: whole engines none of whose ranks needs the full weights (``full``: the source, actor ranks that
+        hold them, scorers). None on the emulated device or with engines of one rank."""
+        per = self.rollout_tp
+        if per <= 1 or self.cfg.rollout.backend != "vllm" or self.cfg.runtime.device == "emulated":
+            return []
+        engines = [rollout[i:i + per] for i in range(0, len(rollout) - len(rollout) % per, per)]
+        return [engine for engine in engines if not set(engine) & full]
 
     def _sync_critic(self, k: int, start: Epoch, sync: dict[str, Any]) -> dict[str, Any]:
         """The critic on ranks of its own: its weights of the iteration's start (it has trained every

@@ -474,11 +474,12 @@ class RealCompute:
         return [float(v) for v in result.values]
 
     def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
-                     in_place: bool = False) -> dict[str, Any]:
+                     in_place: bool = False, sharded: list[list[int]] | None = None) -> dict[str, Any]:
         """Actor rank ``src`` -> rollout ranks: weights of version ``k`` (after ``k`` actor iterations),
         in the actor's compute dtype; under TP ``src`` first gathers the shards of its TP group ``gather``.
         ``in_place``: this rank holds a full replica of the actor (collocated, TP 1) and its engines take
-        its own weights, with no collective."""
+        its own weights, with no collective. ``sharded``: TP vLLM engines over ranks (each in TP order) to which
+        ``src`` sends, after the broadcast to ``ranks``, each rank's shard of every tensor only."""
         from slurm_rl.engines.convert import megatron_to_hf
         from slurm_rl.engines.weight_sync import broadcast_weights
 
@@ -497,6 +498,9 @@ class RealCompute:
         named = list(megatron_to_hf(full, self.model_cfg)) if self.rank == src and full is not None else None
         with_actor = self.critic is not None and not self.critic_own
         critic = self.critic.full_parameters() if with_actor and self.rank in (gather or [src]) else None
+        engine = next((e for e in sharded or [] if self.rank in e), None)
+        if engine is not None:
+            return self._receive_shards(k, src, engine)
         if self.rank not in ranks:  # a TP peer of the source: its shards are given
             return {}
         stats = None
@@ -509,9 +513,44 @@ class RealCompute:
         if self.policy is not None:  # an inference rank's copy of the actor (algorithm.old_logprobs: actor)
             self.policy.load_weights(named if self.rank == src else received)
         figures = {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
+        if self.rank == src and sharded:
+            t0 = time.perf_counter()
+            figures["bytes"] += sum(self._send_shards(named, engine) for engine in sharded)
+            figures["seconds"] += time.perf_counter() - t0
         if with_actor:
             self._sync_critic(k, src, ranks, figures, critic)
         return figures
+
+    def _send_shards(self, named: list[Any], engine: list[int]) -> int:
+        """Every rank of a TP engine its shard of each tensor (names, shapes and dtypes first); bytes sent."""
+        import torch.distributed as dist
+
+        from slurm_rl.engines.rollout.tp_shards import send_shards
+
+        header = [[(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named]]
+        for dst in engine:
+            dist.send_object_list(header, dst=dst)
+        _, sent = send_shards(named, engine, self.model_cfg.num_attention_heads, self.model_cfg.kv_groups,
+                              timeout_s=self.cfg.runtime.wait_timeout_s)
+        return sent
+
+    def _receive_shards(self, k: int, src: int, engine: list[int]) -> dict[str, Any]:
+        """This rank's shards from ``src`` for its part of a TP engine, loaded as version ``k``."""
+        import torch
+        import torch.distributed as dist
+
+        from slurm_rl.engines.rollout.tp_shards import expand_shards, recv_shards
+
+        t0 = time.perf_counter()
+        header: list[Any] = [None]
+        dist.recv_object_list(header, src=src)
+        shapes = {n: (tuple(shape), getattr(torch, dtype)) for n, shape, dtype in header[0]}
+        tp, index = len(engine), engine.index(self.rank)
+        heads, kv = self.model_cfg.num_attention_heads, self.model_cfg.kv_groups
+        own, got = recv_shards(shapes, src, tp, index, heads, kv, timeout_s=self.cfg.runtime.wait_timeout_s)
+        full = {n: shape for n, (shape, _) in shapes.items()}
+        self.engine.update_weights(list(expand_shards(own, full, tp, index, heads, kv)), version=k)
+        return {"seconds": time.perf_counter() - t0, "bytes": got}
 
     def sync_critic(self, k: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
         full = self.critic.full_parameters() if self.rank in gather else None  # a collective of src's TP group
