@@ -181,7 +181,8 @@ TABLE: tuple[Key, ...] = (
         lambda v: 0 if int(v) < 0 else int(v)),
     Key(f"{R}.gpu_memory_utilization", "vLLM's share of GPU memory", "rollout.gpu_memory_utilization", float),
     Key(f"{R}.tensor_model_parallel_size", "GPUs per vLLM instance",
-        ignored="one vLLM instance per rank here (no rollout tensor parallelism): each rank holds the whole model",
+        ignored="a verl config runs one vLLM instance per rank here, each holding the whole model (an engine over "
+        "several ranks is our rollout.tensor_model_parallel_size under the static policy: docs/gpu_jobs.md)",
         benign=lambda v: v in (None, 1)),
     Key(f"{R}.log_prob_micro_batch_size_per_gpu", "micro-batch of old log-prob scoring", ignored=MICRO),
     Key(f"{R}.log_prob_micro_batch_size", "micro-batch of old log-prob scoring", ignored=MICRO),
