@@ -1627,7 +1627,8 @@ def _build(layers: Sequence[tuple[str, Any]], overrides: Sequence[str], env: Map
         key, spec = _placement_entry(typed.cluster.component_placement, "rollout", "cluster.component_placement")
         issues.extend(rollout_placement_problems(typed.rollout, placement, key, spec,
                                                  typed.scheduler.rollout_ranks_per_instance, placement.node_of_rank,
-                                                 straddling_tp_groups, typed.runtime.device, typed.scheduler.policy))
+                                                 straddling_tp_groups, typed.runtime.device, typed.scheduler.policy,
+                                                 typed.cluster.use_pre_process_policy and typed.scheduler.policy == "auto"))
     if placement is not None:
         if typed.algorithm.old_logprobs is None:  # the actor's where inference ranks can score them
             typed.algorithm.old_logprobs = "actor" if "inference" in placement.components else "rollout"

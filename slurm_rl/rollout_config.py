@@ -161,12 +161,14 @@ def _scheduler_problems(ro: Any, max_prompt_length: Optional[int], context: Opti
 
 def rollout_placement_problems(ro: Any, placement: Placement, key: str, spec: Any,
                                ranks_per_instance: int, node_of: Any, straddling: Any,
-                               device: str = "emulated", policy: str = "static") -> list[ConfigIssue]:
+                               device: str = "emulated", policy: str = "static",
+                               pre_process: bool = False) -> list[ConfigIssue]:
     """The rollout's ranks split into whole engines of :func:`processes_per_engine` consecutive ranks, each
     inside one node; a process owning several slots runs an engine of that TP size by itself;
     ``scheduler.rollout_ranks_per_instance`` is 1 (follows the engine) or the engine's rank count (a null
     TP size follows it). On cpu / cuda an engine over several ranks is a vLLM one (``tp_host``) under the
-    static policy (its hosts do not move between ranks yet: docs/gpu_jobs.md)."""
+    static policy or ``auto`` without the pre-process rule: its ranks leave and rejoin the rollout together,
+    never other ranks (docs/gpu_jobs.md)."""
     comp = placement.components.get("rollout")
     if comp is None:
         return []
@@ -182,11 +184,17 @@ def rollout_placement_problems(ro: Any, placement: Placement, key: str, spec: An
             return [ConfigIssue("rollout.tensor_model_parallel_size", tp, (
                 f"{slots} with rollout.backend {ro.backend} on runtime.device {device}: its engine is one process; "
                 f"an engine over {per} ranks of one GPU each is vLLM's (rollout.backend vllm)"))]
-        if policy != "static":
+        if policy not in ("static", "auto"):
             return [ConfigIssue("scheduler.policy", policy, (
-                f"static with rollout engines over {per} ranks on runtime.device {device} (each rank's part of the "
-                "engine lives in a process of its own that does not move between ranks yet: docs/gpu_jobs.md), "
-                f"or rollout.tensor_model_parallel_size {slots} (the slots each rollout process owns)"))]
+                f"static or auto with rollout engines over {per} ranks on runtime.device {device} (each rank's part "
+                "of an engine lives in a process of its own: the engine's ranks leave and rejoin the rollout "
+                f"together, never other ranks: docs/gpu_jobs.md), or rollout.tensor_model_parallel_size {slots} "
+                "(the slots each rollout process owns)"))]
+        if pre_process:
+            return [ConfigIssue("cluster.use_pre_process_policy", True, (
+                f"false with rollout engines over {per} ranks on runtime.device {device}: the pre-process rule lends "
+                "the actor's ranks to the rollout, where engines over ranks would have to start mid-iteration "
+                "(docs/gpu_jobs.md)"))]
     out = []
     if len(comp.ranks) % per:
         out.append(ConfigIssue(key, spec, (

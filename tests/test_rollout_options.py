@@ -92,9 +92,12 @@ def test_tp_engines_over_rollout_ranks_on_cpu() -> None:
     line = issue_line(["rollout.tensor_model_parallel_size=2", "rollout.backend=hf"],
                       "rollout.tensor_model_parallel_size", 2)
     assert "1 with rollout.backend hf" in line and "rollout.backend vllm" in line
-    line = issue_line(["rollout.tensor_model_parallel_size=2", "cluster.auto_scheduler=true", "scheduler.policy=auto"],
-                      "scheduler.policy", "auto")
-    assert "static with rollout engines over 2 ranks on runtime.device cpu" in line
+    auto = ["rollout.tensor_model_parallel_size=2", "cluster.auto_scheduler=true", "scheduler.policy=auto"]
+    assert load(*auto).scheduler.policy == "auto"  # the engine's ranks leave and rejoin the rollout together
+    line = issue_line([*auto[:2], "scheduler.policy=plan"], "scheduler.policy", "plan")
+    assert "static or auto with rollout engines over 2 ranks on runtime.device cpu" in line
+    line = issue_line([*auto, "cluster.use_pre_process_policy=true"], "cluster.use_pre_process_policy", True)
+    assert "false with rollout engines over 2 ranks" in line and "mid-iteration" in line
 
 
 def test_tp_engines_over_rollout_ranks() -> None:

@@ -98,23 +98,26 @@ def test_each_rank_receives_only_its_shard(ranks: list[dict[str, Any]]) -> None:
 
 
 def test_a_run_decodes_with_a_tp2_engine_over_two_rollout_ranks(tmp_path: Path) -> None:
-    """Inside a cpu run (static: actor 0 | rollout 1-2 as one TP-2 vLLM engine): each rollout rank hosts its shard
+    """Inside a cpu run (auto: actor 0-1 | rollout 2-3 as one TP-2 vLLM engine): each rollout rank hosts its shard
     in a process of its own (tp_host), the first drives the engine, each weight sync sends each rank only its
-    shard, every iteration's samples are drawn with that iteration's weights, and the run ends with its hosts
-    gone."""
+    shard, every iteration's samples are drawn with that iteration's weights; once the rollout is done the
+    engine's two ranks join the actor together (the engine parked) and come back to the rollout at the next
+    iteration (woken); the run ends with its hosts gone."""
     import pyarrow as pa
 
     from resume_helpers import cli, run_config
     from emulated_configs import write_config
     from slurm_rl.control.acks import read_ack
     from slurm_rl.control.activity import read_spans
+    from slurm_rl.control.epochs import EpochStore
     from slurm_rl.control.paths import RunPaths
     from slurm_rl.metrics import read_metrics
 
     run_dir = tmp_path / "run"
     cfg = run_config("cpu", run_dir, keep_iterations=3)
-    cfg["cluster"].update(gpus_per_node=3, component_placement={"actor": "0", "rollout": "1-2"})
-    cfg["train"]["num_iterations"] = 3
+    cfg["cluster"].update(gpus_per_node=4, auto_scheduler=True, component_placement={"actor": "0-1", "rollout": "2-3"})
+    cfg["scheduler"] = {"policy": "auto"}
+    cfg["train"].update(num_iterations=3, micro_batch_size=2)  # actor DP 2 or 4
     cfg["rollout"].update(backend="vllm", tensor_model_parallel_size=2)
     proc = cli("run", str(write_config(tmp_path / "c.yaml", cfg)), "--no-inspect")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -123,13 +126,18 @@ def test_a_run_decodes_with_a_tp2_engine_over_two_rollout_ranks(tmp_path: Path) 
     assert [m["samples"] for m in metrics] == [per_iteration] * 3
     for m in metrics:  # the source sent each rank its shard (q/k/v, MLP and vocabulary halved; norms whole)
         received = [[s["bytes"] for s in read_spans(RunPaths(run_dir), r)
-                     if s["kind"] == "sync" and s.get("iteration") == m["iteration"]] for r in (1, 2)]
+                     if s["kind"] == "sync" and s.get("iteration") == m["iteration"]] for r in (2, 3)]
         assert all(len(b) == 1 for b in received), received
         assert received[0][0] + received[1][0] == m["sync_bytes"], (received, m["sync_bytes"])
         assert max(received[0][0], received[1][0]) < 0.6 * m["sync_bytes"], (received, m["sync_bytes"])
-    acks = {r: read_ack(RunPaths(run_dir), 0, r)["figures"] for r in (1, 2)}
-    assert [acks[r].get("rollout_engine_shard") for r in (1, 2)] == [[0, 2], [1, 2]], acks
-    assert {acks[r].get("rollout_engine_executor") for r in (1, 2)} == {"external_launcher"}, acks
+    acks = {r: read_ack(RunPaths(run_dir), 0, r)["figures"] for r in (2, 3)}
+    assert [acks[r].get("rollout_engine_shard") for r in (2, 3)] == [[0, 2], [1, 2]], acks
+    assert {acks[r].get("rollout_engine_executor") for r in (2, 3)} == {"external_launcher"}, acks
+    moves = [(e.ranks_of("actor"), e.ranks_of("rollout"),
+              [read_ack(RunPaths(run_dir), e.epoch, r)["figures"].get("rollout_engine") for r in (2, 3)])
+             for e in EpochStore(RunPaths(run_dir)).all()]
+    assert ([0, 1, 2, 3], [], ["parked", "parked"]) in moves and ([0, 1], [2, 3], ["woken", "woken"]) in moves, moves
+    assert all(m["actor_dp"] == 4 for m in metrics), metrics  # the actor trained on the engine's ranks too
     for k in range(3):
         shards = sorted((run_dir / "data" / f"iter-{k:06d}" / "rollouts").glob("shard-*.arrow"))
         producers, versions = set(), set()
@@ -139,6 +147,6 @@ def test_a_run_decodes_with_a_tp2_engine_over_two_rollout_ranks(tmp_path: Path) 
             versions |= set(table.column("weight_version").to_pylist())
             producers.add(shard.name)
         assert versions == {k}, (k, versions)  # drawn by the engine holding weights v{k}
-        assert shards and all("0001" in name for name in producers), producers  # the engine's first rank decodes
+        assert shards and all("0002" in name for name in producers), producers  # the engine's first rank decodes
     hosts = subprocess.run(["pgrep", "-af", "slurm_rl.engines.rollout.tp_host"], capture_output=True, text=True)
     assert str(run_dir) not in hosts.stdout

@@ -182,7 +182,7 @@ TABLE: tuple[Key, ...] = (
     Key(f"{R}.gpu_memory_utilization", "vLLM's share of GPU memory", "rollout.gpu_memory_utilization", float),
     Key(f"{R}.tensor_model_parallel_size", "GPUs per vLLM instance",
         ignored="a verl config runs one vLLM instance per rank here, each holding the whole model (an engine over "
-        "several ranks is our rollout.tensor_model_parallel_size under the static policy: docs/gpu_jobs.md)",
+        "several ranks is our rollout.tensor_model_parallel_size, static or auto: docs/gpu_jobs.md)",
         benign=lambda v: v in (None, 1)),
     Key(f"{R}.log_prob_micro_batch_size_per_gpu", "micro-batch of old log-prob scoring", ignored=MICRO),
     Key(f"{R}.log_prob_micro_batch_size", "micro-batch of old log-prob scoring", ignored=MICRO),
