@@ -212,8 +212,11 @@ def _serve(conn: Connection, spec: dict[str, Any]) -> None:
                 answer = {"error": f"unknown call {op!r}"}
         except Exception as exc:  # reported to the worker, which fails the run with it
             answer = {"error": f"{op}: {type(exc).__name__}: {exc}"}
+        errors: list[Any] = [None] * world  # every host's outcome: a shard's failure is the engine's
+        dist.all_gather_object(errors, answer.get("error"), group=commands)
         if index == 0:
-            _send(conn, answer)
+            failed = [f"rank {i} of the engine: {e}" for i, e in enumerate(errors) if e]
+            _send(conn, {"error": "; ".join(failed)} if failed else answer)
 
 
 def main() -> int:
