@@ -179,7 +179,9 @@ def rollout_placement_problems(ro: Any, placement: Placement, key: str, spec: An
             f"{slots} or null: the placement {key}: {spec!r} gives each rollout process {slots} slots, one TP-{slots} "
             "engine per process; for engines of one process per GPU give each process one slot"))]
     per = processes_per_engine(ro, placement, ranks_per_instance)
-    if per > 1 and device != "emulated" and ro.tensor_model_parallel_size is not None:
+    # a vLLM engine over several ranks (tp_host) on cpu / cuda, however its size was given (rollout's TP size, or
+    # scheduler.rollout_ranks_per_instance with a null one): what the worker builds then
+    if per > 1 and device != "emulated" and (ro.backend == "vllm" or ro.tensor_model_parallel_size is not None):
         if ro.backend != "vllm":
             return [ConfigIssue("rollout.tensor_model_parallel_size", tp, (
                 f"{slots} with rollout.backend {ro.backend} on runtime.device {device}: its engine is one process; "
