@@ -33,7 +33,7 @@ import hypothesis_profiles
 from machine_lock import ORDINARY, SERIAL, MachineLock
 from xdist_serial import SERIAL_GROUP, SerialLastScheduling
 from slurm_fixture import slurm_cluster  # noqa: F401
-from resume_helpers import reference  # noqa: F401
+from resume_helpers import packed_reference, reference  # noqa: F401
 from shared_runs import run_64, scripted_run  # noqa: F401
 
 pytest_plugins = ["zygotes", "suite_ledger"]

@@ -115,3 +115,25 @@ def assert_same_outcome(got: Path, ref: Path, iterations: int = ITERATIONS, para
 def reference(tmp_path_factory: pytest.TempPathFactory):
     """One uninterrupted run per backend, made on first use (once per session, across xdist workers)."""
     return runs_per_backend(tmp_path_factory, "reference", run_config)
+
+
+def without_kl(cfg: dict) -> dict:
+    """``cfg`` (of :func:`run_config`) without a KL to the reference, in the loss or in the reward.
+
+    For two runs whose log-probs come from different kernels (packed and padded rows). Where a step's advantages are
+    all zero (iteration 0's first mini-batch here: its groups' rewards are equal), the KL is its whole gradient, and at
+    iteration 0 (the policy is the reference) that gradient is the difference of two fp32 log-probs of the same
+    weights: exactly zero where both are computed by the same kernel (padded), float noise (~1e-7) where not
+    (packed). Adam divides a gradient by its own magnitude, so noise takes a step of up to ``lr``: measured on an AMD
+    EPYC host, a packed collocated run's second loss -1.3e-5 against 0.0 and an embedding row 1.6e-3 of its tensor's
+    largest entry apart (an Intel host had happened to agree). Without the KL, such a step's gradient is exactly
+    zero on both paths, and every other step's is the advantages' (of order 1), where fp32 noise stays noise."""
+    cfg["algorithm"] = {k: v for k, v in cfg["algorithm"].items() if k not in ("use_kl_in_reward", "kl_ctrl")}
+    cfg["algorithm"]["kl_coef"] = 0.0
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def packed_reference(tmp_path_factory: pytest.TempPathFactory):
+    """The padded reference of the packed runs (:func:`without_kl` of :func:`run_config`), once per session."""
+    return runs_per_backend(tmp_path_factory, "reference-no-kl", lambda b, d: without_kl(run_config(b, d)))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resume_helpers import BACKENDS, assert_same_outcome, cli, run_config, run_until_stopped
+from resume_helpers import BACKENDS, assert_same_outcome, cli, run_config, run_until_stopped, without_kl
 from slurm_rl.control.activity import read_spans
 from slurm_rl.control.epochs import EpochStore
 from slurm_rl.control.paths import RunPaths
@@ -65,19 +65,22 @@ def check_phases_in_order(run_dir: Path, k: int, shared_inference: bool = True, 
 @pytest.mark.slow  # three runs: the suite's, not the quick loop's (as the DAPO and PPO resume checks)
 @pytest.mark.parametrize("backend,packed", [(b, False) for b in BACKENDS] + [("cpu", True)])
 def test_collocated_run_stopped_and_resumed_ends_as_the_disaggregated_one(backend: str, packed: bool, reference,
-                                                                          tmp_path: Path) -> None:
-    """Also with packed micro-batches (``train.use_remove_padding``, cpu) against the padded reference."""
+                                                                          packed_reference, tmp_path: Path) -> None:
+    """Also with packed micro-batches (``train.use_remove_padding``, cpu) against the padded reference (both without
+    a KL: ``resume_helpers.without_kl`` says why)."""
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
     cfg = collocated_config(backend, run_dir)
     if packed:
+        cfg = without_kl(cfg)
         cfg["train"] |= {"use_remove_padding": True, "max_tokens_per_microbatch": 40}
     config.write_text(yaml.safe_dump(cfg))
     run_until_stopped(config, run_dir, at_iteration=2)
     assert [m["iteration"] for m in read_metrics(run_dir)] == [0, 1]
     resumed = cli("run", "--resume", str(run_dir), "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert_same_outcome(run_dir, reference(backend), params_rtol=3e-5 if packed else 1e-6)  # packed: see test_resume
+    assert_same_outcome(run_dir, (packed_reference if packed else reference)(backend),
+                        params_rtol=3e-5 if packed else 1e-6)  # packed: see test_resume
     for epoch in EpochStore(RunPaths(run_dir)).all():
         assert epoch.ranks_of("actor") == epoch.ranks_of("rollout") == epoch.ranks_of("inference") == [0, 1]
     for k in range(4):

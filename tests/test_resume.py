@@ -21,7 +21,7 @@ from slurm_rl.metrics import read_metrics
 from slurm_rl.resume import checkpoints
 
 from resume_helpers import (BACKENDS, INTERRUPTIBLE, RESUME_PLACEMENT, assert_same_outcome, cli, run_config,
-                            run_until_stopped, start_run, wait_until)
+                            run_until_stopped, start_run, wait_until, without_kl)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -47,25 +47,27 @@ def test_stopped_run_resumes_at_another_dp_size_identically(backend: str, refere
 
 
 # Packed micro-batches (train.use_remove_padding) in token bins smaller than a padded micro-batch of 4: the
-# actor, the reference and the policy scorers pack; the run trains as the padded reference within float noise.
+# actor, the reference and the policy scorers pack; the run trains as the padded reference within float noise
+# (both without a KL: resume_helpers.without_kl says why).
 PACKED = {"use_remove_padding": True, "max_tokens_per_microbatch": 40}
 
 
 @pytest.mark.slow  # a cpu run stopped and resumed (the packed computation has no emulated counterpart)
-def test_packed_run_stopped_and_resumed_at_another_dp_size_ends_as_the_padded_reference(reference, tmp_path: Path
-                                                                                        ) -> None:
+def test_packed_run_stopped_and_resumed_at_another_dp_size_ends_as_the_padded_reference(packed_reference,
+                                                                                        tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
-    cfg = run_config("cpu", run_dir)
+    cfg = without_kl(run_config("cpu", run_dir))
     cfg["train"] |= PACKED
     config.write_text(yaml.safe_dump(cfg))
     run_until_stopped(config, run_dir, at_iteration=2)
     resumed = cli("run", "--resume", str(run_dir), RESUME_PLACEMENT, "--no-inspect")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert [m["actor_dp"] for m in read_metrics(run_dir)] == [2, 2, 1, 1]
-    # packing reshapes every matmul (fp32 rounding of every log-prob): final weights measured 1.1e-5 of their
-    # largest entry apart (output_layer), 3e-5 allowed as for the packed scaling identity
-    assert_same_outcome(run_dir, reference("cpu"), params_rtol=3e-5)
+    # packing reshapes every matmul (fp32 rounding of every log-prob): final weights measured 1.1e-5 (Intel host,
+    # output_layer) and 1.9e-5 (AMD EPYC, linear_qkv) of their largest entry apart, 3e-5 allowed as for the packed
+    # scaling identity (1.9e-5 of 0.08 is 0.15 % of one Adam step of lr 1e-3)
+    assert_same_outcome(run_dir, packed_reference("cpu"), params_rtol=3e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
