@@ -424,6 +424,9 @@ class RolloutSection:
     max_num_seqs: Optional[int] = None  # sequences decoded together per engine; null: vLLM's default
     max_num_batched_tokens: Optional[int] = None  # tokens per engine step; null: vLLM's default
     max_head_offpolicyness: Optional[int] = None  # AReaL's name of algorithm.max_staleness (null: that key's value)
+    # asynchronous runs: the next weights land in the rollout while it decodes, at a token boundary (AReaL's
+    # interruptible generation; verl's async_training.partial_rollout); false: they land between iterations
+    partial_rollout: bool = False
 
 
 @dataclass
@@ -1240,6 +1243,15 @@ def _async_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]
         issues.append(ConfigIssue("algorithm.filter_groups.enable", True, (
             f"false with algorithm.max_staleness {k}: dynamic sampling opens generation batches as the actor "
             "sees its groups, which an iteration generated ahead has finished before")))
+    if root.rollout.partial_rollout:
+        if root.rollout.backend != "hf":
+            issues.append(ConfigIssue("rollout.partial_rollout", True, (
+                f"false with rollout.backend {root.rollout.backend}: weights land mid-generation in the hf engine "
+                "only (its decode loop stops at a token boundary, loads them and recomputes the KV cache)")))
+        elif int(root.scheduler.rollout_ranks_per_instance) > 1:
+            issues.append(ConfigIssue("rollout.partial_rollout", True, (
+                "false with engines over several ranks (scheduler.rollout_ranks_per_instance "
+                f"{root.scheduler.rollout_ranks_per_instance}): weights land mid-generation in one-rank engines only")))
     return issues
 
 

@@ -62,6 +62,9 @@ def config_warnings(cfg: Config, env: Mapping[str, str] | None = None,
         if cfg.runtime.device == "emulated" and on:
             out.append(f"{key}: {getattr(al, key.split('.')[1])} has no effect under runtime.device emulated (the cost "
                        "model computes no loss to weigh)")
+    if cfg.rollout.partial_rollout and al.max_staleness == 0:
+        out.append("rollout.partial_rollout: true has no effect with algorithm.max_staleness 0: a synchronous run's "
+                   "weights reach the rollout between iterations, when no request is decoding")
     if al.max_staleness > 1:
         out.append(f"algorithm.max_staleness: {al.max_staleness} runs as 1: the rollout draws the next iteration while "
                    "the actor trains this one and ends inside it, so drawing further ahead would overlap no more "

@@ -107,7 +107,11 @@ BASE = {"cluster": {"num_nodes": 1, "gpus_per_node": 4,
     ({"algorithm": {"max_staleness": 1, "staleness_policy": "drop"}}, "algorithm.staleness_policy", "nothing to drop"),
     ({"algorithm": {"max_staleness": -1}}, "algorithm.max_staleness", ">= 0"),
     ({"rollout": {"max_head_offpolicyness": 2}}, "rollout.max_head_offpolicyness", "the same bound"),
-], ids=["auto", "shared-rollout", "dynamic-sampling", "drop", "negative", "areal-key-conflict"])
+    ({"rollout": {"partial_rollout": True, "backend": "vllm"}}, "rollout.partial_rollout", "hf engine only"),
+    ({"rollout": {"partial_rollout": True}, "scheduler": {"policy": "static", "rollout_ranks_per_instance": 2}},
+     "rollout.partial_rollout", "one-rank engines only"),
+], ids=["auto", "shared-rollout", "dynamic-sampling", "drop", "negative", "areal-key-conflict", "partial-vllm",
+        "partial-tp"])
 def test_an_async_config_the_runtime_cannot_run_is_refused_naming_the_key(
         tmp_path: Path, change: dict, key: str, says: str) -> None:
     doc = json.loads(json.dumps(BASE))
@@ -137,6 +141,64 @@ def test_areal_key_sets_the_staleness_and_a_bound_above_one_is_named(tmp_path: P
     assert any(w.startswith("algorithm.max_staleness: 2 runs as 1") for w in config_warnings(cfg, env={}))
     doc["rollout"] = {"max_head_offpolicyness": 1}
     assert not any("max_staleness" in w for w in config_warnings(config_from_mapping(doc), env={}))
+    doc["rollout"], doc["algorithm"] = {"partial_rollout": True}, {"max_staleness": 1}
+    assert not any("partial_rollout" in w for w in config_warnings(config_from_mapping(doc), env={}))
+    doc["algorithm"] = {"max_staleness": 0}  # a synchronous run: nothing decodes while weights move
+    assert any(w.startswith("rollout.partial_rollout: true has no effect with algorithm.max_staleness 0")
+               for w in config_warnings(config_from_mapping(doc), env={}))
+
+
+def partial_config(backend: str, run_dir: Path) -> dict:
+    """The async run with ``rollout.partial_rollout``, its rollout long beside the actor's steps, so that an
+    iteration's last step ends while the next iteration's requests decode: emulated, decode at 1e-4 s a token
+    (the actor's iteration ~0.1 s against ~1 s of rollout); cpu, 48 new tokens in sub-batches of 2 (the rollout
+    of an iteration was 25-40 % from its end when the weights landed, measured)."""
+    cfg = async_config(backend, run_dir)
+    cfg["runtime"]["keep_iterations"] = ITERATIONS  # every iteration's rollouts rows are read
+    cfg.setdefault("rollout", {})["partial_rollout"] = True
+    if backend == "emulated":
+        cfg["emulated"]["rollout_s_per_token"] = 1.0e-4
+    else:
+        cfg["rollout"] |= {"max_new_tokens": 48, "sub_batch": 2}
+    return cfg
+
+
+def _rollout_rows(run_dir: Path, j: int) -> list[dict]:
+    rows: list[dict] = []
+    for shard in sorted((run_dir / "data" / f"iter-{j:06d}" / "rollouts").glob("shard-*.arrow")):
+        with pa.memory_map(str(shard)) as source:
+            rows += pa.ipc.open_file(source).read_all().select(
+                ["sample_id", "weight_version", "weight_version_last"]).to_pylist()
+    return rows
+
+
+@pytest.mark.slow  # two runs (emulated ~8 s, cpu ~12 s)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_landing_mid_generation_split_samples_between_two_versions(backend: str, tmp_path: Path) -> None:
+    """Partial rollout: the weights of version ``k + 1`` reach the rollout while it draws iteration ``k + 1``; the
+    samples decoding then record both versions (first token ``k``, last ``k + 1``), those started after it the new
+    one only, and none is lost or doubled; the metrics count the samples of two versions."""
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    cfg = partial_config(backend, run_dir)
+    samples = cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]
+    config.write_text(yaml.safe_dump(cfg))
+    proc = cli("run", str(config), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = read_metrics(run_dir)
+    assert [m["iteration"] for m in metrics] == list(range(ITERATIONS))
+    mixed = 0
+    for m in metrics:
+        k = m["iteration"]
+        rows = _rollout_rows(run_dir, k)
+        ids = [r["sample_id"] for r in rows]
+        assert len(ids) == len(set(ids)) == m["samples"] == samples, (k, sorted(ids))
+        versions = {(r["weight_version"], r["weight_version_last"]) for r in rows}
+        assert versions <= ({(0, 0)} if k == 0 else {(k - 1, k - 1), (k - 1, k), (k, k)}), (k, versions)
+        two = sum(r["weight_version"] != r["weight_version_last"] for r in rows)
+        assert m["staleness/mixed_versions"] == two and m["staleness/max"] <= STALENESS, m
+        mixed += two
+    assert mixed > 0, "no weights landed while a request decoded"
 
 
 @pytest.mark.slow

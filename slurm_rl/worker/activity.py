@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -68,6 +68,13 @@ class RecordingDecoder:
         self._settle(now)
         return out
 
+    def land(self, version: int, now: float) -> None:
+        self.inner.land(version, now)
+
+    @property
+    def lands_between_tokens(self) -> bool:
+        return self.inner.lands_between_tokens
+
 
 class RecordingCompute:
     """Forward to ``inner``; record spans of work for inspection (see the module docstring)."""
@@ -92,8 +99,8 @@ class RecordingCompute:
             announce_phase(self.paths, self.rank, self.host, f"{what} ({roles})")
         return self.inner.on_roles(old, new)
 
-    def decoder(self, k: int) -> Decoder:
-        return RecordingDecoder(self.inner.decoder(k), self, k)
+    def decoder(self, k: int, landing: Callable[[], None] | None = None) -> Decoder:
+        return RecordingDecoder(self.inner.decoder(k, landing), self, k)
 
     def score(self, k: int, rollouts: pa.Table, now: float, share_ranks: int) -> tuple[pa.Table, float]:
         table, ready = self.inner.score(k, rollouts, now, share_ranks)
@@ -144,6 +151,12 @@ class RecordingCompute:
         figures = self.inner.sync_weights(k, src, ranks, gather, in_place=in_place, sharded=sharded)
         self.span("sync", start, time.time(), iteration=k,
                   **({"bytes": int(figures.get("bytes") or 0)} if sharded else {}))
+        return figures
+
+    def land_weights(self, version: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
+        start = time.time()
+        figures = self.inner.land_weights(version, src, ranks, gather)
+        self.span("sync", start, time.time(), iteration=version - 1, mid_generation=True)
         return figures
 
     def switch_phase(self, phase: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ holds the result until then, so one event loop serves both.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import pyarrow as pa
 
@@ -50,6 +50,15 @@ class Decoder(Protocol):
         """Stop every admitted request: (ROLLOUTS rows finished by ``now``, the others as PENDING
         rows with their partial responses)."""
 
+    def land(self, version: int, now: float) -> None:
+        """Weights of ``version`` landed at ``now`` (partial rollout): the requests running on say so when they
+        finish (``weight_version_last``); those finished before keep the old version."""
+
+    @property
+    def lands_between_tokens(self) -> bool:
+        """Whether weights land inside :meth:`advance` (its ``landing`` hook at each token boundary), so that
+        requests it holds must not be landed on from outside it."""
+
 
 class Compute(Protocol):
     """What a rank computes; see the module docstring."""
@@ -62,9 +71,11 @@ class Compute(Protocol):
         on every rank), its first prompt at stream position ``position`` (None: ``k *
         train.rollout_batch_size``); batches after the first only under ``algorithm.filter_groups``."""
 
-    def decoder(self, k: int) -> Decoder:
+    def decoder(self, k: int, landing: Callable[[], None] | None = None) -> Decoder:
         """This rank's rollout engine in iteration ``k`` (weights of version ``k``); the requests it takes may be of
-        iterations ahead of ``k`` (an asynchronous run): each row's sample id says which."""
+        iterations ahead of ``k`` (an asynchronous run): each row's sample id says which. ``landing``: called at
+        each token boundary of a generation where the engine stops there (partial rollout): it may land the next
+        weights (:meth:`land_weights`)."""
 
     def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
         """``rollouts`` with their ``reward`` column filled (ROLLOUTS rows), scored in this rank's reward worker
@@ -88,6 +99,11 @@ class Compute(Protocol):
         collocated actor rank's engines take its own full replica instead (no collective); ``sharded``: the
         ranks of TP engines (in TP order) that ``src`` sends only their shards, point to point (called by them
         too)."""
+
+    def land_weights(self, version: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
+        """Weights of ``version`` from actor rank ``src`` to the rollout engines of ``ranks`` while they decode
+        (partial rollout; called by ``ranks`` and by ``gather``, the TP group of ``src``): each engine stages them and
+        loads them at its next token boundary, or at once where it is not generating."""
 
     def switch_phase(self, phase: str) -> dict[str, Any]:
         """A rank the actor shares with rollout or inference enters ``phase`` of an iteration:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +41,11 @@ class EmulatedDecoder:
 
     def __init__(self, compute: "EmulatedCompute", k: int) -> None:
         self.c, self.k = compute, k  # the weights' version (the samples may be of iterations ahead: async RL)
+        self.version = k  # the weights' version now (partial rollout: later ones land while requests decode)
         self.batch = DecodeBatch(compute.cost, compute.rollout_tp, compute.max_running)
         self.rows: dict[int, pa.Table] = {}  # running sample id -> its request row
+        self.first: dict[int, int] = {}  # running sample id -> the version that drew its first token here
+        self.early: list[pa.Table] = []  # finished before weights landed, not returned yet
         # per (iteration, generation batch) the response lengths: the first batch's as the simulator draws them,
         # dynamic sampling's later ones their own draws
         self.drawn: dict[tuple[int, int], np.ndarray] = {}
@@ -69,22 +72,39 @@ class EmulatedDecoder:
         steps = requests.column("step").to_pylist()
         for i, sid in enumerate(requests.column("sample_id").to_pylist()):
             self.rows[sid] = requests.slice(i, 1)
+            self.first[sid] = self.version
             self.batch.admit(sid, int(steps[i]), self._length(sid), now)
 
     def _take(self, sids: list[int]) -> pa.Table:
         return pa.concat_tables([self.rows.pop(s) for s in sids]).combine_chunks()
 
+    @property
+    def lands_between_tokens(self) -> bool:
+        return False  # virtual time: weights land at the wall time the protocol sees them, between any steps
+
+    def land(self, version: int, now: float) -> None:
+        finished = self.advance(now)
+        if finished is not None:
+            self.early.append(finished)
+        self.version = version
+
     def advance(self, now: float) -> pa.Table | None:
         done = self.batch.advance(now)
+        early, self.early = self.early, []
         if not done:
-            return None
+            return pa.concat_tables(early) if early else None
         parts = []
         for j in sorted({s // ID_STRIDE for s in done}):  # each iteration's samples seeded by it, whatever the version
             sids = [s for s in done if s // ID_STRIDE == j]
             targets = np.asarray([self._length(s) for s in sids], dtype=np.int64)
-            parts.append(fake.finish_requests(self._take(sids), targets, seed=self.c.seed + j,
-                                              weight_version=self.k, rollout_rank=self.c.rank))
-        out = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            table = fake.finish_requests(self._take(sids), targets, seed=self.c.seed + j, weight_version=self.k,
+                                         rollout_rank=self.c.rank)
+            first = pa.array([self.first.pop(s) for s in sids], pa.int64())
+            table = table.set_column(table.schema.get_field_index("weight_version"), "weight_version", first)
+            last = pa.array(np.full(len(sids), self.version, np.int64))
+            parts.append(table.set_column(table.schema.get_field_index("weight_version_last"), "weight_version_last",
+                                          last))
+        out = pa.concat_tables(early + parts) if len(early + parts) > 1 else parts[0]
         if self.c.reward_apart:  # the reward ranks score them (EmulatedCompute.reward)
             out = out.set_column(out.schema.get_field_index("reward"), "reward",
                                  pa.array(np.full(out.num_rows, np.nan, np.float32)))
@@ -102,6 +122,8 @@ class EmulatedDecoder:
         if not generated:
             return finished, None
         sids = list(generated)
+        for s in sids:
+            self.first.pop(s, None)
         requests = self._take(sids)
         have = requests.column("step").to_numpy().astype(np.int64)
         new = np.asarray([max(0, generated[s] - int(h)) for s, h in zip(sids, have)], dtype=np.int64)
@@ -138,7 +160,7 @@ class EmulatedCompute:
         prompts = fake.make_fake_prompts(k, n, cfg.emulated.prompt_len, cfg.runtime.seed, first_index=batch * n)
         return fake.make_fake_requests(prompts, cfg.train.group_size, seed=cfg.runtime.seed, weight_version=k)
 
-    def decoder(self, k: int) -> EmulatedDecoder:
+    def decoder(self, k: int, landing: Callable[[], None] | None = None) -> EmulatedDecoder:
         return EmulatedDecoder(self, k)
 
     def reward(self, k: int, rollouts: pa.Table, requests: pa.Table) -> pa.Table:
@@ -161,6 +183,9 @@ class EmulatedCompute:
 
     def sync_weights(self, k: int, src: int, ranks: list[int], gather: list[int] | None = None,
                      in_place: bool = False, sharded: list[list[int]] | None = None) -> dict[str, Any]:
+        return {}
+
+    def land_weights(self, version: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
         return {}
 
     def switch_phase(self, phase: str) -> dict[str, Any]:

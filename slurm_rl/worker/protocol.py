@@ -208,6 +208,8 @@ class IterationProtocol:
         self.first_iteration = first
         self.generated_before = {j for j in range(first, min(first + self.lead, self.num_iterations))
                                  if rollout_complete(self.run_dir, j, self.samples_per_iteration)}
+        # partial rollout: the weights of version k + 1 reach the rollout in iteration k, while it draws k + 1
+        self.partial = bool(cfg.rollout.partial_rollout) and self.lead >= 1
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
         self.gate: PhaseGate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else PhaseGate()
 
@@ -225,6 +227,11 @@ class IterationProtocol:
             return [k]
         first = range(k, k + s + 1) if k == self.first_iteration else range(k + s, k + s + 1)
         return [j for j in first if j < self.num_iterations and j not in self.generated_before]
+
+    def lands_ahead(self, k: int) -> bool:
+        """Whether the weights of version ``k + 1`` land in the rollout during iteration ``k`` (partial rollout): its
+        rollout draws iteration ``k + 1``, which they finish; the gate of ``k + 1`` then syncs the scorers only."""
+        return self.partial and k + 1 in self.generated_in(k)
 
     def epoch(self, n: int, rt: WorkerRuntime) -> Epoch:
         """Epoch ``n`` (cached; the one in force comes from the runtime)."""
@@ -280,9 +287,12 @@ class IterationProtocol:
         # Collocated at actor TP 1, every actor rank holds the full weights: its own engines take them in
         # place, and the broadcast goes from the source to the ranks outside the actor only.
         local = set(self.actor_ranks) if self.actor_tp == 1 else {self.actor_ranks[0]}
-        receivers = {*rollout, *scorers} if rollout else set()
+        # partial rollout: the rollout took these weights while it decoded, in the iteration before
+        landed = set(rollout) if iteration > self.first_iteration and self.lands_ahead(iteration - 1) else set()
+        receivers = ({*rollout, *scorers} - landed) if rollout else set()
         # TP vLLM engines over rollout ranks take their shards point to point instead of the broadcast
-        sharded = self._sharded_engines(rollout, local | {self.actor_ranks[0], *scorers}) if rollout else []
+        sharded = (self._sharded_engines([r for r in rollout if r not in landed], local | {self.actor_ranks[0], *scorers})
+                   if rollout else [])
         shard_ranks = {r for engine in sharded for r in engine}
         ranks = sorted({self.actor_ranks[0], *(receivers - local - shard_ranks)}) if rollout else []
         in_place = self.info.rank in receivers and self.info.rank not in ranks and self.info.rank not in shard_ranks
@@ -581,7 +591,8 @@ class _Rollout:
         for d in self.draws:
             d.stage_writer()
         if self.decoder is None:
-            self.decoder = self.p.compute.decoder(self.it.k)
+            landing = self.it.landing
+            self.decoder = self.p.compute.decoder(self.it.k, landing.take if landing and landing.takes else None)
         self._collect(self.decoder.advance(now), now)
         now = time.time()  # a real engine spent time in advance()
         self._admit(now)
@@ -631,6 +642,61 @@ class _Rollout:
         self.skip()
         self.migrated_out += migrated
         return migrated
+
+
+class _Landing:
+    """Partial rollout in iteration ``k``: the weights of version ``k + 1`` reach the rollout heads while they draw
+    iteration ``k + 1``. The actor's first rank posts a marker once it has trained the iteration's last mini-batch,
+    then broadcasts; each head joins once it sees the marker: inside a generation at a token boundary (its decoder's
+    landing hook: the engine recomputes the KV cache and decodes on) or from its loop where it holds no request.
+    Neither side ends the iteration before it has taken part."""
+
+    def __init__(self, it: "_Iteration") -> None:
+        p = it.p
+        self.it, self.version = it, it.k + 1
+        self.src, self.gather = p.actor_ranks[0], p.actor_ranks[:p.actor_tp]
+        self.heads = rollout_heads(it.start_rollout, p.rollout_tp)
+        self.ranks = sorted({self.src, *self.heads})
+        self.marker = stage_dir(p.run_dir, it.k, ACTOR_STAGE) / f"weights-v{self.version}.json"
+        self.sends, self.takes = it.rank in self.gather, it.rank in self.heads
+        self.done = not (self.sends or self.takes)
+        self.next_look = 0.0
+
+    def send(self) -> None:
+        """The actor's side, once this rank has trained the iteration's last mini-batch."""
+        if self.done or not self.sends or not self.it.actor.done:
+            return
+        if self.it.rank == self.src:
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.marker, {"version": self.version, "src": self.src, "ranks": self.ranks,
+                                            "posted_at": time.time()}, durable=False)
+        self._sync()
+
+    def take(self) -> None:
+        """A rollout head's side: land the weights once the marker is there (looked for once per poll interval)."""
+        if self.done or not self.takes or time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + self.it.p.poll
+        if not self.marker.exists():
+            return
+        self._sync()
+        rollout = self.it.rollout
+        if rollout is not None and rollout.decoder is not None:
+            rollout.decoder.land(self.version, time.time())
+
+    def take_from_loop(self) -> None:
+        """:meth:`take`, unless the head's decoder lands inside its generations and holds requests (they will)."""
+        rollout = self.it.rollout
+        decoder = rollout.decoder if rollout is not None else None
+        if decoder is None or not decoder.lands_between_tokens or not rollout.held:
+            self.take()
+
+    def _sync(self) -> None:
+        it = self.it
+        with collective(f"weight sync v{self.version} from rank {self.src} to the decoding rollout ranks {self.heads}",
+                        it.p.info, it.start.epoch, it.k):
+            it.p.compute.land_weights(self.version, self.src, self.ranks, self.gather)
+        self.done = True
 
 
 class _Reward:
@@ -746,6 +812,7 @@ class _Cutter:
         # per staleness s, the samples trained at iteration k whose rollout started from the weights of
         # iteration k - s (their rows' weight_version): 0 for every sample of a synchronous run
         self.staleness: collections.Counter[int] = collections.Counter()
+        self.mixed_versions = 0  # samples drawn by more than one version (partial rollout: weights landed mid-way)
         self.prompts: dict[int, list[int]] = {}  # group id -> prompt ids: which prompts the iteration trained on
         self.kl: list[float] = []
         self.mismatch_kl: list[float] = []  # per response: KL(rollout || actor) (algorithm.old_logprobs: actor)
@@ -1001,6 +1068,8 @@ class _Cutter:
         self.rewards.extend(batch.column("reward").to_pylist())
         self.response_lengths.extend(pc.list_value_length(batch.column("response_ids")).to_pylist())
         self.staleness.update(self.it.k - v for v in batch.column("weight_version").to_pylist())
+        self.mixed_versions += int(pc.sum(pc.not_equal(batch.column("weight_version"),
+                                                       batch.column("weight_version_last"))).as_py() or 0)
         self.prompts.update(zip(batch.column("group_id").to_pylist(), batch.column("prompt_ids").to_pylist()))
         kl = mean_k3(batch.column("old_logprobs").to_pylist(), batch.column("ref_logprobs").to_pylist())
         if kl is not None:
@@ -1167,6 +1236,7 @@ class _Iteration:
         self.cutter = _Cutter(self, INFERENCE_STAGE if self.start_inference else self.upstream) if self.rank == self.leader else None
         self.actor = _ActorFollower(self, self.leader)
         self.critic = _CriticFollower(self, self.leader) if self.rank in p.critic_ranks else None
+        self.landing: _Landing | None = _Landing(self) if p.lands_ahead(k) else None
         self.last_report = 0.0
         self.last_doc: dict[str, Any] = {}
         self.report_due: float | None = None  # a throttled change is written at this time
@@ -1236,7 +1306,8 @@ class _Iteration:
 
     def _finished(self) -> bool:
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
-                and all(part is None or part.done for part in (self.rollout, self.reward, self.inference, self.critic)))
+                and all(part is None or part.done
+                        for part in (self.rollout, self.reward, self.inference, self.critic, self.landing)))
 
     def enter_training(self) -> None:
         """A shared rank's switch to training (once per iteration, before its first step)."""
@@ -1256,7 +1327,10 @@ class _Iteration:
             rt.safe_point()
             now = time.time()
             active = (self.cutter is not None or "actor" in rt.roles or any(
-                part is not None and not part.done for part in (self.rollout, self.reward, self.inference, self.critic)))
+                part is not None and not part.done
+                for part in (self.rollout, self.reward, self.inference, self.critic, self.landing)))
+            if self.landing is not None:
+                self.landing.take_from_loop()
             # A rank outside the actor that only follows the mini-batch plan needs no fast polling.
             wakes: list[float] = [now + (quantum if active else IDLE_POLL_S)]
             if self.rollout is not None and not self.rollout.done and not self.rollout.left:
@@ -1268,6 +1342,8 @@ class _Iteration:
             if self.cutter is not None:
                 wakes.append(self.cutter.step(time.time(), rt) or wakes[0])
             wakes.append(self.actor.step(time.time(), rt) or wakes[0])
+            if self.landing is not None:
+                self.landing.send()
             if self.critic is not None:
                 wakes.append(self.critic.step(time.time(), rt) or wakes[0])
             self._pool_turn()
@@ -1316,6 +1392,8 @@ class _Iteration:
             return f"{self.upstream} shards of iteration {self.k} ({self.inference.done_rows} scored)"
         if self.critic is not None and not self.critic.done:
             return f"mini-batch {self.critic.next} for the critic from the cutter rank {self.leader} ({self.critic.manifest})"
+        if self.landing is not None and not self.landing.done and self.landing.takes:
+            return f"the weights v{self.landing.version} to land mid-generation ({self.landing.marker})"
         return f"mini-batch {self.actor.next} from the cutter rank {self.leader} ({self.actor.manifest})"
 
     def _finish(self) -> None:
@@ -1377,6 +1455,8 @@ class _Iteration:
             "time": time.time(),
             "plan": [{key: v for key, v in e.items() if key in ("epoch", "dp", "tp", "seconds", "resharded")} for e in c.plan],
         }
+        if self.p.partial:  # weights landing mid-generation: the samples whose tokens two versions drew
+            row["staleness/mixed_versions"] = c.mixed_versions
         if self.p.filtering:  # DAPO's dynamic sampling: the prompts drawn set the next iteration's data position
             row.update({DRAWN_KEY: c.opened * self.p.batch_prompts, "num_gen_batches": c.opened,
                         "filter_groups/kept_groups": c.kept_groups, "filter_groups/dropped_groups": len(c.dropped)})

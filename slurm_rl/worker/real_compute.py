@@ -27,7 +27,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -129,13 +129,15 @@ class RealDecoder:
     Nothing is ever half-generated between calls, so an eviction hands back whole requests.
     """
 
-    def __init__(self, compute: "RealCompute", k: int, sub_batch: int) -> None:
+    def __init__(self, compute: "RealCompute", k: int, sub_batch: int, landing: Callable[[], None] | None = None
+                 ) -> None:
         if compute.engine is None:
             raise ProtocolError(f"rank {compute.rank}: rollout in iteration {k} without a rollout engine")
         if compute.engine.weight_version != k:
             raise ProtocolError(f"rank {compute.rank}: rollout engine holds weights v{compute.engine.weight_version}, "
                                 f"iteration {k} needs v{k} (on-policy)")
         self.c, self.k, self.sub_batch = compute, k, sub_batch
+        self.landing = landing  # partial rollout: called at each token boundary (the next weights may land)
         self.admitted: pa.Table | None = None
 
     def free_slots(self) -> int:
@@ -153,8 +155,16 @@ class RealDecoder:
         rows, self.admitted = self.admitted.to_pylist(), None
         # the samples of the iteration each row trains in (ahead of k in an asynchronous run), scored as its
         its = sorted({int(r["sample_id"]) // ID_STRIDE for r in rows})
-        parts = [self.c.generate(j, [r for r in rows if int(r["sample_id"]) // ID_STRIDE == j]) for j in its]
+        parts = [self.c.generate(j, [r for r in rows if int(r["sample_id"]) // ID_STRIDE == j], self.landing)
+                 for j in its]
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    @property
+    def lands_between_tokens(self) -> bool:
+        return self.landing is not None
+
+    def land(self, version: int, now: float) -> None:
+        """The engine records each token's version (``generate``): nothing to do here."""
 
     def next_event_at(self) -> float | None:
         return None if self.admitted is None else time.time()
@@ -368,11 +378,12 @@ class RealCompute:
                 })
         return pa.Table.from_pylist(rows, schema=PENDING)
 
-    def decoder(self, k: int) -> RealDecoder:
-        return RealDecoder(self, k, self.sub_batch)
+    def decoder(self, k: int, landing: Callable[[], None] | None = None) -> RealDecoder:
+        return RealDecoder(self, k, self.sub_batch, landing)
 
-    def generate(self, k: int, rows: list[dict[str, Any]]) -> pa.Table:
-        """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards."""
+    def generate(self, k: int, rows: list[dict[str, Any]], landing: Callable[[], None] | None = None) -> pa.Table:
+        """Generate ``rows`` (each with its own seed); the ROLLOUTS rows with rewards. ``landing``: called at each
+        token boundary (the hf engine's partial rollout: weights staged there land at the next one)."""
         from slurm_rl.engines.rollout import SamplingParams
 
         t0 = time.time()
@@ -380,7 +391,8 @@ class RealCompute:
         ro = self.cfg.rollout
         sampling = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=self.temperature, top_p=ro.top_p,
                                   top_k=ro.top_k, seed=seeds[0], seeds=seeds, stop_token_ids=self.stop_ids)
-        gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling)
+        hook = {"between_tokens": lambda step: landing()} if landing is not None else {}
+        gens = self.engine.generate([r["prompt_ids"] for r in rows], sampling, **hook)
         ids, logprobs, reasons = [], [], []
         for g in gens:
             n = len(self._cut(g.token_ids))
@@ -520,6 +532,24 @@ class RealCompute:
         if with_actor:
             self._sync_critic(k, src, ranks, figures, critic)
         return figures
+
+    def land_weights(self, version: int, src: int, ranks: list[int], gather: list[int]) -> dict[str, Any]:
+        from slurm_rl.engines.convert import megatron_to_hf
+        from slurm_rl.engines.weight_sync import broadcast_weights
+
+        full = self.trainer.full_parameters() if self.rank in (gather or [src]) else None
+        named = list(megatron_to_hf(full, self.model_cfg)) if self.rank == src and full is not None else None
+        if self.rank not in ranks:  # a TP peer of the source: its shards are given
+            return {}
+        received, stats = broadcast_weights(named, src, self.groups.get(ranks, "weight sync"),
+                                            timeout=self.cfg.runtime.wait_timeout_s,
+                                            what=f"weight sync v{version} mid-generation")
+        if self.rank != src:
+            if self.engine is None:
+                raise ProtocolError(f"rank {self.rank}: weights v{version} to land mid-generation, and no rollout "
+                                    "engine to take them")
+            self.engine.stage_weights(received, version)
+        return {"seconds": float(getattr(stats, "seconds", 0.0)), "bytes": int(getattr(stats, "bytes", 0))}
 
     def _send_shards(self, named: list[Any], engine: list[int]) -> int:
         """Every rank of a TP engine its shard of each tensor (names, shapes and dtypes first); bytes sent."""
