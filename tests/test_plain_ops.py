@@ -71,16 +71,22 @@ def test_use_fast_rope_installs_it_where_self_attention_looks_it_up() -> None:
     assert rope_utils.apply_rotary_pos_emb is not plain_ops.apply_rotary_pos_emb  # megatron's stays for the rest
 
 
+def _layouts_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return plain_ops._CpuBf16Linear.apply(x, w) + bias
+
+
+@pytest.mark.parametrize("linear", [plain_ops._plain_linear, _layouts_linear], ids=["this-cpu", "layouts"])
 @pytest.mark.parametrize("frozen", [False, True])
-def test_bf16_cpu_linear_computes_the_product_and_its_gradients(frozen: bool) -> None:
+def test_bf16_cpu_linear_computes_the_product_and_its_gradients(frozen: bool, linear) -> None:
     """The layouts change how the bf16 products are computed, not what: each within bf16 rounding of the fp32
-    product of the same bf16 operands (relative to the largest entry; bf16 keeps 8 bits)."""
+    product of the same bf16 operands (relative to the largest entry; bf16 keeps 8 bits); the linear a model gets on
+    this cpu (the layouts where it has no native bf16 kernels) and the layouts' one, on every cpu."""
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 5, 64, generator=g).bfloat16().requires_grad_(True)
     w = torch.randn(48, 64, generator=g).bfloat16().requires_grad_(not frozen)
     bias = torch.randn(48, generator=g).bfloat16()
     upstream = torch.randn(3, 5, 48, generator=g).bfloat16()
-    out = plain_ops._plain_linear(x, w, bias)
+    out = linear(x, w, bias)
     (out * upstream).sum().backward()
     xf, wf = x.detach().float().requires_grad_(True), w.detach().float().requires_grad_(True)
     ref = xf @ wf.t() + bias.float()
@@ -101,8 +107,8 @@ def test_mm_of_bf16_cpu_operands_in_every_layout_the_loss_uses() -> None:
     a, w = torch.randn(40, 24, generator=g).bfloat16(), torch.randn(56, 24, generator=g).bfloat16()
     for left, right in ((a, w.t()), (a @ w.t(), w), ((a @ w.t()).t(), a)):
         ref = left.float() @ right.float()
-        out = plain_ops.mm(left, right)
-        assert out.dtype == torch.bfloat16 and float((out.float() - ref).abs().max() / ref.abs().max()) < 1e-2
+        for out in (plain_ops.mm(left, right), plain_ops._cpu_bf16_mm(left, right)):  # this cpu's, the layouts'
+            assert out.dtype == torch.bfloat16 and float((out.float() - ref).abs().max() / ref.abs().max()) < 1e-2
     assert torch.equal(plain_ops.mm(a.float(), w.float().t()), a.float() @ w.float().t())
 
 
