@@ -425,7 +425,7 @@ class RolloutSection:
     max_num_batched_tokens: Optional[int] = None  # tokens per engine step; null: vLLM's default
     max_head_offpolicyness: Optional[int] = None  # AReaL's name of algorithm.max_staleness (null: that key's value)
     # asynchronous runs: the next weights land in the rollout while it decodes, at a token boundary (AReaL's
-    # interruptible generation; verl's async_training.partial_rollout); false: they land between iterations
+    # interruptible generation; the switch of verl's async recipe, async_training.partial_rollout); false: between iterations
     partial_rollout: bool = False
 
 
