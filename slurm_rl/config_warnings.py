@@ -65,10 +65,10 @@ def config_warnings(cfg: Config, env: Mapping[str, str] | None = None,
     if cfg.rollout.partial_rollout and al.max_staleness == 0:
         out.append("rollout.partial_rollout: true has no effect with algorithm.max_staleness 0: a synchronous run's "
                    "weights reach the rollout between iterations, when no request is decoding")
-    if al.max_staleness > 1:
-        out.append(f"algorithm.max_staleness: {al.max_staleness} runs as 1: the rollout draws the next iteration while "
-                   "the actor trains this one and ends inside it, so drawing further ahead would overlap no more "
-                   "training (docs/scheduling.md, \"Asynchronous runs\")")
+    if al.max_staleness > 1 and not cfg.rollout.partial_rollout:
+        out.append(f"algorithm.max_staleness: {al.max_staleness} runs as 1 without rollout.partial_rollout: the "
+                   "rollout draws the next iteration while the actor trains this one and ends inside it, so drawing "
+                   "further ahead would overlap no more training (docs/scheduling.md, \"Asynchronous runs\")")
     return out
 
 

@@ -46,6 +46,8 @@ from slurm_rl.scheduler.report import SimReport
 
 #: the shares of the GPUs (actor, inference) tried by :func:`simulate_async`; the rollout takes the rest
 SPLITS = ((0.125, 0.125), (0.25, 0.125), (0.125, 0.25), (0.25, 0.25), (0.375, 0.125), (0.375, 0.25))
+#: ... with partial rollout (:mod:`~slurm_rl.scheduler.async_stream`: no synchronous run per split, a finer grid)
+STREAM_SPLITS = tuple((a / 16, i / 16) for a in range(2, 14) for i in (1, 2, 3, 4))
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,24 @@ class AsyncReport:
     overlap: bool  # whether the rollout can decode while the actor trains (ranks of its own)
     placement: dict[str, list[int]] = field(default_factory=dict)
     iterations: list[AsyncIteration] = field(default_factory=list)
+    partial_rollout: bool = False  # modelled by scheduler.async_stream (requests decode across the gates)
 
     @property
     def mean_iteration_s(self) -> float:
         return self.total_time_s / max(1, len(self.iterations))
 
+    @property
+    def steady_iteration_s(self) -> float:
+        """The mean iteration after the first (which fills the pipeline: it draws the iterations ahead too)."""
+        its = self.iterations
+        if len(its) < 2:
+            return self.mean_iteration_s
+        return (self.total_time_s - its[0].train_end_s) / (len(its) - 1)
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["mean_iteration_s"] = round(self.mean_iteration_s, 3)
+        out["steady_iteration_s"] = round(self.steady_iteration_s, 3)
         out["staleness"] = [it.staleness for it in self.iterations]
         return out
 
@@ -145,14 +157,21 @@ def _split(n: int, actor_share: float, inference_share: float, unit: int) -> dic
 
 
 def simulate_async(doc: Mapping[str, Any], max_staleness: Sequence[int], seed: int | None = None,
-                   search: bool = True) -> dict[int, AsyncReport]:
+                   search: bool = True, partial: bool | None = None) -> dict[int, AsyncReport]:
     """The config document ``doc`` (disaggregated, static) run asynchronously with each staleness of
     ``max_staleness``, each on the fastest of its own placement and the :data:`SPLITS` (``search``; one synchronous
     simulation per placement serves every staleness); candidates the config or the simulator refuse (an actor DP
-    the mini-batch cannot split) are skipped."""
+    the mini-batch cannot split) are skipped. ``partial`` (default: the document's ``rollout.partial_rollout``):
+    weights land mid-generation and requests decode across the gates (:func:`~slurm_rl.scheduler.async_stream.stream`,
+    on the :data:`STREAM_SPLITS`)."""
     from slurm_rl.config import config_from_mapping
     from slurm_rl.scheduler.simulate import simulate
     from slurm_rl.scheduler.simulator import SimulationSetupError
+
+    if partial is None:
+        partial = bool((doc.get("rollout") or {}).get("partial_rollout", False))
+    if partial:
+        return _simulate_stream(doc, [k for k in max_staleness if k >= 1], seed, search)
 
     base = copy.deepcopy(dict(doc))
     base.setdefault("scheduler", {})["policy"] = "static"
@@ -184,3 +203,48 @@ def simulate_async(doc: Mapping[str, Any], max_staleness: Sequence[int], seed: i
         raise ConfigError([ConfigIssue("cluster.component_placement", dict(doc["cluster"]["component_placement"]),
                                        "a placement the simulator can run")])
     return best
+
+
+def _simulate_stream(doc: Mapping[str, Any], max_staleness: Sequence[int], seed: int | None,
+                     search: bool) -> dict[int, AsyncReport]:
+    """:func:`simulate_async` with partial rollout: each bound on the placement of the config's and the
+    :data:`STREAM_SPLITS` fastest after the first iteration (which fills the pipeline: a long run's figure); the
+    synchronous time is the static run of the placement chosen."""
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.scheduler.async_stream import stream
+    from slurm_rl.scheduler.simulate import build_setup, simulate
+    from slurm_rl.scheduler.simulator import SimulationSetupError
+
+    base = copy.deepcopy(dict(doc))
+    base.setdefault("scheduler", {})["policy"] = "static"
+    base.setdefault("cluster", {})["auto_scheduler"] = False
+    cfg0 = config_from_mapping(base)
+    n, unit = cfg0.num_slots, cfg0.scheduler.actor_ranks_per_instance
+    candidates = [dict(base["cluster"]["component_placement"])]
+    if search:
+        candidates += [p for s in STREAM_SPLITS if (p := _split(n, *s, unit)) is not None and p not in candidates]
+    best: dict[int, tuple[AsyncReport, Any]] = {}
+    for placement in candidates:
+        trial = copy.deepcopy(base)
+        trial["cluster"]["component_placement"] = placement
+        try:
+            cfg = config_from_mapping(trial)
+            setup, _ = build_setup(cfg, seed=seed)
+        except (ConfigError, SimulationSetupError):
+            continue
+        if any(cfg.placement.components[c].shared_with for c in cfg.placement.components):
+            continue  # the rollout decodes on ranks of its own
+        for k in max_staleness:
+            report = stream(setup, k)
+            report.placement = {c: list(p.ranks) for c, p in cfg.placement.components.items()}
+            if k not in best or report.steady_iteration_s < best[k][0].steady_iteration_s:
+                best[k] = (report, cfg)
+    if not best:
+        raise ConfigError([ConfigIssue("cluster.component_placement", dict(doc["cluster"]["component_placement"]),
+                                       "a disaggregated placement the simulator can run")])
+    out = {}
+    for k, (report, cfg) in best.items():
+        report.sync_time_s = simulate(cfg, seed=seed).total_time_s
+        report.partial_rollout = True
+        out[k] = report
+    return out

@@ -196,10 +196,13 @@ class IterationProtocol:
         self.critic_tp = critic_tp(cfg)  # its TP size there (critic.tensor_parallel)
         self._iteration: _Iteration | None = None
         self._epochs: dict[int, Epoch] = {}
-        # asynchronous RL: the rollout runs this many policy versions ahead of the actor (at most one:
-        # generated_in)
+        # asynchronous RL: the rollout runs this many policy versions ahead of the actor (generated_in): at most
+        # one where it waits at the gates, up to algorithm.max_staleness with partial rollout, where the weights of
+        # version k + 1 reach the rollout in iteration k, while it decodes, and its requests carry over the gate
         self.max_staleness = int(cfg.algorithm.max_staleness)
-        self.lead = min(self.max_staleness, 1)
+        self.partial = bool(cfg.rollout.partial_rollout) and self.max_staleness >= 1
+        self.lead = self.max_staleness if self.partial else min(self.max_staleness, 1)
+        self._carried: _Rollout | None = None  # partial rollout: this head's rollout, carried into the next iteration
         self.num_iterations = int(cfg.train.num_iterations)
         # the iterations ahead whose samples exist when this incarnation starts (a resumed async run's replay
         # buffer): read before the first gate, while no rank generates
@@ -208,20 +211,20 @@ class IterationProtocol:
         self.first_iteration = first
         self.generated_before = {j for j in range(first, min(first + self.lead, self.num_iterations))
                                  if rollout_complete(self.run_dir, j, self.samples_per_iteration)}
-        # partial rollout: the weights of version k + 1 reach the rollout in iteration k, while it draws k + 1
-        self.partial = bool(cfg.rollout.partial_rollout) and self.lead >= 1
         # Inside a co-execution group the rank computes only while its job holds its pool slot.
         self.gate: PhaseGate = PoolGate(cfg, info, compute.park, compute.unpark) if cfg.mux.group_dir else PhaseGate()
 
     def generated_in(self, k: int) -> list[int]:
-        """The iterations whose samples the rollout of iteration ``k`` draws, in order: ``k`` itself in a synchronous
-        run; with ``algorithm.max_staleness`` >= 1 the iteration ``k + 1`` (the weights of version ``k`` draw it while
-        the actor trains ``k``), and in an incarnation's first iteration ``k`` too where its samples are not there
-        yet (a run's start, or a resume without them).
+        """The iterations whose samples the rollout of iteration ``k`` starts to draw, in order: ``k`` itself in a
+        synchronous run; with ``algorithm.max_staleness`` >= 1 the iteration ``k + lead`` (the weights of version
+        ``k`` draw it while the actor trains ``k``), and in an incarnation's first iteration those from ``k`` on
+        too where their samples are not there yet (a run's start, or a resume without them).
 
-        The rollout of iteration ``k`` ends inside iteration ``k`` (the next gate waits for it), so drawing further
-        ahead would take the rollout's GPUs longer in some iteration and overlap no more training: a larger bound is
-        honoured by running one version ahead (scheduler.async_pipeline models the same)."""
+        Without partial rollout the rollout of iteration ``k`` ends inside iteration ``k`` (the next gate waits for
+        it), so drawing further ahead would take the rollout's GPUs longer in some iteration and overlap no more
+        training: a larger bound is honoured by running one version ahead (scheduler.async_pipeline models the
+        same). With partial rollout the draws carry over the gates (:meth:`lands_ahead`), up to the bound ahead
+        (scheduler.async_stream)."""
         s = self.lead
         if s == 0:
             return [k]
@@ -229,9 +232,10 @@ class IterationProtocol:
         return [j for j in first if j < self.num_iterations and j not in self.generated_before]
 
     def lands_ahead(self, k: int) -> bool:
-        """Whether the weights of version ``k + 1`` land in the rollout during iteration ``k`` (partial rollout): its
-        rollout draws iteration ``k + 1``, which they finish; the gate of ``k + 1`` then syncs the scorers only."""
-        return self.partial and k + 1 in self.generated_in(k)
+        """Whether the weights of version ``k + 1`` land in the rollout during iteration ``k`` (partial rollout, every
+        iteration but the last): its heads decode on with them and carry their requests into iteration ``k + 1``,
+        whose gate then syncs the scorers only."""
+        return self.partial and k + 1 < self.num_iterations
 
     def epoch(self, n: int, rt: WorkerRuntime) -> Epoch:
         """Epoch ``n`` (cached; the one in force comes from the runtime)."""
@@ -356,7 +360,10 @@ class IterationProtocol:
         with collective(f"checkpoint of the actor into {directory}", self.info, None, iteration):
             self.compute.save_state(directory, iteration)
         if self.max_staleness and self.info.rank == 0:  # the samples drawn ahead of this gate: its replay buffer
-            save_replay(self.run_dir, directory, range(iteration, min(iteration + self.lead, self.num_iterations)))
+            # (complete iterations only: with partial rollout some may still decode; a resumed run draws them anew)
+            ahead = range(iteration, min(iteration + self.lead, self.num_iterations))
+            save_replay(self.run_dir, directory,
+                        [j for j in ahead if rollout_complete(self.run_dir, j, self.samples_per_iteration)])
 
     def restore(self, directory: Path) -> None:
         """Load the state of a run checkpoint (before the first epoch of a resumed incarnation)."""
@@ -481,6 +488,31 @@ class _Rollout:
     def held(self) -> int:
         return (self.decoder.held() if self.decoder else 0) + self.queued
 
+    def _land(self) -> None:
+        """The decoder's landing hook (at a token boundary): the running iteration's landing, where it has one."""
+        if self.it.landing is not None:
+            self.it.landing.take()
+
+    def carry_into(self, it: "_Iteration", js: list[int]) -> None:
+        """Partial rollout: go on in iteration ``it`` (the draws not ended, their requests still held or decoding)
+        and start drawing the iterations ``js`` there."""
+        ended = [d for d in self.draws if d.ended]  # every one of them is claimed whole: before ``current``
+        self.current -= len(ended)
+        self.it = it
+        self.draws = [d for d in self.draws if not d.ended] + [_Draw(it, j) for j in js]
+        for d in self.draws:
+            d.it = d.requests.it = it
+        self.done = False
+
+    def settle_before_carry(self) -> None:
+        """End the draws of the iterations up to the running one (trained whole: every sample is written)."""
+        for d in self.draws:
+            if not d.ended and d.j <= self.it.k:
+                if d.in_flight:
+                    raise ProtocolError(f"rank {self.it.rank}: iteration {self.it.k} trained with {d.in_flight} "
+                                        f"requests of iteration {d.j} still held here")
+                d.end()
+
     def _draw(self, j: int) -> _Draw:
         return next(d for d in self.draws if d.j == j)
 
@@ -592,7 +624,7 @@ class _Rollout:
             d.stage_writer()
         if self.decoder is None:
             landing = self.it.landing
-            self.decoder = self.p.compute.decoder(self.it.k, landing.take if landing and landing.takes else None)
+            self.decoder = self.p.compute.decoder(self.it.k, self._land if landing and landing.takes else None)
         self._collect(self.decoder.advance(now), now)
         now = time.time()  # a real engine spent time in advance()
         self._admit(now)
@@ -1225,8 +1257,11 @@ class _Iteration:
         self.generates = p.generated_in(k)
         # Parts of the iteration-start roles exist from the start, so a rank released before its
         # first pass still completes its (empty) manifests.
-        self.rollout: _Rollout | None = (_Rollout(self, self.generates) if self._is_rollout_head(start)
-                                         and self.generates else None)
+        carried, p._carried = p._carried, None  # partial rollout: the requests this head decodes on
+        if carried is not None:
+            carried.carry_into(self, self.generates)
+        self.rollout: _Rollout | None = carried or (_Rollout(self, self.generates) if self._is_rollout_head(start)
+                                                    and self.generates else None)
         # the rollouts reach inference and the actor with their rewards: scored beside the rollout, or by the
         # reward's own ranks into the rewards stage (placement.reward_ranks)
         self.upstream = REWARDS_STAGE if p.reward_ranks else ROLLOUTS_STAGE
@@ -1304,10 +1339,17 @@ class _Iteration:
         elif doc != self.last_doc:
             self.report_due = self.last_report + REPORT_EVERY_S  # do not sleep past a change
 
+    @property
+    def carries(self) -> bool:
+        """Partial rollout: this head's requests carry over into the next iteration (the next weights landed)."""
+        return (self.rollout is not None and not self.rollout.done and self.landing is not None
+                and self.landing.takes and self.landing.done)
+
     def _finished(self) -> bool:
+        rollout = None if self.carries else self.rollout
         return (self.actor.done and (self.cutter is None or (self.cutter.cut >= self.minibatches and self.cutter.drained))
                 and all(part is None or part.done
-                        for part in (self.rollout, self.reward, self.inference, self.critic, self.landing)))
+                        for part in (rollout, self.reward, self.inference, self.critic, self.landing)))
 
     def enter_training(self) -> None:
         """A shared rank's switch to training (once per iteration, before its first step)."""
@@ -1397,7 +1439,11 @@ class _Iteration:
         return f"mini-batch {self.actor.next} from the cutter rank {self.leader} ({self.actor.manifest})"
 
     def _finish(self) -> None:
-        for part in (self.rollout, self.reward, self.inference):
+        if self.carries:
+            assert self.rollout is not None
+            self.rollout.settle_before_carry()
+            self.p._carried = self.rollout
+        for part in (None if self.carries else self.rollout, self.reward, self.inference):
             if part is not None and not part.done:
                 raise ProtocolError(f"rank {self.rank}: iteration {self.k} ended with its "
                                     f"{type(part).__name__.strip('_').lower()} work unfinished")
