@@ -112,3 +112,48 @@ def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
     print_modes(json.loads(proc.stdout))
     text = capsys.readouterr().out
     assert "asynchronous, staleness 1:" in text and "algorithm.max_staleness=1 'cluster.component_placement={actor: " in text
+
+
+def _stream_setup(iterations: int = 4):
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.scheduler.simulate import build_setup
+
+    return build_setup(config_from_mapping(math_rl(8, num_iterations=iterations)), seed=0)[0]
+
+
+def test_partial_rollout_never_draws_a_sample_more_than_the_bound_ahead_nor_trains_it_later() -> None:
+    """``async_stream``: with partial rollout the requests of iteration ``j`` start once the rollout holds version
+    ``j - lead`` (the first iteration draws ``0 .. lead`` with version 0), every iteration ends after the one
+    before it, and no iteration is shorter than its own training on the actor's GPUs."""
+    from slurm_rl.scheduler.async_stream import stream
+
+    setup = _stream_setup()
+    actor_gpus = len(setup.initial["actor"])
+    for lead in (1, 2):
+        run = stream(setup, lead)
+        assert run.partial_rollout is False and run.overlap  # set by simulate_async, which picks the placement
+        assert [it.policy_version for it in run.iterations] == [max(0, j - lead) for j in range(4)]
+        assert [it.staleness for it in run.iterations] == [min(j, lead) for j in range(4)]
+        ends = [0.0] + [it.train_end_s for it in run.iterations]
+        assert ends == sorted(ends) and run.total_time_s == ends[-1]
+        # the actor trains at least one iteration's tokens per iteration: 2 GPUs at the cost model's law
+        assert all(b - a >= 0.99 * setup.cost.seconds("actor", setup.batch.samples_per_iteration * setup.prompt_len,
+                                                       actor_gpus) for a, b in zip(ends, ends[1:]))
+    with pytest.raises(ValueError, match="lead 0"):
+        stream(setup, 0)
+
+
+@pytest.mark.slow
+def test_partial_rollout_overlaps_the_long_tail_the_gate_waits_for() -> None:
+    """On math-RL's long tail (8 GPUs, 6 iterations) the rollout's requests carrying over the gates run the
+    iterations after the first faster than the gate-bound async run and the synchronous one on their best splits;
+    ``simulate_async`` reports the placement and that it modelled partial rollout."""
+    doc = math_rl(8, num_iterations=6)
+    gate = simulate_async(doc, [1], seed=0)[1]
+    partial = simulate_async(doc, [1, 2], seed=0, partial=True)
+    for k, run in partial.items():
+        assert run.partial_rollout and max(it.staleness for it in run.iterations) <= k
+        assert run.steady_iteration_s < gate.steady_iteration_s
+        assert run.steady_iteration_s < run.sync_time_s / 6
+        assert sorted(r for ranks in run.placement.values() for r in ranks) == list(range(8))
+    assert partial[2].steady_iteration_s <= partial[1].steady_iteration_s * 1.05
