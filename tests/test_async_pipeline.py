@@ -89,8 +89,9 @@ def test_a_run_with_staleness_on_a_dynamic_policy_is_refused_naming_the_simulato
 
 
 def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
-    """``slurm-rl simulate --compare-modes`` on an 8-GPU math-RL config: staleness 1 and 2 beside the modes, each on
-    the split it chose, with the staleness of each iteration at most its bound."""
+    """``slurm-rl simulate --compare-modes`` on an 8-GPU math-RL config: staleness 1 and 2 beside the modes, the
+    rollout waiting at the gates and with partial rollout, each on the split it chose, with the staleness of each
+    iteration at most its bound and the overrides that run it."""
     import json
     import subprocess
     import sys
@@ -103,7 +104,7 @@ def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["asynchronous"]["rows"]
-    assert [r["max_staleness"] for r in rows] == [1, 2]
+    assert [(r["max_staleness"], r["partial_rollout"]) for r in rows] == [(1, False), (2, False), (1, True), (2, True)]
     for r in rows:
         assert max(r["staleness"]) <= r["max_staleness"] and sum(r["gpus"].values()) == 8
         assert r["mean_iteration_s"] > 0
@@ -112,6 +113,8 @@ def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
     print_modes(json.loads(proc.stdout))
     text = capsys.readouterr().out
     assert "asynchronous, staleness 1:" in text and "algorithm.max_staleness=1 'cluster.component_placement={actor: " in text
+    assert "asynchronous, staleness 2, partial rollout:" in text
+    assert "algorithm.max_staleness=2 rollout.partial_rollout=true 'cluster.component_placement={actor: " in text
 
 
 def _stream_setup(iterations: int = 4):

@@ -55,7 +55,10 @@ def print_modes(result: dict[str, Any]) -> None:
     asynchronous = result.get("asynchronous", {})
     for row in asynchronous.get("rows", []):
         split = ", ".join(f"{c} {n}" for c, n in row["gpus"].items())
-        print(f"asynchronous, staleness {row['max_staleness']}: {row['mean_iteration_s']:.1f} s/iteration, "
+        partial = row.get("partial_rollout", False)
+        print(f"asynchronous, staleness {row['max_staleness']}{', partial rollout' if partial else ''}: "
+              f"{row['mean_iteration_s']:.1f} s/iteration ({row['steady_iteration_s']:.1f} after the first), "
               f"{row['vs_fastest_mode']:.2f}x the fastest mode, on {split} GPUs ({asynchronous['why']}):")
         where = ", ".join(f"{c}: \"{r}\"" for c, r in row.get("placement", {}).items())
-        print(f"  algorithm.max_staleness={row['max_staleness']} 'cluster.component_placement={{{where}}}'")
+        print(f"  algorithm.max_staleness={row['max_staleness']}{' rollout.partial_rollout=true' if partial else ''} "
+              f"'cluster.component_placement={{{where}}}'")

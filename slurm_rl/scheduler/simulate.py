@@ -255,18 +255,25 @@ ASYNC_STALENESS = (1, 2)
 
 
 def _async_rows(cfg: Config, gpus: int | None, seed: int | None, fastest_s: float) -> dict[str, object]:
-    """The config run asynchronously (:mod:`~slurm_rl.scheduler.async_pipeline`) with each of :data:`ASYNC_STALENESS`
-    on the best disaggregated split (a live run takes it with that placement and ``scheduler.policy: static``)."""
+    """The config run asynchronously with each of :data:`ASYNC_STALENESS` on its best disaggregated split (a live run
+    takes it with that placement and ``scheduler.policy: static``): the rollout waiting at the gates
+    (:mod:`~slurm_rl.scheduler.async_pipeline`), then with partial rollout (its requests carried over the gates:
+    :mod:`~slurm_rl.scheduler.async_stream`; ``steady_iteration_s``: after the first iteration, which fills the
+    pipeline)."""
     from omegaconf import OmegaConf
 
     from slurm_rl.scheduler.async_pipeline import simulate_async
 
     if cfg.placement.mode != "disaggregated" or (gpus is not None and gpus != cfg.num_slots):
         return {"rows": [], "why": "needs the config's own GPUs on a disaggregated placement"}
-    reports = simulate_async(OmegaConf.to_container(cfg.raw, resolve=True), ASYNC_STALENESS, seed=seed)
-    rows = [{"max_staleness": k, "mean_iteration_s": round(r.mean_iteration_s, 3),
-             "vs_fastest_mode": round(fastest_s / r.mean_iteration_s, 3) if r.mean_iteration_s else None,
-             "gpus": {c: len(ranks) for c, ranks in r.placement.items()},
-             "placement": {c: compress_ranks(sorted(ranks)) for c, ranks in r.placement.items()},
-             "staleness": [it.staleness for it in r.iterations]} for k, r in sorted(reports.items())]
+    doc = OmegaConf.to_container(cfg.raw, resolve=True)
+    rows = []
+    for partial in (False, True):  # the rollout waiting at the gates, then its requests carried over them
+        reports = simulate_async(doc, ASYNC_STALENESS, seed=seed, partial=partial)
+        rows += [{"max_staleness": k, "partial_rollout": partial, "mean_iteration_s": round(r.mean_iteration_s, 3),
+                  "steady_iteration_s": round(r.steady_iteration_s, 3),
+                  "vs_fastest_mode": round(fastest_s / r.mean_iteration_s, 3) if r.mean_iteration_s else None,
+                  "gpus": {c: len(ranks) for c, ranks in r.placement.items()},
+                  "placement": {c: compress_ranks(sorted(ranks)) for c, ranks in r.placement.items()},
+                  "staleness": [it.staleness for it in r.iterations]} for k, r in sorted(reports.items())]
     return {"rows": rows, "why": "live: the row's overrides, under scheduler.policy static"}
