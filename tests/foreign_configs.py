@@ -81,6 +81,28 @@ def verl_gsm8k_grpo(train: Path, test: Path, model: Path) -> list[str]:
     ]
 
 
+def verl_fully_async(train: Path, test: Path, model: Path) -> list[str]:
+    """verl's fully async DAPO recipe on one node (recipe/fully_async_policy: 4 Trainer and 4 Rollouter GPUs,
+    staleness_threshold 1, partial rollout), its keys this translation knows, paths replaced."""
+    return [
+        f"data.train_files={train}", f"data.val_files={test}", "data.prompt_key=prompt",
+        "data.max_prompt_length=2048", "data.max_response_length=8192", "data.filter_overlong_prompts=True",
+        "data.train_batch_size=0", "data.gen_batch_size=1", "data.return_raw_chat=True",
+        "actor_rollout_ref.rollout.n=16", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.hybrid_engine=False",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=async",
+        "trainer.logger=['console']", "trainer.nnodes=1", "trainer.n_gpus_per_node=4",
+        "rollout.nnodes=1", "rollout.n_gpus_per_node=4", "rollout.total_rollout_steps=51200",
+        "rollout.total_epochs=10", "rollout.test_freq=10",
+        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=4",
+        "async_training.partial_rollout=True",
+    ]
+
+
 def rlinf_math_grpo(train: Path, model: Path, output_dir: Path) -> dict[str, Any]:
     """RLinf's math GRPO config (every key of the source), paths replaced."""
     return {

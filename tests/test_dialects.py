@@ -19,6 +19,7 @@ from foreign_configs import (
     GSM8K_TRAIN_ROWS,
     rlinf_math_grpo,
     rlinf_math_grpo_dynamic,
+    verl_fully_async,
     verl_gsm8k_grpo,
     write_gsm8k_parquet,
     write_math_jsonl,
@@ -102,6 +103,51 @@ def test_verl_dynamic_batch_and_hydra_overrides(files: dict[str, Path]) -> None:
     assert cfg.train.max_tokens_per_microbatch == 4096 and cfg.train.group_size == 4
     assert cfg.train.global_batch_size == 256 * 4 and cfg.train.balance_batch is False
     assert cfg.train.num_iterations == 3
+
+
+def test_verl_fully_async_translates_to_an_async_run(files: dict[str, Path]) -> None:
+    """verl's fully async recipe: the Trainer's GPUs hold the actor and the reference, the Rollouter's the rollout
+    (on one node: side by side); a weight sync is one iteration (trigger_parameter_sync_step x require_batches x
+    ppo_mini_batch_size prompts); staleness_threshold becomes a bound on versions, rounded up; partial rollout
+    carries over; total_rollout_steps counts prompts."""
+    cfg, tr = _load("verl", [*verl_fully_async(files["train"], files["test"], files["model"]),
+                             "runtime.device=emulated"])
+    assert (cfg.cluster.num_nodes, cfg.cluster.gpus_per_node) == (1, 8)
+    ranks = {name: comp.ranks for name, comp in cfg.placement.components.items()}
+    assert ranks == {"actor": (0, 1, 2, 3), "inference": (0, 1, 2, 3), "rollout": (4, 5, 6, 7)}
+    assert cfg.algorithm.max_staleness == 1 and cfg.rollout.partial_rollout is True
+    assert cfg.train.rollout_batch_size == 4 * 32 and cfg.train.global_batch_size == 32 * 16
+    assert cfg.train.num_iterations == 51200 // (4 * 32) and cfg.eval.every == 10
+    assert cfg.algorithm.old_logprobs == "rollout" and cfg.scheduler.policy == "static"
+    rows = {r.foreign: r for r in tr.rows}
+    assert "ceil" in rows["async_training.staleness_threshold"].note
+    # a share of 0.5 is still one version; 0 is synchronous; two nodes of their own; the trainer recomputes
+    cfg, _ = _load("verl", [*verl_fully_async(files["train"], files["test"], files["model"]), "runtime.device=emulated",
+                            "async_training.staleness_threshold=0.5", "rollout.nnodes=2", "trainer.nnodes=2",
+                            "async_training.recompute_old_log_prob=True", "async_training.require_batches=2"])
+    assert cfg.algorithm.max_staleness == 1 and cfg.algorithm.old_logprobs == "actor"
+    assert (cfg.cluster.num_nodes, cfg.cluster.gpus_per_node) == (2, 8) and cfg.train.rollout_batch_size == 256
+    assert cfg.placement.components["rollout"].ranks == (4, 5, 6, 7, 12, 13, 14, 15)
+    cfg, _ = _load("verl", [*verl_fully_async(files["train"], files["test"], files["model"]), "runtime.device=emulated",
+                            "async_training.staleness_threshold=0", "rollout.nnodes=1", "trainer.nnodes=3",
+                            "async_training.partial_rollout=False"])
+    assert cfg.algorithm.max_staleness == 0 and (cfg.cluster.num_nodes, cfg.cluster.gpus_per_node) == (4, 4)
+    assert cfg.placement.components["rollout"].ranks == (12, 13, 14, 15)
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("actor_rollout_ref.rollout.name=vllm", "rollout.partial_rollout"),  # lands weights between generations only
+    ("rollout.nnodes=2", "rollout.n_gpus_per_node"),  # nodes of its own with another GPU count: rollout 4, trainer 2
+    ("rollout.total_rollout_steps=64", "rollout.total_rollout_steps"),  # under one weight sync's 128 prompts
+])
+def test_a_verl_fully_async_config_this_runtime_cannot_run_is_refused(files: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                                                      override: str, key: str) -> None:
+    extra = ["trainer.n_gpus_per_node=2"] if override.startswith("rollout.nnodes") else []
+    argv = ["validate", "verl", *verl_fully_async(files["train"], files["test"], files["model"]),
+            "runtime.device=emulated", *extra, override]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{key}: got" in err, err
 
 
 def test_rlinf_math_grpo_translates_to_the_same_run(files: dict[str, Path]) -> None:

@@ -8,6 +8,7 @@ rollout and reference on all ranks (RLinf's ``actor,rollout,inference: all``; th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -171,8 +172,8 @@ TABLE: tuple[Key, ...] = (
     Key(f"{R}.name", "the rollout engine", "rollout.backend", lambda v: "hf" if v == "hf" else "vllm",
         refuse=_one_of("vllm", "hf")),
     Key(f"{R}.mode", "sync | async", ignored="the rollout generates in the iteration protocol here; "
-        "algorithm.max_staleness is the asynchronous mode (the rollout draws the next iteration while the actor "
-        "trains, static disaggregated placements)",
+        "algorithm.max_staleness is the asynchronous mode (the rollout draws iterations ahead while the actor "
+        "trains, on ranks of its own: verl's async_training keys set it)",
         benign=lambda v: v in ("sync", "async")),
     Key(f"{R}.n", "responses per prompt", "train.group_size", int),
     Key(f"{R}.temperature", "sampling temperature", "algorithm.temperature", float),
@@ -267,6 +268,31 @@ TABLE: tuple[Key, ...] = (
     Key("trainer.ray_wait_register_center_timeout", "Ray's", ignored="no Ray here"),
     Key("ray_init.*", "Ray's start-up", ignored="no Ray here: one Slurm allocation, one process per GPU"),
     Key("ray_kwargs.*", "Ray's start-up", ignored="no Ray here: one Slurm allocation, one process per GPU"),
+    # verl's fully async recipe (recipe/fully_async_policy): a Trainer and a Rollouter on GPUs of their own
+    Key("async_training.staleness_threshold", "fully async: the share of a weight sync's samples that may be stale "
+        "(0: synchronous)", "algorithm.max_staleness", derived=True),
+    Key("async_training.partial_rollout", "fully async: requests a weight sync interrupts decode on with the new "
+        "weights", "rollout.partial_rollout", bool),
+    Key("async_training.trigger_parameter_sync_step", "fully async: the Trainer's updates between weight syncs",
+        "train.rollout_batch_size", derived=True),
+    Key("async_training.require_batches", "fully async: mini-batches the Trainer takes at once",
+        "train.rollout_batch_size", derived=True),
+    Key("async_training.use_rollout_log_probs", "fully async: the old log-probs are the rollout's",
+        "algorithm.old_logprobs", derived=True),
+    Key("async_training.recompute_old_log_prob", "fully async: the Trainer recomputes the old log-probs",
+        "algorithm.old_logprobs", derived=True),
+    Key("async_training.*", "the recipe's transfer and queue knobs", ignored="samples reach the actor as Arrow "
+        "files and weights by a broadcast here"),
+    Key("rollout.nnodes", "fully async: the Rollouter's nodes", "cluster.component_placement", derived=True),
+    Key("rollout.n_gpus_per_node", "fully async: the Rollouter's GPUs per node", "cluster.component_placement",
+        derived=True),
+    Key("rollout.total_rollout_steps", "fully async: the prompts the Rollouter draws in all", "train.num_iterations",
+        derived=True),
+    Key("rollout.total_epochs", "fully async: the Rollouter's passes over the prompts",
+        ignored="rollout.total_rollout_steps sets the iterations"),
+    Key("rollout.test_freq", "fully async: validation every N weight syncs", "eval.every", derived=True),
+    Key("data.gen_batch_size", "fully async: prompts the Rollouter takes at once", ignored="each rollout rank "
+        "claims requests as its engine has room", benign=lambda v: True),
     Key("hydra.*", "Hydra's own settings", ignored="no Hydra here"),
     Key("defaults", "Hydra's defaults list", ignored="no Hydra here: verl's defaults are built in"),
 )
@@ -310,21 +336,92 @@ def derive(v: Mapping[str, Any], given: set[str], out: Out) -> None:
         else:
             out.set("actor.lr_decay_style", style, key, style)
     estimator = v["algorithm.adv_estimator"]
-    entry = "actor,critic,rollout,inference" if estimator == "gae" else "actor,rollout,inference"
-    out.set("cluster.component_placement", {entry: "all"}, f"{ARR}.hybrid_engine", True,
-            "verl's hybrid engine: every role on every GPU (the reference on the inference component)", False)
     out.set("reward.name", "auto", "custom_reward_function.path", None, "verl's default: by data_source", False)
     out.set("data.answer_key", "reward_model.ground_truth", "data.reward_fn_key", "data_source",
             "verl's layout: the answer in reward_model.ground_truth", False)
+    if any(key.startswith(("async_training.", "rollout.")) for key in given):
+        _fully_async(v, given, out, mini, n, estimator == "gae")
+        return
+    entry = "actor,critic,rollout,inference" if estimator == "gae" else "actor,rollout,inference"
+    out.set("cluster.component_placement", {entry: "all"}, f"{ARR}.hybrid_engine", True,
+            "verl's hybrid engine: every role on every GPU (the reference on the inference component)", False)
     _steps(v, given, out, mini * n)
 
 
-def _steps(v: Mapping[str, Any], given: set[str], out: Out, samples_per_step: int) -> None:
+def _fully_async(v: Mapping[str, Any], given: set[str], out: Out, mini: int, n: int, critic: bool) -> None:
+    """verl's fully async recipe: the Trainer's GPUs (trainer.*) hold the actor and the reference (the inference
+    component; the critic too under gae), the Rollouter's (rollout.*) the rollout, side by side on each node when
+    both name the same nodes; an iteration is one weight sync (trigger_parameter_sync_step x require_batches
+    mini-batches); staleness_threshold (a share of stale samples) becomes a bound on versions."""
+    t_nodes, t_gpus = int(v["trainer.nnodes"]), int(v["trainer.n_gpus_per_node"])
+    r_nodes, r_gpus = int(v.get("rollout.nnodes", t_nodes)), v.get("rollout.n_gpus_per_node")
+    if r_gpus is None:
+        out.refuse("rollout.n_gpus_per_node", None, "the Rollouter's GPUs per node (verl's fully async recipe)")
+        return
+    r_gpus = int(r_gpus)
+    if r_nodes == t_nodes:  # the GPUs of each node shared: the Trainer's first, the Rollouter's after them
+        nodes, per_node = t_nodes, t_gpus + r_gpus
+        trainer = [i * per_node + g for i in range(nodes) for g in range(t_gpus)]
+    elif r_gpus == t_gpus:  # nodes of their own
+        nodes, per_node = t_nodes + r_nodes, t_gpus
+        trainer = list(range(t_nodes * t_gpus))
+    else:
+        out.refuse("rollout.n_gpus_per_node", r_gpus, f"trainer.n_gpus_per_node ({t_gpus}) where the Rollouter has "
+                   f"nodes of its own (rollout.nnodes {r_nodes} != trainer.nnodes {t_nodes}): one GPU count per node")
+        return
+    from slurm_rl.rules import compress_ranks
+
+    rollout = sorted(set(range(nodes * per_node)) - set(trainer))
+    entry = "actor,critic,inference" if critic else "actor,inference"
+    why = f"trainer {t_nodes} x {t_gpus} GPUs, Rollouter {r_nodes} x {r_gpus}"
+    out.set("cluster.num_nodes", nodes, "rollout.nnodes", r_nodes, why)
+    out.set("cluster.gpus_per_node", per_node, "rollout.n_gpus_per_node", r_gpus, why)
+    out.set("cluster.component_placement", {entry: compress_ranks(trainer), "rollout": compress_ranks(rollout)},
+            "rollout.n_gpus_per_node", r_gpus, "the Trainer's GPUs (the reference on them), the Rollouter's apart")
+    a = "async_training."
+    threshold = float(v.get(a + "staleness_threshold") or 0.0)
+    bound = math.ceil(threshold)
+    out.set("algorithm.max_staleness", bound, a + "staleness_threshold", threshold,
+            "a bound on each sample's age in versions (verl bounds the share of stale samples of a sync: up to "
+            f"{threshold:g} x a sync's samples drawn ahead); ceil" if threshold else "synchronous")
+    syncs = int(v.get(a + "trigger_parameter_sync_step") or 1)
+    batches = int(v.get(a + "require_batches") or 1)
+    prompts = syncs * batches * mini
+    out.set("train.rollout_batch_size", prompts, a + "trigger_parameter_sync_step", syncs,
+            f"x require_batches {batches} x ppo_mini_batch_size {mini}: the prompts of one weight sync (one iteration "
+            "here; its mini-batches stream in as their groups complete)")
+    if v.get(a + "recompute_old_log_prob"):
+        out.set("algorithm.old_logprobs", "actor", a + "recompute_old_log_prob", True, "scored with the iteration's "
+                "actor weights on the inference ranks")
+    elif v.get(a + "use_rollout_log_probs", True):
+        out.set("algorithm.old_logprobs", "rollout", a + "use_rollout_log_probs", True, "the recipe's default",
+                a + "use_rollout_log_probs" in given)
+    if "rollout.test_freq" in given:
+        out.set("eval.every", _freq(v["rollout.test_freq"]), "rollout.test_freq", v["rollout.test_freq"])
+    total = v.get("rollout.total_rollout_steps")
+    if total is None:
+        out.refuse("rollout.total_rollout_steps", None, f"the prompts to draw in all (a multiple of {prompts}, the "
+                   "prompts of one weight sync): it sets the iterations")
+        return
+    iterations = int(total) // prompts
+    if iterations < 1:
+        out.refuse("rollout.total_rollout_steps", total, f"at least the prompts of one weight sync ({prompts})")
+        return
+    out.set("train.num_iterations", iterations, "rollout.total_rollout_steps", total,
+            f"// {prompts} prompts per weight sync")
+    _steps(v, given, out, mini * n, iterations=iterations)
+
+
+def _steps(v: Mapping[str, Any], given: set[str], out: Out, samples_per_step: int,
+           iterations: int | None = None) -> None:
     """trainer.total_training_steps, else total_epochs x the steps of one epoch (rows // train_batch_size,
-    verl's dataloader drops the last partial batch); warmup and min LR follow from the steps."""
+    verl's dataloader drops the last partial batch), unless ``iterations`` are given (fully async); warmup and
+    min LR follow from the steps."""
     a = A + ".optim."
     total = v.get("trainer.total_training_steps")
-    if total is not None:
+    if iterations is not None:
+        steps = iterations
+    elif total is not None:
         steps = int(total)
         out.set("train.num_iterations", steps, "trainer.total_training_steps", total)
     else:
