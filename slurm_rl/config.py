@@ -1221,14 +1221,14 @@ def _async_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]
     if k < 1:
         return []
     issues = []
-    if root.scheduler.policy != "static":
+    if root.scheduler.policy not in ("static", "plan"):
         issues.append(ConfigIssue("scheduler.policy", root.scheduler.policy, (
-            f"static with algorithm.max_staleness {k} (cluster.auto_scheduler: false): auto and plan move ranks "
-            "inside a synchronous iteration; slurm-rl simulate --compare-modes chooses a placement for an async run")))
+            f"static or plan with algorithm.max_staleness {k}: auto moves ranks inside a synchronous iteration; "
+            "plan chooses an async run's placement once, at launch (slurm-rl simulate --compare-modes shows it)")))
     rollout = set(placement.components["rollout"].ranks) if "rollout" in placement.components else set()
     others = {r for name, comp in placement.components.items() if name != "rollout" for r in comp.ranks}
     others |= set(placement.critic_ranks) | set(placement.reward_ranks)
-    if rollout & others:
+    if rollout & others and root.scheduler.policy != "plan":  # plan chooses a placement of the rollout's own
         from slurm_rl.rules import compress_ranks
 
         issues.append(ConfigIssue("cluster.component_placement", dict(root.cluster.component_placement), (

@@ -99,7 +99,7 @@ BASE = {"cluster": {"num_nodes": 1, "gpus_per_node": 4,
 
 
 @pytest.mark.parametrize(("change", "key", "says"), [
-    ({"cluster": {"auto_scheduler": True}, "scheduler": {"policy": "auto"}}, "scheduler.policy", "static with"),
+    ({"cluster": {"auto_scheduler": True}, "scheduler": {"policy": "auto"}}, "scheduler.policy", "plan chooses"),
     ({"cluster": {"component_placement": {"actor,rollout": "0-1", "inference": "2-3"}}},
      "cluster.component_placement", "ranks of its own"),
     ({"algorithm": {"max_staleness": 1, "filter_groups": {"enable": True}}}, "algorithm.filter_groups.enable",
@@ -280,3 +280,32 @@ def test_a_stopped_partial_rollout_run_resumes_drawing_anew_what_was_in_flight(
         ids = [row["sample_id"] for row in _rollout_rows(run_dir, r["iteration"])]
         assert len(ids) == len(set(ids)) == r["samples"] == samples, (r["iteration"], sorted(ids))
         assert r["staleness/max"] <= STALENESS, r
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["gate", "partial"])
+def test_plan_chooses_an_async_runs_placement_at_launch_and_the_run_keeps_it(tmp_path: Path, partial: bool) -> None:
+    """``scheduler.policy: plan`` with a staleness bound on a placement with one rollout rank for two inference
+    ranks: the launch picks the split the simulator runs fastest (another one), says so, writes it into the
+    run's config.yaml under the static policy, and the run trains on it within the bound."""
+    from slurm_rl.config import load_config
+    from slurm_rl.rules import compress_ranks
+    from slurm_rl.scheduler.async_plan import plan_async
+
+    doc = json.loads(json.dumps(BASE))
+    doc["cluster"] |= {"auto_scheduler": True, "component_placement": {"actor": "0", "rollout": "1",
+                                                                       "inference": "2-3"}}
+    doc["scheduler"] = {"policy": "plan"}
+    doc["rollout"] = {"partial_rollout": partial}
+    doc["runtime"]["run_dir"] = str(tmp_path / "run")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = cli("run", str(path), "--no-inspect")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "scheduler.policy plan with algorithm.max_staleness 1: placement" in proc.stderr, proc.stderr
+    cfg = load_config(tmp_path / "run" / "config.yaml", [], env={})
+    assert cfg.scheduler.policy == "static" and cfg.placement.mode == "disaggregated"
+    ranks = {c: compress_ranks(sorted(p.ranks)) for c, p in cfg.placement.components.items()}
+    assert ranks == plan_async(load_config(path, [], env={}))[1]["placement"]
+    assert ranks != doc["cluster"]["component_placement"]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["iteration"] for r in rows] == [0, 1] and all(r["staleness/max"] <= 1 for r in rows)

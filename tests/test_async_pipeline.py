@@ -73,19 +73,36 @@ def test_math_rl_async_on_its_best_split_beats_the_synchronous_static_run() -> N
     assert sorted(r for ranks in one.placement.values() for r in ranks) == list(range(8))
 
 
-def test_a_run_with_staleness_on_a_dynamic_policy_is_refused_naming_the_simulator() -> None:
-    """``plan`` and ``auto`` move ranks inside a synchronous iteration: an async run is static, and the
-    message says where a placement for it is chosen."""
+def test_a_run_with_staleness_under_auto_is_refused_and_plan_chooses_its_placement_at_launch() -> None:
+    """``auto`` moves ranks inside a synchronous iteration: an async run under it is refused, the message naming
+    ``plan``; ``plan`` chooses the async run's placement once (``scheduler.async_plan``): the split the simulator
+    runs fastest with the config's bound, static from then on, never slower than the configured placement."""
     from slurm_rl.config import config_from_mapping
     from slurm_rl.placement import ConfigError
+    from slurm_rl.scheduler.async_plan import plan_async, plans_async
 
-    doc = math_rl(8, num_iterations=1)
+    doc = math_rl(8, num_iterations=3)
     doc["algorithm"] = {"max_staleness": 1}
-    doc["scheduler"]["policy"] = "plan"
+    doc["scheduler"]["policy"] = "auto"
     doc["cluster"]["auto_scheduler"] = True
     with pytest.raises(ConfigError) as err:
         config_from_mapping(doc)
-    assert any(i.key == "scheduler.policy" and "simulate --compare-modes" in i.allowed for i in err.value.issues)
+    assert any(i.key == "scheduler.policy" and "plan chooses" in i.allowed for i in err.value.issues)
+    doc["scheduler"]["policy"] = "plan"
+    cfg = config_from_mapping(doc)
+    assert plans_async(cfg)
+    overrides, chosen = plan_async(cfg)
+    assert overrides[1:] == ["scheduler.policy=static", "cluster.auto_scheduler=false"]
+    assert chosen["max_staleness"] == 1 and chosen["partial_rollout"] is False
+    assert chosen["simulated_s_per_iteration"] <= chosen["configured_s_per_iteration"]
+    from omegaconf import OmegaConf
+
+    planned = config_from_mapping(OmegaConf.to_container(OmegaConf.merge(
+        OmegaConf.create(doc), OmegaConf.from_dotlist(overrides)), resolve=True))
+    assert planned.scheduler.policy == "static" and not plans_async(planned)
+    ranks = {c: p.ranks for c, p in planned.placement.components.items()}
+    assert sorted(r for rs in ranks.values() for r in rs) == list(range(8))
+    assert not set(ranks["rollout"]) & (set(ranks["actor"]) | set(ranks["inference"]))
 
 
 def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:

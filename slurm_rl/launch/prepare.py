@@ -82,6 +82,16 @@ def prepare_run(
     if off:  # null: plan time-slices where it can; written down for the coordinator and a resume
         cfg = load_config(config_path, [*overrides, "scheduler.time_slicing=false"], env=env)
         print(f"scheduler.time_slicing: off for this run ({'; '.join(off)})", file=sys.stderr, flush=True)
+    from slurm_rl.scheduler.async_plan import plan_async, plans_async
+
+    if plans_async(cfg):  # plan chooses an async run's placement once, here; the run keeps it (static)
+        chosen_overrides, chosen = plan_async(cfg)
+        cfg = load_config(config_path, [*overrides, *chosen_overrides], env=env)
+        configured = chosen["configured_s_per_iteration"]
+        print(f"scheduler.policy plan with algorithm.max_staleness {chosen['max_staleness']}: placement "
+              f"{chosen['placement']} ({chosen['simulated_s_per_iteration']} s/iteration simulated from emulated.*"
+              + (f", {configured} s on the configured one" if configured is not None else "")
+              + "), kept for the run (scheduler.policy static)", file=sys.stderr, flush=True)
     notice = emulation_notice(cfg, os.environ if env is None else env)
     if notice is not None:  # the first line of the job's log (sbatch, submit) or of `slurm-rl run`
         print(notice, file=sys.stderr, flush=True)
