@@ -9,9 +9,11 @@ One JSON line per run:
 - ``reward_last20``: the mean reward over the last 20 iterations (the quickstart learns when it is >= 0.8);
 - ``staleness_max`` and ``staleness_counts`` over every actor batch (the samples' policy versions as the
   cutter saw them), and ``within_bound``: ``staleness_max <= max_staleness``;
-- ``mismatch_kl_mean``: KL(rollout policy || actor) per token, the off-policy gap the loss trains against.
+- ``mismatch_kl_mean``: KL(rollout policy || actor) per token, the off-policy gap the loss trains against;
+- ``partial_rollout`` (``--partial``: the bounds >= 1 run with ``rollout.partial_rollout``, weights landing
+  mid-generation and requests carried over the gates) and ``mixed_versions``: samples two versions drew.
 
-    .venv/bin/python tools/bench_async.py [--staleness 0,1,2] [--iterations 300] [--no-auto]
+    .venv/bin/python tools/bench_async.py [--staleness 0,1,2] [--iterations 300] [--no-auto] [--partial]
 
 Needs ``runs/toy`` (``tools/make_toy_files.py runs/toy``, which ``tools/quickstart.sh`` runs). A 300-iteration
 run takes ~3 minutes on a 2-core host.
@@ -48,7 +50,7 @@ def run(run_dir: Path, iterations: int, overrides: list[str]) -> float:
     return time.time() - t0
 
 
-def figures(run_dir: Path, bound: int, policy: str, wall: float) -> dict[str, Any]:
+def figures(run_dir: Path, bound: int, policy: str, wall: float, partial: bool = False) -> dict[str, Any]:
     """One run's JSON line (module docstring)."""
     from slurm_rl.control.events import read_events
     from slurm_rl.control.paths import RunPaths
@@ -69,7 +71,9 @@ def figures(run_dir: Path, bound: int, policy: str, wall: float) -> dict[str, An
             "reward_last20": round(statistics.fmean(r["reward_mean"] for r in rows[-20:]), 4),
             "staleness_max": worst, "staleness_counts": dict(sorted(counts.items())),
             "within_bound": worst <= bound,
-            "mismatch_kl_mean": round(statistics.fmean(mismatch), 6) if mismatch else None}
+            "mismatch_kl_mean": round(statistics.fmean(mismatch), 6) if mismatch else None,
+            "partial_rollout": partial,
+            "mixed_versions": sum(int(r.get("staleness/mixed_versions") or 0) for r in rows)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staleness", default="0,1,2", help="the bounds to run (comma-separated)")
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--no-auto", action="store_true", help="leave out the quickstart as shipped (auto)")
+    parser.add_argument("--partial", action="store_true", help="bounds >= 1 with rollout.partial_rollout")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    runs = [(int(k), "static", ["cluster.auto_scheduler=false", f"algorithm.max_staleness={int(k)}"])
+    runs = [(int(k), "static", ["cluster.auto_scheduler=false", f"algorithm.max_staleness={int(k)}",
+                                *(["rollout.partial_rollout=true"] if args.partial and int(k) >= 1 else [])])
             for k in args.staleness.split(",")]
     if not args.no_auto:
         runs.append((0, "auto", []))
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, (bound, policy, overrides) in enumerate(runs):
             run_dir = Path(tmp) / f"run{i}"
             wall = run(run_dir, args.iterations, overrides)
-            print(json.dumps(figures(run_dir, bound, policy, wall)), flush=True)
+            partial = "rollout.partial_rollout=true" in overrides
+            print(json.dumps(figures(run_dir, bound, policy, wall, partial)), flush=True)
     return 0
 
 

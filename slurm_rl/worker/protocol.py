@@ -496,8 +496,8 @@ class _Rollout:
     def carry_into(self, it: "_Iteration", js: list[int]) -> None:
         """Partial rollout: go on in iteration ``it`` (the draws not ended, their requests still held or decoding)
         and start drawing the iterations ``js`` there."""
-        ended = [d for d in self.draws if d.ended]  # every one of them is claimed whole: before ``current``
-        self.current -= len(ended)
+        # the draw claimed now keeps its place (one ended by settle_before_carry may not have been passed yet)
+        self.current = sum(1 for d in self.draws[:self.current] if not d.ended)
         self.it = it
         self.draws = [d for d in self.draws if not d.ended] + [_Draw(it, j) for j in js]
         for d in self.draws:
