@@ -425,7 +425,8 @@ class RolloutSection:
     max_num_batched_tokens: Optional[int] = None  # tokens per engine step; null: vLLM's default
     max_head_offpolicyness: Optional[int] = None  # AReaL's name of algorithm.max_staleness (null: that key's value)
     # asynchronous runs: the next weights land in the rollout while it decodes, at a token boundary (AReaL's
-    # interruptible generation; the switch of verl's async recipe, async_training.partial_rollout); false: between iterations
+    # interruptible generation; verl's async_training.partial_rollout), and its requests carry over the gates;
+    # false: the rollout finishes the iteration it draws before the gate, then takes the weights
     partial_rollout: bool = False
 
 
@@ -489,7 +490,8 @@ class AlgorithmSection:
     behav_imp_weight_cap: Optional[float] = None  # > 1 (AReaL's actor.behav_imp_weight_cap)
     # policy versions (iterations) a rollout may run ahead of the actor (AReaL's rollout.max_head_offpolicyness);
     # 0: on-policy. >= 1: the rollout of iteration j + 1 draws with the weights of iteration j while the actor
-    # trains j (one version ahead under any bound: it must end inside iteration j, so further would overlap no more)
+    # trains j (one version ahead without rollout.partial_rollout: it must end inside iteration j, so further
+    # would overlap no more; with it, up to this many ahead, its requests carrying over the gates)
     max_staleness: int = 0
     # what happens to a sample older than max_staleness: wait (the rollout waits for the weights; verl's wait).
     # A sample belongs to the iteration it trains in from its first token, so none can be older (nothing to drop)

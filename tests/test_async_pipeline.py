@@ -73,10 +73,13 @@ def test_math_rl_async_on_its_best_split_beats_the_synchronous_static_run() -> N
     assert sorted(r for ranks in one.placement.values() for r in ranks) == list(range(8))
 
 
-def test_a_run_with_staleness_under_auto_is_refused_and_plan_chooses_its_placement_at_launch() -> None:
+def test_a_run_with_staleness_under_auto_is_refused_and_plan_chooses_its_schedule_at_launch() -> None:
     """``auto`` moves ranks inside a synchronous iteration: an async run under it is refused, the message naming
-    ``plan``; ``plan`` chooses the async run's placement once (``scheduler.async_plan``): the split the simulator
-    runs fastest with the config's bound, static from then on, never slower than the configured placement."""
+    ``plan``; ``plan`` chooses the schedule once (``scheduler.async_plan``): on math-RL at 8 GPUs the gate-bound
+    async run loses to plan's own synchronous schedule (so the run goes synchronous, bound 0), partial rollout wins
+    (its split, static from then on, the bound kept)."""
+    from omegaconf import OmegaConf
+
     from slurm_rl.config import config_from_mapping
     from slurm_rl.placement import ConfigError
     from slurm_rl.scheduler.async_plan import plan_async, plans_async
@@ -92,11 +95,12 @@ def test_a_run_with_staleness_under_auto_is_refused_and_plan_chooses_its_placeme
     cfg = config_from_mapping(doc)
     assert plans_async(cfg)
     overrides, chosen = plan_async(cfg)
+    assert overrides == ["algorithm.max_staleness=0"] and chosen["policy"] == "plan"
+    assert chosen["synchronous_plan_s"] <= chosen["async_s"]
+    doc["rollout"] = {"partial_rollout": True}
+    overrides, chosen = plan_async(config_from_mapping(doc))
     assert overrides[1:] == ["scheduler.policy=static", "cluster.auto_scheduler=false"]
-    assert chosen["max_staleness"] == 1 and chosen["partial_rollout"] is False
-    assert chosen["simulated_s_per_iteration"] <= chosen["configured_s_per_iteration"]
-    from omegaconf import OmegaConf
-
+    assert chosen["max_staleness"] == 1 and chosen["async_s"] < chosen["synchronous_plan_s"]
     planned = config_from_mapping(OmegaConf.to_container(OmegaConf.merge(
         OmegaConf.create(doc), OmegaConf.from_dotlist(overrides)), resolve=True))
     assert planned.scheduler.policy == "static" and not plans_async(planned)

@@ -22,7 +22,8 @@ mode (static, co-located, co-located with offload, ``plan``), each on its best d
 math-RL with staleness 1. ``gate``: the rollout runs one version ahead and waits at each gate for its requests
 (``slurm_rl.scheduler.async_pipeline``, over ``--iterations``); ``partial``: with partial rollout its requests
 carry over the gates (``slurm_rl.scheduler.async_stream``, over ``--async-iterations``), measured after the first
-iteration (which fills the pipeline) against the synchronous modes after theirs.
+iteration (which fills the pipeline) against the synchronous modes after theirs; ``plan``: what ``plan`` runs
+for such a config (``slurm_rl.scheduler.async_plan``), the faster of that and its own synchronous schedule.
 
 Live half (``--live``): the same profile as emulated live runs at 8 and 32 ranks (one local
 process per rank, real epochs, acks, Arrow hand-off, mid-iteration decisions), with every cost
@@ -254,7 +255,23 @@ def asynchronous(sim: dict[str, Any], profiles: list[str], gpus: list[int], iter
                     part["target_k1"] = {"target": TARGET_ASYNC, "met": part["k1"]["vs_best_sync"] >= TARGET_ASYNC}
                 part["never_below_best_sync"] = all(part[f"k{k}"]["vs_best_sync"] >= 1.0 for k in ASYNC_STALENESS)
                 entry[kind] = part
+            entry["plan"] = _plan_rows(row, entry["partial"])
             out.setdefault(p, {})[str(g)] = entry
+    return out
+
+
+def _plan_rows(row: dict[str, Any], partial: dict[str, Any]) -> dict[str, Any]:
+    """``plan`` for a run with bound ``k`` and partial rollout (``scheduler.async_plan``): the faster, after the first
+    iteration, of the async split and plan's own synchronous schedule, against the best synchronous mode."""
+    best_s = partial["best_sync_s"]
+    sync_s = _steady(row["plan"])
+    out: dict[str, Any] = {}
+    for k in ASYNC_STALENESS:
+        async_s = partial[f"k{k}"]["steady_iteration_s"]
+        s = min(async_s, sync_s)
+        out[f"k{k}"] = {"steady_iteration_s": round(s, 3), "schedule": "async" if async_s < sync_s else "synchronous",
+                        "vs_best_sync": round(best_s / s, 3)}
+    out["never_below_best_sync"] = all(out[f"k{k}"]["vs_best_sync"] >= 1.0 for k in ASYNC_STALENESS)
     return out
 
 

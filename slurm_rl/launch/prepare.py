@@ -85,13 +85,17 @@ def prepare_run(
     from slurm_rl.scheduler.async_plan import plan_async, plans_async
 
     if plans_async(cfg):  # plan chooses an async run's placement once, here; the run keeps it (static)
+        bound = cfg.algorithm.max_staleness
         chosen_overrides, chosen = plan_async(cfg)
         cfg = load_config(config_path, [*overrides, *chosen_overrides], env=env)
-        configured = chosen["configured_s_per_iteration"]
-        print(f"scheduler.policy plan with algorithm.max_staleness {chosen['max_staleness']}: placement "
-              f"{chosen['placement']} ({chosen['simulated_s_per_iteration']} s/iteration simulated from emulated.*"
-              + (f", {configured} s on the configured one" if configured is not None else "")
-              + "), kept for the run (scheduler.policy static)", file=sys.stderr, flush=True)
+        figures = (f"simulated from emulated.* after the first iteration: {chosen['async_s']} s/iteration "
+                   f"asynchronous on its best split, {chosen['synchronous_plan_s']} s under plan synchronously")
+        if chosen["max_staleness"]:
+            print(f"scheduler.policy plan with algorithm.max_staleness {bound}: placement {chosen['placement']} "
+                  f"kept for the run (scheduler.policy static; {figures})", file=sys.stderr, flush=True)
+        else:
+            print(f"scheduler.policy plan with algorithm.max_staleness {bound}: synchronous (algorithm.max_staleness "
+                  f"0; {figures})", file=sys.stderr, flush=True)
     notice = emulation_notice(cfg, os.environ if env is None else env)
     if notice is not None:  # the first line of the job's log (sbatch, submit) or of `slurm-rl run`
         print(notice, file=sys.stderr, flush=True)

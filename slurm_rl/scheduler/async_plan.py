@@ -1,12 +1,17 @@
-"""``scheduler.policy: plan`` for an asynchronous run: the placement chosen once, at launch, by the simulator.
+"""``scheduler.policy: plan`` for an asynchronous run: the schedule chosen once, at launch, by the simulator.
 
 ``plan`` moves ranks between components inside a synchronous iteration; an asynchronous run's rollout decodes
 iterations ahead on ranks of its own, which such moves would take from it mid-draw. So for
-``algorithm.max_staleness`` >= 1 ``plan`` chooses the disaggregated split that the cost model (``emulated.*``:
-the simulator's, fitted to a live run by ``slurm-rl simulate --calibrate RUN_DIR``) runs fastest with the config's
-bound and partial-rollout switch (:func:`~slurm_rl.scheduler.async_pipeline.simulate_async`), and the run keeps
-it (``scheduler.policy: static`` from the launch on, written into ``RUN_DIR/config.yaml`` so that a resume keeps
-it too). It never raises the bound above the config's.
+``algorithm.max_staleness`` >= 1 ``plan`` weighs, with the cost model (``emulated.*``: the simulator's, fitted to a
+live run by ``slurm-rl simulate --calibrate RUN_DIR``), the disaggregated split that runs fastest with the config's
+bound and partial-rollout switch (:func:`~slurm_rl.scheduler.async_pipeline.simulate_async`) against its own
+synchronous schedule on the configured placement, per iteration after the first (a long run's figure):
+
+- asynchrony pays: the run keeps that split (``scheduler.policy: static`` from the launch on);
+- it does not: the run is synchronous under ``plan`` (``algorithm.max_staleness: 0``): plan never raises the bound,
+  and may lower it.
+
+Either way the choice is written into ``RUN_DIR/config.yaml``, so that a resume keeps it.
 """
 
 from __future__ import annotations
@@ -22,30 +27,32 @@ def plans_async(cfg: Config) -> bool:
 
 
 def plan_async(cfg: Config) -> tuple[list[str], dict[str, Any]]:
-    """The overrides that run ``cfg`` on the placement the simulator finds fastest for its bound (static from
-    then on), and what was chosen: the placement, the simulated seconds per iteration on it and on the configured
-    placement (None where that one cannot run asynchronously)."""
+    """The overrides that run ``cfg`` on the schedule the simulator finds fastest (module docstring), and what was
+    chosen: the bound, the placement, the simulated seconds per iteration after the first of it and of the other
+    candidate (``synchronous_plan_s``, ``async_s``)."""
     from omegaconf import OmegaConf
 
-    from slurm_rl.placement import ConfigError
     from slurm_rl.rules import compress_ranks
     from slurm_rl.scheduler.async_pipeline import simulate_async
+    from slurm_rl.scheduler.simulate import simulate
 
     k = int(cfg.algorithm.max_staleness)
     doc = OmegaConf.to_container(cfg.raw, resolve=True)
     assert isinstance(doc, dict)
     partial = bool(cfg.rollout.partial_rollout)
     best = simulate_async(doc, [k], seed=cfg.scheduler.seed, partial=partial)[k]
-    try:
-        configured = simulate_async(doc, [k], seed=cfg.scheduler.seed, search=False, partial=partial)[k]
-    except ConfigError:  # the configured placement shares the rollout's ranks
-        configured = None
+    sync = simulate(cfg, seed=cfg.scheduler.seed)  # plan's own synchronous schedule on the configured placement
+    later = [it.time_s for it in sync.iterations[1:]] or [it.time_s for it in sync.iterations]
+    sync_s, async_s = sum(later) / len(later), best.steady_iteration_s
+    figures = {"synchronous_plan_s": round(sync_s, 3), "async_s": round(async_s, 3)}
+    if sync_s <= async_s:
+        overrides = ["algorithm.max_staleness=0", *(["rollout.partial_rollout=false"] if partial else [])]
+        placement = {c: compress_ranks(sorted(p.ranks)) for c, p in cfg.placement.components.items()}
+        return overrides, {"max_staleness": 0, "partial_rollout": False, "placement": placement,
+                           "policy": "plan", **figures}
     placement = {c: compress_ranks(sorted(ranks)) for c, ranks in best.placement.items()}
     entries = ", ".join(f'"{c}": "{r}"' for c, r in placement.items())
     overrides = [f"cluster.component_placement={{{entries}}}", "scheduler.policy=static",
                  "cluster.auto_scheduler=false"]
-    figure = "steady_iteration_s" if partial else "mean_iteration_s"
-    chosen = {"max_staleness": k, "partial_rollout": partial, "placement": placement,
-              "simulated_s_per_iteration": round(getattr(best, figure), 3),
-              "configured_s_per_iteration": round(getattr(configured, figure), 3) if configured else None}
-    return overrides, chosen
+    return overrides, {"max_staleness": k, "partial_rollout": partial, "placement": placement, "policy": "static",
+                       **figures}
