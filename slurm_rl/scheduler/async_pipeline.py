@@ -80,11 +80,16 @@ class AsyncReport:
 
     @property
     def steady_iteration_s(self) -> float:
-        """The mean iteration after the first (which fills the pipeline: it draws the iterations ahead too)."""
+        """A long run's seconds per iteration: the mean over the iterations after the first (which fills the
+        pipeline: it draws the iterations ahead too) and before the last ones whose rollout drew nothing new (as
+        many as the samples' staleness: the pipeline drains); after the first where no such window is left."""
         its = self.iterations
         if len(its) < 2:
             return self.mean_iteration_s
-        return (self.total_time_s - its[0].train_end_s) / (len(its) - 1)
+        end = len(its) - max(it.staleness for it in its)
+        if end < 2:
+            end = len(its)
+        return (its[end - 1].train_end_s - its[0].train_end_s) / (end - 1)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
