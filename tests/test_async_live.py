@@ -172,15 +172,20 @@ def _rollout_rows(run_dir: Path, j: int) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow  # two runs (emulated ~8 s, cpu ~12 s)
+@pytest.mark.slow  # four runs (emulated ~8 s, cpu ~12 s)
+@pytest.mark.parametrize("bound", [1, 2])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_weights_landing_mid_generation_split_samples_between_two_versions(backend: str, tmp_path: Path) -> None:
-    """Partial rollout: the weights of version ``k + 1`` reach the rollout while it draws iteration ``k + 1``; the
+def test_weights_landing_mid_generation_split_samples_between_two_versions(backend: str, bound: int,
+                                                                           tmp_path: Path) -> None:
+    """Partial rollout: the weights of version ``k + 1`` reach the rollout while it draws iterations ahead; the
     samples decoding then record both versions (first token ``k``, last ``k + 1``), those started after it the new
-    one only, and none is lost or doubled; the metrics count the samples of two versions."""
+    one only, and none is lost or doubled; the metrics count the samples of two versions. The requests carry over
+    the gates: iteration ``j``'s samples start from version ``j - bound`` at the earliest (bound 2: up to two
+    iterations drawn ahead) and end by version ``j``."""
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
     cfg = partial_config(backend, run_dir)
+    cfg["algorithm"]["max_staleness"] = bound
     samples = cfg["train"]["rollout_batch_size"] * cfg["train"]["group_size"]
     config.write_text(yaml.safe_dump(cfg))
     proc = cli("run", str(config), "--no-inspect")
@@ -194,9 +199,9 @@ def test_weights_landing_mid_generation_split_samples_between_two_versions(backe
         ids = [r["sample_id"] for r in rows]
         assert len(ids) == len(set(ids)) == m["samples"] == samples, (k, sorted(ids))
         versions = {(r["weight_version"], r["weight_version_last"]) for r in rows}
-        assert versions <= ({(0, 0)} if k == 0 else {(k - 1, k - 1), (k - 1, k), (k, k)}), (k, versions)
+        assert all(max(0, k - bound) <= first <= last <= k for first, last in versions), (k, versions)
         two = sum(r["weight_version"] != r["weight_version_last"] for r in rows)
-        assert m["staleness/mixed_versions"] == two and m["staleness/max"] <= STALENESS, m
+        assert m["staleness/mixed_versions"] == two and m["staleness/max"] <= bound, m
         mixed += two
     assert mixed > 0, "no weights landed while a request decoded"
 
