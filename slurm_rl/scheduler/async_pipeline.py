@@ -46,8 +46,9 @@ from slurm_rl.scheduler.report import SimReport
 
 #: the shares of the GPUs (actor, inference) tried by :func:`simulate_async`; the rollout takes the rest
 SPLITS = ((0.125, 0.125), (0.25, 0.125), (0.125, 0.25), (0.25, 0.25), (0.375, 0.125), (0.375, 0.25))
-#: ... with partial rollout (:mod:`~slurm_rl.scheduler.async_stream`: no synchronous run per split, a finer grid)
-STREAM_SPLITS = tuple((a / 16, i / 16) for a in range(2, 14) for i in (1, 2, 3, 4))
+#: ... with partial rollout (:mod:`~slurm_rl.scheduler.async_stream`: no synchronous run per split, a finer grid;
+#: an inference share of 0: the inference on the actor's ranks, time-sliced, as verl's fully async recipe places it)
+STREAM_SPLITS = tuple((a / 16, i / 16) for a in range(2, 14) for i in (0, 1, 2, 3, 4))
 
 
 @dataclass(frozen=True)
@@ -152,10 +153,13 @@ def pipeline(report: SimReport, max_staleness: int, gpus: Mapping[str, int], ove
 
 def _split(n: int, actor_share: float, inference_share: float, unit: int) -> dict[str, str] | None:
     """A disaggregated placement of ``n`` GPUs in rank order actor, rollout, inference (the actor's GPUs a
-    multiple of ``unit``, its instance size), or None when a component would get none."""
+    multiple of ``unit``, its instance size), or None when a component would get none; an inference share of 0:
+    the inference on the actor's ranks (``actor,inference``), the rollout on the rest."""
     a = int(n * actor_share) // unit * unit
     i = int(n * inference_share)
     r = n - a - i
+    if not inference_share and min(a, r) >= 1:
+        return {"actor,inference": f"0-{a - 1}", "rollout": f"{a}-{n - 1}"}
     if min(a, i, r) < 1:
         return None
     return {"actor": f"0-{a - 1}", "rollout": f"{a}-{a + r - 1}", "inference": f"{a + r}-{n - 1}"}
@@ -237,7 +241,7 @@ def _simulate_stream(doc: Mapping[str, Any], max_staleness: Sequence[int], seed:
             setup, _ = build_setup(cfg, seed=seed)
         except (ConfigError, SimulationSetupError):
             continue
-        if any(cfg.placement.components[c].shared_with for c in cfg.placement.components):
+        if "rollout" not in cfg.placement.components or cfg.placement.components["rollout"].shared_with:
             continue  # the rollout decodes on ranks of its own
         for k in max_staleness:
             report = stream(setup, k)

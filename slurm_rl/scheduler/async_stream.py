@@ -17,7 +17,10 @@ The model, on a static disaggregated placement (the actor's, the rollout's and t
   samples at a time;
 - the actor trains iteration ``j``'s mini-batches from its scored groups as they come, after the iteration before;
   once it has trained the last one, version ``j + 1`` exists: the gate of ``j + 1`` (``iteration_overhead_s``
-  later), the weights land in the rollout and the next iteration's requests may start.
+  later), the weights land in the rollout and the next iteration's requests may start;
+- where the actor shares ranks with the inference (verl's fully async layout: reference scoring on the Trainer's
+  GPUs), those ranks time-slice them as the live ones do: the iteration is scored whole, then trained (the first
+  mini-batch pays ``phase_switch_s``, the actor's state coming back where it is parked).
 
 Decode speeds, lengths (the same draws as :mod:`~slurm_rl.scheduler.simulator`'s for the seed) and costs are the
 cost model's (:mod:`~slurm_rl.scheduler.cost_model`). A request's staleness is its iteration less the version
@@ -63,6 +66,7 @@ class _Stream:
         self.lengths = [s.lengths.sample(rng, self.n) for _ in range(self.iterations)]
         placement = s.initial
         self.actor_gpus, self.inference_gpus = len(placement["actor"]), len(placement["inference"])
+        self.time_sliced = bool(set(placement["actor"]) & set(placement["inference"]))
         self.instances = [_Instance(len(ranks)) for ranks in
                           rollout_instances(placement["rollout"], s.policy_cfg.rollout_ranks_per_instance)]
         self.cap = s.policy_cfg.max_running_requests
@@ -153,10 +157,13 @@ class _Stream:
             self.inference_batch = (j, take)
             seconds = cost.seconds("inference", sum(self._tokens(j, i) for i in take), self.inference_gpus)
             heapq.heappush(self.events, (self.t + seconds, next(self.seq), "scored", 0, 0))
-        if not self.actor_busy and len(self.scored[j]) >= self.gbs:
+        whole = not self.time_sliced or self.minibatch > 0 or len(self.scored[j]) == self.n
+        if not self.actor_busy and len(self.scored[j]) >= self.gbs and whole:
             take = [self.scored[j].popleft() for _ in range(self.gbs)]
             self.actor_busy = True
             seconds = cost.seconds("actor", sum(self._tokens(j, i) for i in take), self.actor_gpus)
+            if self.time_sliced and self.minibatch == 0:
+                seconds += self.s.phase_switch_s
             heapq.heappush(self.events, (self.t + seconds, next(self.seq), "trained", 0, 0))
 
     def _trained(self) -> None:
