@@ -1217,8 +1217,9 @@ def _shared_rank_problems(root: RootSchema, placement: Placement) -> list[Config
 
 
 def _async_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]:
-    """What an asynchronous run (``algorithm.max_staleness`` >= 1) needs: the rollout on ranks of its own under a
-    static placement, outside a co-execution group, without dynamic sampling."""
+    """What an asynchronous run (``algorithm.max_staleness`` >= 1) needs: the rollout on ranks of its own under the
+    static policy or ``plan`` (which chooses the schedule once, at launch: ``scheduler.async_plan``), outside a
+    co-execution group, without dynamic sampling."""
     k = root.algorithm.max_staleness
     if k < 1:
         return []
@@ -1230,7 +1231,7 @@ def _async_problems(root: RootSchema, placement: Placement) -> list[ConfigIssue]
     rollout = set(placement.components["rollout"].ranks) if "rollout" in placement.components else set()
     others = {r for name, comp in placement.components.items() if name != "rollout" for r in comp.ranks}
     others |= set(placement.critic_ranks) | set(placement.reward_ranks)
-    if rollout & others and root.scheduler.policy != "plan":  # plan chooses a placement of the rollout's own
+    if rollout & others:
         from slurm_rl.rules import compress_ranks
 
         issues.append(ConfigIssue("cluster.component_placement", dict(root.cluster.component_placement), (
