@@ -76,9 +76,9 @@ def test_math_rl_async_on_its_best_split_beats_the_synchronous_static_run() -> N
 def test_a_run_with_staleness_under_auto_is_refused_and_plan_chooses_its_schedule_at_launch() -> None:
     """``auto`` moves ranks inside a synchronous iteration: an async run under it is refused, the message naming
     ``plan``; ``plan`` chooses the schedule once (``scheduler.async_plan``): on math-RL at 8 GPUs the gate-bound
-    async run at bound 1 loses to plan's own synchronous schedule (so the run goes synchronous, bound 0), so does
-    partial rollout at bound 1 (measured 237.9 and 209.3 s against 198.9), and partial rollout at bound 2 wins (its
-    split, static from then on, the bound kept)."""
+    async run at bound 1 loses to plan's own synchronous schedule (measured 237.9 s against 198.9: the run goes
+    synchronous, bound 0); partial rollout wins at bounds 1 and 2 (172.3 and 143.9 s, the inference on the actor's
+    4 ranks: its split, static from then on, the bound kept)."""
     from omegaconf import OmegaConf
 
     from slurm_rl.config import config_from_mapping
@@ -99,19 +99,17 @@ def test_a_run_with_staleness_under_auto_is_refused_and_plan_chooses_its_schedul
     assert overrides == ["algorithm.max_staleness=0"] and chosen["policy"] == "plan"
     assert chosen["synchronous_plan_s"] <= chosen["async_s"]
     doc["rollout"] = {"partial_rollout": True}
-    overrides, chosen = plan_async(config_from_mapping(doc))
-    assert overrides == ["algorithm.max_staleness=0", "rollout.partial_rollout=false"]
-    assert chosen["synchronous_plan_s"] <= chosen["async_s"]
-    doc["algorithm"] = {"max_staleness": 2}
-    overrides, chosen = plan_async(config_from_mapping(doc))
-    assert overrides[1:] == ["scheduler.policy=static", "cluster.auto_scheduler=false"]
-    assert chosen["max_staleness"] == 2 and chosen["async_s"] < chosen["synchronous_plan_s"]
-    planned = config_from_mapping(OmegaConf.to_container(OmegaConf.merge(
-        OmegaConf.create(doc), OmegaConf.from_dotlist(overrides)), resolve=True))
-    assert planned.scheduler.policy == "static" and not plans_async(planned)
-    ranks = {c: p.ranks for c, p in planned.placement.components.items()}
-    assert sorted({r for rs in ranks.values() for r in rs}) == list(range(8))
-    assert not set(ranks["rollout"]) & (set(ranks["actor"]) | set(ranks["inference"]))
+    for bound in (1, 2):
+        doc["algorithm"] = {"max_staleness": bound}
+        overrides, chosen = plan_async(config_from_mapping(doc))
+        assert overrides[1:] == ["scheduler.policy=static", "cluster.auto_scheduler=false"]
+        assert chosen["max_staleness"] == bound and chosen["async_s"] < chosen["synchronous_plan_s"]
+        planned = config_from_mapping(OmegaConf.to_container(OmegaConf.merge(
+            OmegaConf.create(doc), OmegaConf.from_dotlist(overrides)), resolve=True))
+        assert planned.scheduler.policy == "static" and not plans_async(planned)
+        ranks = {c: p.ranks for c, p in planned.placement.components.items()}
+        assert sorted({r for rs in ranks.values() for r in rs}) == list(range(8))
+        assert not set(ranks["rollout"]) & (set(ranks["actor"]) | set(ranks["inference"]))
 
 
 def test_compare_modes_prints_the_asynchronous_rows(tmp_path, capsys) -> None:
@@ -176,7 +174,7 @@ def test_partial_rollout_never_draws_a_sample_more_than_the_bound_ahead_nor_trai
 def test_partial_rollout_overlaps_the_long_tail_the_gate_waits_for() -> None:
     """On math-RL's long tail (8 GPUs, 8 iterations) the rollout's requests carrying over the gates run a long
     run's iterations (after the first, before the pipeline drains) faster than the gate-bound async run and the
-    synchronous one on the same placement, and faster at bound 2 than at 1 (measured 209.3 and 155.2 s against
+    synchronous one on the same placement, and faster at bound 2 than at 1 (measured 172.3 and 143.9 s against
     237.9 and 323.4, on the inference on the actor's 4 ranks and 4 rollout ranks); ``simulate_async`` reports the
     placement (every rank, the rollout's its own) and that it modelled partial rollout."""
     doc = math_rl(8, num_iterations=8)
@@ -190,3 +188,27 @@ def test_partial_rollout_overlaps_the_long_tail_the_gate_waits_for() -> None:
         rollout = set(run.placement["rollout"])
         assert rollout and not rollout & (set(run.placement["actor"]) | set(run.placement["inference"]))
     assert partial[2].steady_iteration_s < partial[1].steady_iteration_s
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["resident", "parked"])
+def test_ranks_the_actor_shares_with_the_inference_do_one_thing_at_a_time(offload: bool) -> None:
+    """``async_stream`` on verl's fully async layout (the inference on the actor's 4 ranks, the rollout on 4 of its
+    own): the shared ranks never score and train at once; with the actor's state resident they interleave (an
+    iteration's first mini-batch trains before its last samples are scored, as verl's Trainer scores and trains
+    each batch it takes), parked (``actor.offload_*``) they score the iteration whole, then train."""
+    from slurm_rl.config import config_from_mapping
+    from slurm_rl.scheduler.async_stream import stream
+    from slurm_rl.scheduler.simulate import build_setup
+
+    doc = math_rl(8, num_iterations=4)
+    doc["cluster"]["component_placement"] = {"actor,inference": "0-3", "rollout": "4-7"}
+    doc["actor"] = {"offload_weight": offload}
+    setup = build_setup(config_from_mapping(doc), seed=0)[0]
+    assert setup.offloads is offload
+    spans = stream(setup, 2).spans
+    ordered = sorted(spans, key=lambda s: s[2])
+    assert all(a[3] <= b[2] + 1e-9 for a, b in zip(ordered, ordered[1:])), "scoring and training overlap"
+    for j in range(4):
+        first_training = min(s[2] for s in spans if s[:2] == ("training", j))
+        last_scoring = max(s[3] for s in spans if s[:2] == ("scoring", j))
+        assert (first_training < last_scoring) is not offload, (j, first_training, last_scoring)

@@ -74,6 +74,8 @@ class AsyncReport:
     placement: dict[str, list[int]] = field(default_factory=dict)
     iterations: list[AsyncIteration] = field(default_factory=list)
     partial_rollout: bool = False  # modelled by scheduler.async_stream (requests decode across the gates)
+    # async_stream: the inference's and the actor's busy spans, (scoring or training, iteration, start, end)
+    spans: list[tuple[str, int, float, float]] = field(default_factory=list)
 
     @property
     def mean_iteration_s(self) -> float:
@@ -94,6 +96,7 @@ class AsyncReport:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["spans"]
         out["mean_iteration_s"] = round(self.mean_iteration_s, 3)
         out["steady_iteration_s"] = round(self.steady_iteration_s, 3)
         out["staleness"] = [it.staleness for it in self.iterations]

@@ -19,8 +19,10 @@ The model, on a static disaggregated placement (the actor's, the rollout's and t
   once it has trained the last one, version ``j + 1`` exists: the gate of ``j + 1`` (``iteration_overhead_s``
   later), the weights land in the rollout and the next iteration's requests may start;
 - where the actor shares ranks with the inference (verl's fully async layout: reference scoring on the Trainer's
-  GPUs), those ranks time-slice them as the live ones do: the iteration is scored whole, then trained (the first
-  mini-batch pays ``phase_switch_s``, the actor's state coming back where it is parked).
+  GPUs), those ranks time-slice them as the live ones do, one thing at a time: where the actor's state parks
+  between phases (``actor.offload_*``) the iteration is scored whole, then trained (the first mini-batch pays
+  ``phase_switch_s``, the state coming back); else scoring and training interleave, a ready mini-batch first,
+  as verl's Trainer scores and trains each batch it takes.
 
 Decode speeds, lengths (the same draws as :mod:`~slurm_rl.scheduler.simulator`'s for the seed) and costs are the
 cost model's (:mod:`~slurm_rl.scheduler.cost_model`). A request's staleness is its iteration less the version
@@ -67,6 +69,7 @@ class _Stream:
         placement = s.initial
         self.actor_gpus, self.inference_gpus = len(placement["actor"]), len(placement["inference"])
         self.time_sliced = bool(set(placement["actor"]) & set(placement["inference"]))
+        self.interleaved = self.time_sliced and not s.offloads
         self.instances = [_Instance(len(ranks)) for ranks in
                           rollout_instances(placement["rollout"], s.policy_cfg.rollout_ranks_per_instance)]
         self.cap = s.policy_cfg.max_running_requests
@@ -86,6 +89,7 @@ class _Stream:
         self.first_start = [None] * self.iterations
         self.last_end = [0.0] * self.iterations
         self.start_version: dict[Request, int] = {}
+        self.spans: list[tuple[str, int, float, float]] = []  # (scoring or training, iteration, start, end)
 
     def _tokens(self, j: int, i: int) -> int:
         return self.s.prompt_len + self.lengths[j][i]
@@ -152,18 +156,23 @@ class _Stream:
         if j >= self.iterations or self.t < self.gate[j]:  # the iteration's scorers and actor start at its gate
             return
         cost = self.s.cost
-        if self.inference_batch is None and self.scoring[j]:
+        ready = len(self.scored[j]) >= self.gbs
+        shared_busy = self.interleaved and (self.actor_busy or ready)  # the shared ranks train first
+        if self.inference_batch is None and self.scoring[j] and not shared_busy:
             take = [self.scoring[j].popleft() for _ in range(min(self.gbs, len(self.scoring[j])))]
             self.inference_batch = (j, take)
             seconds = cost.seconds("inference", sum(self._tokens(j, i) for i in take), self.inference_gpus)
+            self.spans.append(("scoring", j, self.t, self.t + seconds))
             heapq.heappush(self.events, (self.t + seconds, next(self.seq), "scored", 0, 0))
-        whole = not self.time_sliced or self.minibatch > 0 or len(self.scored[j]) == self.n
-        if not self.actor_busy and len(self.scored[j]) >= self.gbs and whole:
+        whole = not self.time_sliced or self.interleaved or self.minibatch > 0 or len(self.scored[j]) == self.n
+        scoring = self.interleaved and self.inference_batch is not None
+        if not self.actor_busy and ready and whole and not scoring:
             take = [self.scored[j].popleft() for _ in range(self.gbs)]
             self.actor_busy = True
             seconds = cost.seconds("actor", sum(self._tokens(j, i) for i in take), self.actor_gpus)
             if self.time_sliced and self.minibatch == 0:
                 seconds += self.s.phase_switch_s
+            self.spans.append(("training", j, self.t, self.t + seconds))
             heapq.heappush(self.events, (self.t + seconds, next(self.seq), "trained", 0, 0))
 
     def _trained(self) -> None:
@@ -199,7 +208,7 @@ class _Stream:
             versions = [self.start_version[j, i] for i in range(self.n)]
             out.append(AsyncIteration(j, float(self.first_start[j] or 0.0), self.last_end[j], self.gate[j + 1],
                                       min(versions), j - min(versions)))
-        return AsyncReport(self.lead, self.gate[self.iterations], 0.0, True, {}, out)
+        return AsyncReport(self.lead, self.gate[self.iterations], 0.0, True, {}, out, spans=self.spans)
 
 
 def stream(setup: SimSetup, lead: int) -> AsyncReport:

@@ -159,6 +159,7 @@ def build_setup(cfg: Config, gpus: int | None = None, policy: str | None = None,
         seed=seed if seed is not None else s.seed, iteration_overhead_s=s.iteration_overhead_s,
         collocated=time_sliced,
         phase_switch_s=cost.offload_seconds(cfg.actor.tensor_parallel) if may_share and offloads else 0.0,
+        offloads=offloads,
         critic_dp=len(cfg.placement.critic_ranks) // critic_tp(cfg),
     )
     return setup, base

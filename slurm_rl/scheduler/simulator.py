@@ -76,6 +76,7 @@ class SimSetup:
     # ranks of ``initial`` may serve several components (they time-slice them, as in any shared epoch)
     collocated: bool = False
     phase_switch_s: float = 0.0  # a shared epoch: extra seconds of a move of the actor (its offload or onload)
+    offloads: bool = False  # the actor's state parks between a shared rank's phases (actor.offload_*)
     # PPO's critic on ranks of its own (0: none, or on the actor's ranks): its DP size. It trains each mini-batch
     # once it is stamped and it is free, at the actor's cost law; the iteration ends once it has trained them all
     critic_dp: int = 0

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from slurm_rl.config import Config, critic_tp
+from slurm_rl.config import Config, actor_offloads, critic_tp
 from slurm_rl.control.acks import write_reshard
 from slurm_rl.control.atomic import atomic_write_json, read_json
 from slurm_rl.control.epochs import Epoch, read_epoch_file
@@ -809,8 +809,11 @@ class _Inference:
                     tables.append(self.queue.pop(0))
                     rows += tables[-1].num_rows
                 batch = pa.concat_tables(tables).combine_chunks()
-            self.inflight = self.it.p.compute.score(self.it.k, batch, now, len(self.ranks))[::-1]
-            self.busy_s += max(0.0, self.inflight[0] - now)
+            at = max(now, self.it.training_until()) if self.it.interleaved else now  # one thing at a time
+            self.inflight = self.it.p.compute.score(self.it.k, batch, at, len(self.ranks))[::-1]
+            self.busy_s += max(0.0, self.inflight[0] - at)
+            if self.it.interleaved and self.inflight[0] > time.time():  # a predicted end (the cutter starts after it)
+                atomic_write_json(self.it.scoring_path(self.it.rank), {"until": self.inflight[0]}, durable=False)
             self._land(time.time())
         if self.inflight is None and not self.queue and self.follower.complete:
             self.writer.close()
@@ -1045,7 +1048,7 @@ class _Cutter:
         replay = self.cut >= self.per_pass  # a later pass (actor.ppo_epochs) over the first pass's mini-batches
         if not replay and self.ready_rows < self.gbs:
             return scored_at
-        if self.it.collocated and not self.received_all:
+        if self.it.collocated and not self.it.interleaved and not self.received_all:
             return scored_at  # collocated: training starts once the rollout (and inference) phase has ended
         if not self.previous_done(now):
             return self.prev_end if self.prev_end is not None else now + self.it.p.poll
@@ -1067,8 +1070,9 @@ class _Cutter:
         seconds = self.it.p.compute.predict_train_seconds(tokens, self.last_actor, actor)
         if seconds is not None and self.it.collocated and self.cut == 0:  # the shared ranks switch to training first
             seconds += self.it.p.compute.predict_switch_seconds() or 0.0
-        self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": now, "seconds": seconds,
-                          "ready_at": None if seconds is None else now + seconds, "rows": batch.num_rows,
+        start = max(now, self.it.scoring_until()) if self.it.interleaved else now  # after the shared ranks' scoring
+        self.plan.append({"index": self.cut, "epoch": rt.epoch.epoch, "start_at": start, "seconds": seconds,
+                          "ready_at": None if seconds is None else start + seconds, "rows": batch.num_rows,
                           "tokens": tokens, "dp": len(actor), "tp": rt.epoch.tp_of("actor"),  # dp: actor ranks
                           "resharded": actor != self.last_actor, "ppo_epoch": self.cut // self.per_pass})
         atomic_write_json(stage_dir(self.it.p.run_dir, self.it.k, ACTOR_STAGE) / PLAN_FILE,
@@ -1076,7 +1080,7 @@ class _Cutter:
         self.writer.write(batch)
         self.last_actor = actor
         self.cut += 1
-        self.prev_end = None if seconds is None else now + seconds
+        self.prev_end = None if seconds is None else start + seconds
         if self.cut == self.per_pass and not self.filtering:  # dynamic sampling leaves kept groups untrained
             left = sum(t.num_rows for t in self.buffer)
             if left:
@@ -1249,6 +1253,11 @@ class _Iteration:
         self.collocated = bool(set(start_actor) & (set(self.start_rollout) | set(self.start_inference)))
         # this rank's own share: it generates or scores, then trains (engines switched between the phases)
         self.shared_rank = self.rank in start_actor and self.rank in (set(self.start_rollout) | set(self.start_inference))
+        # Partial rollout with the actor on ranks it shares with the inference only, its state never parked (verl's
+        # fully async Trainer): the shared ranks interleave scoring and training, one thing at a time, instead of
+        # scoring the iteration whole first (``async_stream`` models the same).
+        self.interleaved = (self.collocated and p.partial and not set(start_actor) & set(self.start_rollout)
+                            and not actor_offloads(p.cfg))
         self.training_phase = False
         rt.counters.update({"rollout_finished": 0, "rollout_running": 0, "migrated_out": 0, "inference_done": 0,
                             "actor_minibatches_done": 0, "actor_busy": False, "boundary_at": None})
@@ -1338,6 +1347,22 @@ class _Iteration:
             self.report_due = None
         elif doc != self.last_doc:
             self.report_due = self.last_report + REPORT_EVERY_S  # do not sleep past a change
+
+    def scoring_path(self, rank: int) -> Path:
+        """Where an interleaved shared rank says until when it scores (a predicted end: emulated)."""
+        return stage_dir(self.p.run_dir, self.k, INFERENCE_STAGE) / f"scoring-until-{rank:05d}.json"
+
+    def scoring_until(self) -> float:
+        """When the shared ranks' scoring in flight ends (0: none predicted)."""
+        ends = [read_json(path)["until"] for path in stage_dir(self.p.run_dir, self.k, INFERENCE_STAGE)
+                .glob("scoring-until-*.json")]
+        return max(ends, default=0.0)
+
+    def training_until(self) -> float:
+        """When the last stamped mini-batch of this iteration ends (0: none stamped, or its end not predicted)."""
+        path = stage_dir(self.p.run_dir, self.k, ACTOR_STAGE) / PLAN_FILE
+        plan = read_json(path)["minibatches"] if path.exists() else []
+        return max((e["ready_at"] for e in plan if e.get("ready_at") is not None), default=0.0)
 
     @property
     def carries(self) -> bool:
