@@ -161,6 +161,7 @@ def test_partial_rollout_never_draws_a_sample_more_than_the_bound_ahead_nor_trai
         assert run.partial_rollout is False and run.overlap  # set by simulate_async, which picks the placement
         assert [it.policy_version for it in run.iterations] == [max(0, j - lead) for j in range(4)]
         assert [it.staleness for it in run.iterations] == [min(j, lead) for j in range(4)]
+        assert run.rollout_occupancy is not None and 0 < run.rollout_occupancy <= 1
         ends = [0.0] + [it.train_end_s for it in run.iterations]
         assert ends == sorted(ends) and run.total_time_s == ends[-1]
         # the actor trains at least one iteration's tokens per iteration: 2 GPUs at the cost model's law

@@ -251,6 +251,8 @@ def asynchronous(sim: dict[str, Any], profiles: list[str], gpus: list[int], iter
                     part[f"k{k}"] = {figure: mean, "vs_best_sync": round(part["best_sync_s"] / mean, 3),
                                      "max_staleness_seen": max(max(r["staleness"]) for r in runs),
                                      "placement_gpus": [{c: len(v) for c, v in r["placement"].items()} for r in runs]}
+                    if partial:  # how much of the time the rollout's slots decode (the rest: waiting for a version)
+                        part[f"k{k}"]["rollout_occupancy"] = _mean([r["rollout_occupancy"] for r in runs])
                 if p == "math_rl" and g in (64, 256):
                     part["target_k1"] = {"target": TARGET_ASYNC, "met": part["k1"]["vs_best_sync"] >= TARGET_ASYNC}
                 part["never_below_best_sync"] = all(part[f"k{k}"]["vs_best_sync"] >= 1.0 for k in ASYNC_STALENESS)

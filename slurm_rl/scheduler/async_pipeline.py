@@ -74,6 +74,8 @@ class AsyncReport:
     placement: dict[str, list[int]] = field(default_factory=dict)
     iterations: list[AsyncIteration] = field(default_factory=list)
     partial_rollout: bool = False  # modelled by scheduler.async_stream (requests decode across the gates)
+    # async_stream: the rollout's running requests over its slots, averaged over the run (None: not modelled)
+    rollout_occupancy: float | None = None
     # async_stream: the inference's and the actor's busy spans, (scoring or training, iteration, start, end)
     spans: list[tuple[str, int, float, float]] = field(default_factory=list)
 

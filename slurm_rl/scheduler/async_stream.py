@@ -90,6 +90,7 @@ class _Stream:
         self.last_end = [0.0] * self.iterations
         self.start_version: dict[Request, int] = {}
         self.spans: list[tuple[str, int, float, float]] = []  # (scoring or training, iteration, start, end)
+        self.running_s = 0.0  # request-seconds the rollout's slots ran
 
     def _tokens(self, j: int, i: int) -> int:
         return self.s.prompt_len + self.lengths[j][i]
@@ -189,7 +190,9 @@ class _Stream:
     def run(self) -> AsyncReport:
         self._dispatch()
         while self.actor_iteration < self.iterations:
-            self.t, _, kind, key, version = heapq.heappop(self.events)
+            t, _, kind, key, version = heapq.heappop(self.events)
+            self.running_s += (t - self.t) * sum(len(inst.running) for inst in self.instances)
+            self.t = t
             if kind == "decode":
                 self._decoded(key, version)
             elif kind == "scored":
@@ -208,7 +211,9 @@ class _Stream:
             versions = [self.start_version[j, i] for i in range(self.n)]
             out.append(AsyncIteration(j, float(self.first_start[j] or 0.0), self.last_end[j], self.gate[j + 1],
                                       min(versions), j - min(versions)))
-        return AsyncReport(self.lead, self.gate[self.iterations], 0.0, True, {}, out, spans=self.spans)
+        slots = self.cap * len(self.instances) * self.t
+        return AsyncReport(self.lead, self.gate[self.iterations], 0.0, True, {}, out,
+                           rollout_occupancy=self.running_s / slots if slots else None, spans=self.spans)
 
 
 def stream(setup: SimSetup, lead: int) -> AsyncReport:
