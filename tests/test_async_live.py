@@ -298,8 +298,9 @@ def test_a_stopped_partial_rollout_run_resumes_drawing_anew_what_was_in_flight(
 @pytest.mark.parametrize("partial", [False, True], ids=["gate", "partial"])
 def test_plan_chooses_an_async_runs_placement_at_launch_and_the_run_keeps_it(tmp_path: Path, partial: bool) -> None:
     """``scheduler.policy: plan`` with a staleness bound on a placement with one rollout rank for two inference
-    ranks: the launch picks the split the simulator runs fastest (another one), says so, writes it into the
-    run's config.yaml under the static policy, and the run trains on it within the bound."""
+    ranks: the launch picks the split the simulator runs fastest (another one: with partial rollout verl's fully
+    async one, the inference on the actor's ranks), says so, writes it into the run's config.yaml under the static
+    policy, and the run trains on it within the bound, the rollout on ranks of its own."""
     from slurm_rl.config import load_config
     from slurm_rl.rules import compress_ranks
     from slurm_rl.scheduler.async_plan import plan_async
@@ -316,7 +317,7 @@ def test_plan_chooses_an_async_runs_placement_at_launch_and_the_run_keeps_it(tmp
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "scheduler.policy plan with algorithm.max_staleness 1: placement" in proc.stderr, proc.stderr
     cfg = load_config(tmp_path / "run" / "config.yaml", [], env={})
-    assert cfg.scheduler.policy == "static" and cfg.placement.mode == "disaggregated"
+    assert cfg.scheduler.policy == "static" and not cfg.placement.components["rollout"].shared_with
     ranks = {c: compress_ranks(sorted(p.ranks)) for c, p in cfg.placement.components.items()}
     assert ranks == plan_async(load_config(path, [], env={}))[1]["placement"]
     assert ranks != doc["cluster"]["component_placement"]
