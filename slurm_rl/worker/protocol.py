@@ -809,10 +809,11 @@ class _Inference:
                     tables.append(self.queue.pop(0))
                     rows += tables[-1].num_rows
                 batch = pa.concat_tables(tables).combine_chunks()
-            at = max(now, self.it.training_until()) if self.it.interleaved else now  # one thing at a time
+            shared = self.it.interleaved and self.it.shared_rank  # one thing at a time: after the mini-batch stamped
+            at = max(now, self.it.training_until()) if shared else now
             self.inflight = self.it.p.compute.score(self.it.k, batch, at, len(self.ranks))[::-1]
             self.busy_s += max(0.0, self.inflight[0] - at)
-            if self.it.interleaved and self.inflight[0] > time.time():  # a predicted end (the cutter starts after it)
+            if shared and self.inflight[0] > time.time():  # a predicted end (the cutter's next stamp starts after it)
                 atomic_write_json(self.it.scoring_path(self.it.rank), {"until": self.inflight[0]}, durable=False)
             self._land(time.time())
         if self.inflight is None and not self.queue and self.follower.complete:
