@@ -11,9 +11,11 @@ One JSON line per run:
   cutter saw them), and ``within_bound``: ``staleness_max <= max_staleness``;
 - ``mismatch_kl_mean``: KL(rollout policy || actor) per token, the off-policy gap the loss trains against;
 - ``partial_rollout`` (``--partial``: the bounds >= 1 run with ``rollout.partial_rollout``, weights landing
-  mid-generation and requests carried over the gates) and ``mixed_versions``: samples two versions drew.
+  mid-generation and requests carried over the gates) and ``mixed_versions``: samples two versions drew;
+- ``placement``: ``--placement`` (the bounded runs' ``cluster.component_placement``), else null (the quickstart's).
 
     .venv/bin/python tools/bench_async.py [--staleness 0,1,2] [--iterations 300] [--no-auto] [--partial]
+        [--placement PLACEMENT]
 
 Needs ``runs/toy`` (``tools/make_toy_files.py runs/toy``, which ``tools/quickstart.sh`` runs). A 300-iteration
 run takes ~3 minutes on a 2-core host.
@@ -82,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--no-auto", action="store_true", help="leave out the quickstart as shipped (auto)")
     parser.add_argument("--partial", action="store_true", help="bounds >= 1 with rollout.partial_rollout")
+    parser.add_argument("--placement", help="cluster.component_placement of the bounded runs, e.g. "
+                        "\"{'actor,inference': '0-1', 'rollout': '2-3'}\" (verl's fully async layout)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    runs = [(int(k), "static", ["cluster.auto_scheduler=false", f"algorithm.max_staleness={int(k)}",
+    placed = [f"cluster.component_placement={args.placement}"] if args.placement else []
+    runs = [(int(k), "static", ["cluster.auto_scheduler=false", f"algorithm.max_staleness={int(k)}", *placed,
                                 *(["rollout.partial_rollout=true"] if args.partial and int(k) >= 1 else [])])
             for k in args.staleness.split(",")]
     if not args.no_auto:
@@ -94,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(tmp) / f"run{i}"
             wall = run(run_dir, args.iterations, overrides)
             partial = "rollout.partial_rollout=true" in overrides
-            print(json.dumps(figures(run_dir, bound, policy, wall, partial)), flush=True)
+            placement = args.placement if placed and placed[0] in overrides else None
+            print(json.dumps({**figures(run_dir, bound, policy, wall, partial), "placement": placement}), flush=True)
     return 0
 
 
