@@ -18,7 +18,8 @@ scale: ``plan`` against the best of ``auto`` / ``auto+pre_process`` in points of
 against the best static mode (disaggregated or co-located), and the targets.
 
 Asynchronous rows (at 64 and more GPUs, unless ``--no-async``): staleness 1 and 2 against the best synchronous
-mode (static, co-located, co-located with offload, ``plan``), each on its best disaggregated split; target 1.4x on
+mode (static, co-located, co-located with offload, ``plan``), each on its best split (the rollout on GPUs of its
+own); target 1.4x on
 math-RL with staleness 1. ``gate``: the rollout runs one version ahead and waits at each gate for its requests
 (``slurm_rl.scheduler.async_pipeline``, over ``--iterations``); ``partial``: with partial rollout its requests
 carry over the gates (``slurm_rl.scheduler.async_stream``, over ``--async-iterations``), measured after the first
@@ -228,9 +229,9 @@ def asynchronous(sim: dict[str, Any], profiles: list[str], gpus: list[int], iter
                  jobs: int, partial_iterations: int) -> dict[str, Any]:
     """Staleness 1 and 2, the rollout waiting at the gates (``gate``: ``slurm_rl.scheduler.async_pipeline``,
     ``iterations``) and with partial rollout (``partial``: ``slurm_rl.scheduler.async_stream``,
-    ``partial_iterations``, after the first iteration), each on its best disaggregated split, against the best
-    synchronous mode of the simulated half (after its first iteration for ``partial``), per profile and scale,
-    with the target."""
+    ``partial_iterations``, after the first iteration), each on its best split (the rollout on GPUs of its own),
+    against the best synchronous mode of the simulated half (after its first iteration for ``partial``), per
+    profile and scale, with the target."""
     tasks = [(p, g, iterations, s, False) for p in profiles for g in gpus for s in seeds]
     tasks += [(p, g, partial_iterations, s, True) for p in profiles for g in gpus for s in seeds]
     with ProcessPoolExecutor(max_workers=jobs) as pool:

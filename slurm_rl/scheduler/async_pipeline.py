@@ -27,12 +27,12 @@ runs from its gate ``T_p``:
 
 With ``k = 0`` this is the synchronous run, iteration by iteration. Where the rollout shares ranks with the
 actor (co-located, or a hybrid placement with shared rollout ranks) it cannot decode while they train: no
-overlap, the synchronous time. A weight sync landing mid-generation (partial rollout) is not modelled: each
-iteration's rollout keeps the weights it started with, which bounds the gain from below.
+overlap, the synchronous time. A weight sync landing mid-generation is not modelled here: each iteration's
+rollout keeps the weights it started with (partial rollout: :mod:`~slurm_rl.scheduler.async_stream`).
 
-:func:`simulate_async` chooses the disaggregated split for ``k`` (the config's own and splits of the GPUs
-between actor, rollout and inference), as ``plan`` may choose a placement for an async run; it never raises
-``k``.
+:func:`simulate_async` chooses the split for ``k`` (the config's own and splits of the GPUs between actor, rollout
+and inference, the rollout on GPUs of its own; with partial rollout the inference may share the actor's), as
+``plan`` may choose a placement for an async run; it never raises ``k``.
 """
 
 from __future__ import annotations

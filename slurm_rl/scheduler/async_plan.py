@@ -3,9 +3,10 @@
 ``plan`` moves ranks between components inside a synchronous iteration; an asynchronous run's rollout decodes
 iterations ahead on ranks of its own, which such moves would take from it mid-draw. So for
 ``algorithm.max_staleness`` >= 1 ``plan`` weighs, with the cost model (``emulated.*``: the simulator's, fitted to a
-live run by ``slurm-rl simulate --calibrate RUN_DIR``), the disaggregated split that runs fastest with the config's
-bound and partial-rollout switch (:func:`~slurm_rl.scheduler.async_pipeline.simulate_async`) against its own
-synchronous schedule on the configured placement, per iteration after the first (a long run's figure):
+live run by ``slurm-rl simulate --calibrate RUN_DIR``), the split that runs fastest with the config's bound and
+partial-rollout switch (:func:`~slurm_rl.scheduler.async_pipeline.simulate_async`: the rollout on GPUs of its own;
+with partial rollout the inference may share the actor's) against its own synchronous schedule on the configured
+placement, per iteration after the first (a long run's figure):
 
 - asynchrony pays: the run keeps that split (``scheduler.policy: static`` from the launch on);
 - it does not: the run is synchronous under ``plan`` (``algorithm.max_staleness: 0``): plan never raises the bound,

@@ -256,8 +256,8 @@ ASYNC_STALENESS = (1, 2)
 
 
 def _async_rows(cfg: Config, gpus: int | None, seed: int | None, fastest_s: float) -> dict[str, object]:
-    """The config run asynchronously with each of :data:`ASYNC_STALENESS` on its best disaggregated split (a live run
-    takes it with that placement and ``scheduler.policy: static``): the rollout waiting at the gates
+    """The config run asynchronously with each of :data:`ASYNC_STALENESS` on its best split, the rollout on GPUs of
+    its own (a live run takes it with that placement and ``scheduler.policy: static``): the rollout waiting at the gates
     (:mod:`~slurm_rl.scheduler.async_pipeline`), then with partial rollout (its requests carried over the gates:
     :mod:`~slurm_rl.scheduler.async_stream`; ``steady_iteration_s``: after the first iteration, which fills the
     pipeline)."""
